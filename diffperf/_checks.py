@@ -1,0 +1,96 @@
+"""Small helpers shared by the spec modules: array conversion and input validation.
+
+Validation runs only on concrete values (a spec built inside `jit`/`vmap` holds tracers and is
+checked by the feasibility logic of the phase models instead).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def as_float(x) -> jax.Array:
+    """Convert to a floating JAX array of the default float dtype (float32, or float64 with x64)."""
+    return jnp.asarray(x, dtype=jnp.result_type(float))
+
+
+def is_concrete(*values) -> bool:
+    """True when none of `values` is a tracer (so they can be inspected in Python)."""
+    return not any(isinstance(v, jax.core.Tracer) for v in values)
+
+
+def _values(x) -> np.ndarray:
+    return np.asarray(jax.device_get(x), dtype=np.float64)
+
+
+def _show(v: np.ndarray) -> str:
+    return f"{v.item():g}" if v.size == 1 else f"{v.tolist()}"
+
+
+def check_positive(owner: str, name: str, x) -> None:
+    """Raise ValueError unless every element of `x` is finite and > 0."""
+    if not is_concrete(x):
+        return
+    v = _values(x)
+    bad = ~np.isfinite(v) | (v <= 0)
+    if bad.any():
+        raise ValueError(f"{owner}.{name} must be a finite number > 0, got {_show(v[bad].ravel()[:1])}")
+
+
+def check_nonnegative(owner: str, name: str, x) -> None:
+    """Raise ValueError unless every element of `x` is finite and >= 0."""
+    if not is_concrete(x):
+        return
+    v = _values(x)
+    bad = ~np.isfinite(v) | (v < 0)
+    if bad.any():
+        raise ValueError(f"{owner}.{name} must be a finite number >= 0, got {_show(v[bad].ravel()[:1])}")
+
+
+def check_integer(owner: str, name: str, x, minimum: float = 1) -> None:
+    """Raise ValueError unless every element of `x` is a whole number >= `minimum`."""
+    if not is_concrete(x):
+        return
+    v = _values(x)
+    bad = ~np.isfinite(v) | (v < minimum) | (np.round(v) != v)
+    if bad.any():
+        raise ValueError(
+            f"{owner}.{name} must be a whole number >= {minimum:g}, got {_show(v[bad].ravel()[:1])}"
+        )
+
+
+def check_fraction(owner: str, name: str, x, allow_zero: bool = True) -> None:
+    """Raise ValueError unless every element of `x` lies in [0, 1] (or (0, 1])."""
+    if not is_concrete(x):
+        return
+    v = _values(x)
+    low_bad = (v < 0) if allow_zero else (v <= 0)
+    bad = ~np.isfinite(v) | low_bad | (v > 1)
+    if bad.any():
+        rng = "[0, 1]" if allow_zero else "(0, 1]"
+        raise ValueError(f"{owner}.{name} must lie in {rng}, got {_show(v[bad].ravel()[:1])}")
+
+
+def check_choice(owner: str, name: str, x, choices: dict[int, str]) -> None:
+    """Raise ValueError unless every element of `x` is one of the integer codes in `choices`."""
+    if not is_concrete(x):
+        return
+    v = _values(x)
+    bad = ~np.isin(v, list(choices))
+    if bad.any():
+        names = ", ".join(f"{k}={n}" for k, n in choices.items())
+        raise ValueError(f"{owner}.{name} must be one of {names}; got {_show(v[bad].ravel()[:1])}")
+
+
+def check_divides(owner: str, small: str, a, big: str, b) -> None:
+    """Raise ValueError unless `a` divides `b` elementwise."""
+    if not is_concrete(a, b):
+        return
+    va, vb = _values(a), _values(b)
+    bad = np.mod(vb, va) != 0
+    if np.any(bad):
+        va_b = np.broadcast_to(va, bad.shape)[bad].ravel()[0]
+        vb_b = np.broadcast_to(vb, bad.shape)[bad].ravel()[0]
+        raise ValueError(f"{owner}.{small}={va_b:g} does not divide {owner}.{big}={vb_b:g}")

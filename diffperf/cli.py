@@ -1,0 +1,309 @@
+"""`diffperf` command line: train, validate, bench, presets (and infer when available).
+
+Run `diffperf` with no arguments for the quick start: GPT-3 175B on 1,024 A100s, then the
+validation summary on the shipped benchmark data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import presets
+from .data import BenchmarkError
+
+#: The shipped benchmark data (present in a source checkout / editable install).
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks_data"
+
+
+class CliError(Exception):
+    """A user error: printed as `error: ...` with exit code 2, never a traceback."""
+
+
+def _load_efficiency(path):
+    return presets.default_efficiency() if path is None else presets.efficiency_from_json(path)
+
+
+def _load_model(name_or_path: str, seq_len=None):
+    from .model import transformer_from_hf_config
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.is_dir():
+        return transformer_from_hf_config(p, seq_len=seq_len)
+    m = presets.model(name_or_path)
+    if seq_len is not None:
+        import equinox as eqx
+        from ._checks import as_float
+        m = eqx.tree_at(lambda x: x.seq_len, m, as_float(seq_len))
+        m.__check_init__()
+    return m
+
+
+# ----------------------------------------------------------------------------------- train
+def _add_train(sub):
+    p = sub.add_parser("train", help="predict one training step (time, memory, MFU)",
+                       description="Predict one optimizer step of a training job.")
+    p.add_argument("--model", default="gpt3-175b",
+                   help="model preset id or path to a Hugging Face config.json (default gpt3-175b)")
+    p.add_argument("--gpu", default="a100-sxm4-80gb", help="GPU preset id (default a100-sxm4-80gb)")
+    p.add_argument("--system", default=None, help="system preset id (default: the GPU's system)")
+    p.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
+    p.add_argument("--nvlink-domain", type=int, default=None, help="GPUs per NVLink domain")
+    p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--pp", type=int, default=8)
+    p.add_argument("--dp", type=int, default=None, help="default: gpus / (tp * pp * cp)")
+    p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--vp", type=int, default=3, help="interleaved chunks per stage (default 3)")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--global-batch", type=int, default=1536)
+    p.add_argument("--seq-len", type=int, default=None, help="default: the model's")
+    p.add_argument("--recompute", default="selective", choices=["none", "selective", "full"])
+    p.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
+    p.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8",
+                                                           "fp4"])
+    p.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
+                   default=None, help="sequence parallelism (default: on when tp > 1)")
+    p.add_argument("--flash", dest="flash_attention", action=argparse.BooleanOptionalAction,
+                   default=True, help="fused attention (default on)")
+    p.add_argument("--overlap-tp", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--overlap-dp", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_train)
+
+
+def _train_inputs(args):
+    from .plans import TrainingPlan
+    model = _load_model(args.model, args.seq_len)
+    system = presets.system(args.system or args.gpu, nvlink_domain=args.nvlink_domain)
+    if args.system and args.gpu:
+        import equinox as eqx
+        system = eqx.tree_at(lambda s: s.accelerator, system, presets.gpu(args.gpu))
+    per_replica = args.tp * args.pp * args.cp
+    if args.dp is None:
+        if args.gpus % per_replica:
+            raise CliError(f"--gpus {args.gpus} is not divisible by tp*pp*cp = {per_replica}")
+        dp = args.gpus // per_replica
+    else:
+        dp = args.dp
+        if dp * per_replica != args.gpus:
+            raise CliError(f"tp*pp*dp*cp = {dp * per_replica} does not equal --gpus {args.gpus}")
+    sp = args.sequence_parallel if args.sequence_parallel is not None else args.tp > 1
+    plan = TrainingPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep,
+                        micro_batch=args.micro_batch, global_batch=args.global_batch,
+                        vp=args.vp, sequence_parallel=int(sp), recompute=args.recompute,
+                        zero=args.zero, precision=args.precision,
+                        flash_attention=int(args.flash_attention),
+                        overlap_tp=int(args.overlap_tp), overlap_dp=int(args.overlap_dp))
+    return model, system, plan, _load_efficiency(args.efficiency)
+
+
+def training_summary(report, system) -> dict:
+    """Plain-Python dict of a scalar TrainingReport (what `--json` prints)."""
+    import jax
+    from .feasibility import explain
+    r = jax.device_get(report)
+    mem = r.memory
+    reason = int(r.reason)
+    return {
+        "step_time_s": float(r.step_time),
+        "breakdown_s": {
+            "compute": float(r.compute_time) - float(r.recompute_time),
+            "recompute": float(r.recompute_time),
+            "tp_comm_exposed": float(r.tp_comm_time),
+            "pp_comm_exposed": float(r.pp_comm_time),
+            "dp_comm_exposed": float(r.dp_comm_time),
+            "pipeline_bubble": float(r.bubble_time),
+            "optimizer": float(r.optimizer_time),
+        },
+        "memory_gb": {
+            "weights": float(mem.weights) / 1e9, "gradients": float(mem.gradients) / 1e9,
+            "optimizer": float(mem.optimizer) / 1e9, "activations": float(mem.activations) / 1e9,
+            "reserved": float(mem.reserved) / 1e9, "total": float(mem.total) / 1e9,
+            "capacity": float(system.accelerator.hbm_capacity) / 1e9,
+        },
+        "fits": bool(r.fits),
+        "mfu": float(r.mfu), "hfu": float(r.hfu),
+        "tokens_per_s": float(r.tokens_per_s),
+        "tokens_per_s_per_gpu": float(r.tokens_per_s_per_gpu),
+        "num_gpus": int(round(float(r.num_gpus))),
+        "feasible": bool(r.feasible),
+        "reason": explain(reason, float(mem.total), float(system.accelerator.hbm_capacity)),
+    }
+
+
+def _print_training(args, s: dict, plan) -> None:
+    import numpy as np
+    rc = {0: "none", 1: "selective", 2: "full"}[int(np.asarray(plan.recompute))]
+    print(f"diffperf train: {args.model} on {s['num_gpus']} x {args.gpu}  "
+          f"(tp={args.tp} pp={args.pp} dp={s['num_gpus'] // (args.tp * args.pp * args.cp)} "
+          f"cp={args.cp} vp={args.vp} mb={args.micro_batch} gb={args.global_batch} "
+          f"recompute={rc} zero={args.zero} {args.precision})")
+    print(f"  step time            {s['step_time_s']:10.3f} s")
+    for k, v in s["breakdown_s"].items():
+        share = v / s["step_time_s"] * 100 if s["step_time_s"] > 0 else 0.0
+        print(f"    {k:18s} {v:10.3f} s  {share:5.1f} %")
+    print(f"  MFU / HFU            {s['mfu'] * 100:9.1f} % / {s['hfu'] * 100:.1f} %")
+    print(f"  tokens/s             {s['tokens_per_s']:12.0f}  ({s['tokens_per_s_per_gpu']:.0f} per GPU)")
+    m = s["memory_gb"]
+    print(f"  memory per GPU       {m['total']:9.1f} GB of {m['capacity']:.0f} GB  "
+          f"(weights {m['weights']:.1f}, grads {m['gradients']:.1f}, optimizer "
+          f"{m['optimizer']:.1f}, activations {m['activations']:.1f}, reserved "
+          f"{m['reserved']:.1f})")
+    print(f"  feasible             {'yes' if s['feasible'] else 'NO: ' + s['reason']}")
+
+
+def run_train(args) -> int:
+    import jax
+    from .training import train_step
+    model, system, plan, eff = _train_inputs(args)
+    report = jax.jit(train_step)(model, system, plan, eff)
+    s = training_summary(report, system)
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        _print_training(args, s, plan)
+    return 0
+
+
+# -------------------------------------------------------------------------------- validate
+def _add_validate(sub):
+    p = sub.add_parser("validate", help="compare predictions with published measurements",
+                       description="Predict every row of benchmark CSV(s) and report errors.")
+    p.add_argument("--data", action="append", default=None,
+                   help="benchmark CSV (repeatable; default: the shipped train and infer sets)")
+    p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--summary", action="store_true", help="print only the summary")
+    p.set_defaults(func=run_validate)
+
+
+def _default_data() -> list[str]:
+    files = [BENCHMARKS / "train_calibration.csv", BENCHMARKS / "infer_calibration.csv"]
+    found = [str(f) for f in files if f.is_file()]
+    if not found:
+        raise CliError(f"no benchmark data at {BENCHMARKS}; pass --data FILE.csv")
+    return found
+
+
+def run_validate(args) -> int:
+    from .validate import subset_summary, validate
+    paths = args.data or _default_data()
+    result = validate(paths, _load_efficiency(args.efficiency))
+    if args.json:
+        print(json.dumps({k: result[k] for k in ("rows", "summary", "failed")}
+                         | {"defaults": result["defaults"], "warnings": result["warnings"]}))
+        return 0
+    if not args.summary:
+        print(f"{'id':58s} {'metric':22s} {'measured':>11s} {'predicted':>11s} {'error':>7s}")
+        for r in result["rows"]:
+            print(f"{r['id'][:58]:58s} {r['metric']:22s} {r['measured']:11.4g} "
+                  f"{r['predicted']:11.4g} {r['ape']:6.1f}%")
+        print()
+    print_validation_summary(result, paths)
+    imec = subset_summary(result, "imec-")
+    if imec:
+        print("  IMEC validation set (Kundu et al. 2024): "
+              + ", ".join(f"{k} n={v['n']} MAPE {v['mape']:.1f}% (max {v['max_ape']:.1f}%)"
+                          for k, v in imec.items()))
+    return 0
+
+
+def print_validation_summary(result: dict, paths) -> None:
+    print(f"validation on {', '.join(Path(p).name for p in paths)}:")
+    for metric, s in result["summary"].items():
+        print(f"  {metric:22s} n={s['n']:3d}  MAPE {s['mape']:6.1f} %  max {s['max_ape']:6.1f} %")
+    if result["failed"]:
+        print(f"  failed rows: {len(result['failed'])}")
+        shown = {}
+        for f in result["failed"]:
+            shown.setdefault(f["error"], []).append(f["id"])
+        for err, ids in shown.items():
+            print(f"    {len(ids):3d} x {err}  (e.g. {ids[0]})")
+    if result["warnings"]:
+        print(f"  rows predicted not to fit in HBM (see --json warnings): {len(result['warnings'])}")
+    if result["defaults"]:
+        print(f"  rows that used schema defaults for empty plan cells: {len(result['defaults'])}")
+
+
+# ----------------------------------------------------------------------------------- bench
+def _add_bench(sub):
+    p = sub.add_parser("bench", help="measure evaluations per second and gradient cost")
+    p.add_argument("--n", type=int, default=1_000_000, help="configurations (default 10^6)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_bench)
+
+
+def run_bench(args) -> int:
+    from .bench import run_all
+    result = run_all(n=args.n, log=None if args.json else print)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+# --------------------------------------------------------------------------------- presets
+def _add_presets(sub):
+    p = sub.add_parser("presets", help="list the shipped GPU, system and model presets")
+    p.set_defaults(func=run_presets)
+
+
+def run_presets(args) -> int:
+    for kind, names in (("gpus", presets.gpu_names()), ("systems", presets.system_names()),
+                        ("models", presets.model_names())):
+        print(f"{kind}: {', '.join(names)}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ main
+def run_quickstart(args) -> int:
+    """Default job: GPT-3 175B on 1,024 A100s, then the validation summary."""
+    parser = build_parser()
+    train_args = parser.parse_args(["train"])
+    run_train(train_args)
+    print()
+    paths = _default_data() if BENCHMARKS.is_dir() else []
+    if paths:
+        from .validate import subset_summary, validate
+        result = validate(paths)
+        print_validation_summary(result, paths)
+        imec = subset_summary(result, "imec-")
+        for k, v in imec.items():
+            print(f"  IMEC set (Kundu et al.): {k} n={v['n']} MAPE {v['mape']:.1f} %")
+    print("\nnext: diffperf train --help | diffperf validate | diffperf bench | diffperf presets")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="diffperf",
+        description="Differentiable performance model of distributed LLM training and inference."
+                    " Without a command: predict GPT-3 175B on 1,024 A100s and validate.")
+    sub = parser.add_subparsers(dest="command")
+    _add_train(sub)
+    _add_validate(sub)
+    _add_bench(sub)
+    _add_presets(sub)
+    try:
+        from ._cli_infer import add_infer_parser
+        add_infer_parser(sub)
+    except ImportError:
+        pass
+    parser.set_defaults(func=run_quickstart)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (CliError, BenchmarkError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Collective communication on the two-tier network (alpha-beta model, NCCL-style rings).
+
+A communication group is `n` ranks spaced `stride` apart in Megatron's rank order (tensor
+parallel innermost, then context, data, and pipeline parallel outermost). With NVLink domains of
+D consecutive ranks, `n_in = clip(D / stride, 1, n)` members of the group share a domain and the
+group spans `n_out = n / n_in` domains. Collectives are hierarchical: a ring inside each domain
+over NVLink and a ring across domains over the scale-out fabric, each GPU using its own NIC.
+
+All sizes are the full (unsharded) message `size` in bytes; all times in seconds.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .efficiency import Efficiency
+from .hardware import Network
+
+
+def tier_split(net: Network, n, stride) -> tuple[jax.Array, jax.Array]:
+    """Members of an `n`-rank group per NVLink domain (`n_in`) and domains spanned (`n_out`)."""
+    n = jnp.asarray(n, dtype=jnp.result_type(float))
+    n_in = jnp.clip(net.nvlink_domain / stride, 1.0, n)
+    return n_in, n / n_in
+
+
+def _bw(net: Network, eff: Efficiency):
+    return net.nvlink_bandwidth * eff.nvlink, net.scaleout_bandwidth * eff.scaleout
+
+
+def _fixed(n, eff: Efficiency):
+    """Software overhead of one collective call; zero for a group of one."""
+    return jnp.where(n > 1, eff.collective_overhead, 0.0)
+
+
+def all_reduce(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
+    """Hierarchical ring all-reduce of `size` bytes over `n` ranks: reduce-scatter in-domain,
+    all-reduce across domains on 1/n_in of the data, all-gather in-domain."""
+    n_in, n_out = tier_split(net, n, stride)
+    bw_in, bw_out = _bw(net, eff)
+    t_in = 2 * (n_in - 1) / n_in * size / bw_in + 2 * (n_in - 1) * net.nvlink_latency
+    t_out = (2 * (n_out - 1) / n_out * size / n_in / bw_out
+             + 2 * (n_out - 1) * net.scaleout_latency)
+    return t_in + t_out + _fixed(n, eff)
+
+
+def all_gather(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
+    """Hierarchical ring all-gather producing `size` bytes on every rank (each holds size/n)."""
+    n_in, n_out = tier_split(net, n, stride)
+    bw_in, bw_out = _bw(net, eff)
+    t_in = (n_in - 1) / n_in * size / bw_in + (n_in - 1) * net.nvlink_latency
+    t_out = (n_out - 1) / n_out * size / n_in / bw_out + (n_out - 1) * net.scaleout_latency
+    return t_in + t_out + _fixed(n, eff)
+
+
+def reduce_scatter(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
+    """Hierarchical ring reduce-scatter of `size` bytes (each rank ends with size/n reduced);
+    the mirror image of `all_gather`, same cost."""
+    return all_gather(net, eff, size, n, stride)
+
+
+def all_to_all(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
+    """All-to-all where each rank holds `size` bytes and keeps 1/n of it: the in-domain share
+    (n_in - 1)/n goes over NVLink, the rest (n - n_in)/n over the scale-out fabric."""
+    n = jnp.asarray(n, dtype=jnp.result_type(float))
+    n_in, n_out = tier_split(net, n, stride)
+    bw_in, bw_out = _bw(net, eff)
+    t = (size * (n_in - 1) / n / bw_in + size * (n - n_in) / n / bw_out
+         + (n_in - 1) * net.nvlink_latency + (n_out - 1) * net.scaleout_latency)
+    return t + _fixed(n, eff)
+
+
+def send_recv(net: Network, eff: Efficiency, size, stride) -> jax.Array:
+    """Point-to-point transfer of `size` bytes to the rank `stride` away (NVLink when both are in
+    one domain, else the scale-out fabric)."""
+    bw_in, bw_out = _bw(net, eff)
+    intra = stride < net.nvlink_domain
+    bw = jnp.where(intra, bw_in, bw_out)
+    lat = jnp.where(intra, net.nvlink_latency, net.scaleout_latency)
+    return size / bw + lat + eff.collective_overhead

@@ -1,0 +1,163 @@
+"""Benchmark CSV loading (the schema of benchmark-schema.md) and conversion of rows to specs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .hardware import PRECISION_CODES
+from .model import Transformer
+from .plans import RECOMPUTE_CODES, TrainingPlan
+from .presets import gpu_names, system
+
+COMMON = ("id", "kind", "source", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
+          "vocab", "gated_mlp", "num_experts", "experts_per_token", "gpu", "num_gpus",
+          "gpus_per_node", "tp", "pp", "precision")
+TRAIN = ("seq_len", "dp", "cp", "ep", "vp", "sequence_parallel", "global_batch", "micro_batch",
+         "recompute", "zero", "flash_attention")
+INFER = ("batch", "input_len", "output_len")
+TRAIN_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb")
+INFER_METRICS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
+#: Documented defaults for empty plan cells (benchmark-schema.md).
+TRAIN_DEFAULTS = {"vp": 1, "micro_batch": 1, "zero": 1, "flash_attention": 1, "recompute": "none",
+                  "cp": 1, "ep": 1}
+#: Columns that must hold a number in every row of a kind (others may be empty).
+_REQUIRED_NUMBERS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
+                     "num_experts", "experts_per_token", "num_gpus", "gpus_per_node", "tp", "pp")
+
+
+class BenchmarkError(ValueError):
+    """A malformed benchmark CSV: the message names the file, row (1-based) and column."""
+
+
+@dataclass
+class BenchmarkRow:
+    """One parsed row: its specs (for train rows) and the defaults it relied on."""
+
+    id: str
+    kind: str
+    source: str
+    measured: dict[str, float]
+    values: dict
+    defaults_used: list[str] = field(default_factory=list)
+
+
+def _err(path, row, column, msg) -> BenchmarkError:
+    return BenchmarkError(f"{path}: row {row}, column '{column}': {msg}")
+
+
+def _number(path, i, col, value, required=True):
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value == "":
+        if required:
+            raise _err(path, i, col, "is empty but required")
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise _err(path, i, col, f"{value!r} is not a number") from None
+    if not np.isfinite(x):
+        raise _err(path, i, col, f"{value!r} is not a finite number")
+    return x
+
+
+def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
+    """Read and check a benchmark CSV of either kind (`train` / `infer`, per row).
+
+    Raises `BenchmarkError` naming the file, row (1-based, header excluded) and column for a
+    missing required column, an unknown kind, precision, recompute mode or GPU, or a bad number.
+    """
+    path = Path(path)
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise BenchmarkError(f"{path}: file not found") from None
+    except pd.errors.ParserError as e:
+        raise BenchmarkError(f"{path}: not a readable CSV ({e})") from None
+    missing = [c for c in COMMON if c not in df.columns]
+    if missing:
+        raise BenchmarkError(f"{path}: missing required column(s) {missing}")
+    kinds = set(df["kind"].str.strip())
+    for kind, cols in (("train", TRAIN), ("infer", INFER)):
+        if kind in kinds:
+            miss = [c for c in cols if c not in df.columns]
+            if miss:
+                raise BenchmarkError(f"{path}: '{kind}' rows need column(s) {miss}")
+    known_gpus = set(gpu_names())
+    rows, seen = [], set()
+    for i, rec in enumerate(df.to_dict("records"), start=1):
+        rec = {k: (v.strip() if isinstance(v, str) else v) for k, v in rec.items()}
+        rid, kind = rec["id"], rec["kind"]
+        if not rid:
+            raise _err(path, i, "id", "is empty")
+        if rid in seen:
+            raise _err(path, i, "id", f"duplicate id {rid!r}")
+        seen.add(rid)
+        if kind not in ("train", "infer"):
+            raise _err(path, i, "kind", f"must be 'train' or 'infer', got {kind!r}")
+        if rec["gpu"] not in known_gpus:
+            raise _err(path, i, "gpu", f"unknown gpu {rec['gpu']!r}; known: "
+                                       f"{', '.join(sorted(known_gpus))}")
+        if rec["precision"].lower() not in PRECISION_CODES:
+            raise _err(path, i, "precision", f"must be one of {sorted(PRECISION_CODES)}, got "
+                                             f"{rec['precision']!r}")
+        values = {c: _number(path, i, c, rec[c]) for c in _REQUIRED_NUMBERS}
+        values["gpu"] = rec["gpu"]
+        values["precision"] = rec["precision"].lower()
+        defaults = []
+        if kind == "train":
+            for c in ("seq_len", "dp", "global_batch"):
+                values[c] = _number(path, i, c, rec[c])
+            for c in ("cp", "ep", "vp", "micro_batch", "zero", "flash_attention",
+                      "sequence_parallel"):
+                values[c] = _number(path, i, c, rec[c], required=False)
+            rc = rec["recompute"].lower()
+            if rc and rc not in RECOMPUTE_CODES:
+                raise _err(path, i, "recompute", f"must be one of {sorted(RECOMPUTE_CODES)}, "
+                                                 f"got {rc!r}")
+            values["recompute"] = rc or None
+            for c, d in TRAIN_DEFAULTS.items():
+                if values[c] is None:
+                    values[c] = d
+                    defaults.append(c)
+            if values["sequence_parallel"] is None:
+                values["sequence_parallel"] = 1 if values["tp"] > 1 else 0
+                defaults.append("sequence_parallel")
+            metrics = TRAIN_METRICS
+        else:
+            for c in INFER:
+                values[c] = _number(path, i, c, rec[c])
+            metrics = INFER_METRICS
+        measured = {}
+        for c in metrics:
+            if c in rec:
+                x = _number(path, i, c, rec[c], required=False)
+                if x is not None:
+                    if x <= 0:
+                        raise _err(path, i, c, f"measured value must be > 0, got {x:g}")
+                    measured[c] = x
+        if not measured:
+            raise _err(path, i, "/".join(metrics), "no measured column is filled")
+        rows.append(BenchmarkRow(rid, kind, rec.get("source", ""), measured, values, defaults))
+    return rows
+
+
+def train_specs(row: BenchmarkRow):
+    """`(Transformer, System, TrainingPlan)` of a train row (raises ValueError if invalid)."""
+    v = row.values
+    if v["tp"] * v["pp"] * v["dp"] * v["cp"] != v["num_gpus"]:
+        raise ValueError(f"tp*pp*dp*cp = {v['tp'] * v['pp'] * v['dp'] * v['cp']:g} does not "
+                         f"equal num_gpus = {v['num_gpus']:g}")
+    model = Transformer(layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
+                        kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
+                        seq_len=v["seq_len"], gated_mlp=v["gated_mlp"],
+                        num_experts=v["num_experts"], experts_per_token=v["experts_per_token"])
+    sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
+    plan = TrainingPlan(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=v["cp"], ep=v["ep"],
+                        micro_batch=v["micro_batch"], global_batch=v["global_batch"], vp=v["vp"],
+                        sequence_parallel=v["sequence_parallel"], recompute=v["recompute"],
+                        zero=v["zero"], precision=v["precision"],
+                        flash_attention=v["flash_attention"])
+    return model, sys_, plan

@@ -1,0 +1,68 @@
+"""Validity of a plan as an integer reason code (0 = feasible), computed with array ops so that
+sweeps can mask infeasible rows, and turned into a readable message by `explain`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .hardware import PRECISIONS, Accelerator
+from .model import Transformer
+
+#: Reason codes, in the order they are checked (the first failure is reported).
+REASONS = {
+    0: "feasible",
+    1: "tp does not divide heads",
+    2: "tp and kv_heads: neither divides the other",
+    3: "tp does not divide ffn_hidden",
+    4: "dp * micro_batch does not divide global_batch",
+    5: "pp * vp exceeds layers",
+    6: "interleaving (vp > 1) needs pp > 1 and a number of micro-batches divisible by pp",
+    7: "cp does not divide seq_len",
+    8: "ep does not divide num_experts, or does not divide dp * cp",
+    9: "the GPU has no tensor cores for this precision",
+    10: "does not fit in HBM",
+    11: "batch * (input + output) exceeds the model's context or the plan is otherwise invalid",
+}
+
+
+def _divides(a, b) -> jax.Array:
+    return jnp.mod(b, a) == 0
+
+
+def _first_failure(checks: list[jax.Array]) -> jax.Array:
+    """Code (1-based position) of the first False in `checks`, 0 if all hold."""
+    reason = jnp.zeros(jnp.broadcast_shapes(*[jnp.shape(c) for c in checks]), jnp.int32)
+    for code in range(len(checks), 0, -1):
+        reason = jnp.where(checks[code - 1], reason, code)
+    return reason
+
+
+def training_reason(model: Transformer, plan, acc: Accelerator, memory_total) -> jax.Array:
+    """Reason code of a training plan (see `REASONS`)."""
+    m = plan.num_micro_batches
+    checks = [
+        _divides(plan.tp, model.heads),
+        _divides(plan.tp, model.kv_heads) | _divides(model.kv_heads, plan.tp),
+        _divides(plan.tp, model.ffn_hidden),
+        _divides(plan.dp * plan.micro_batch, plan.global_batch),
+        plan.pp * plan.vp <= model.layers,
+        (plan.vp == 1) | ((plan.pp > 1) & _divides(plan.pp, m)),
+        _divides(plan.cp, model.seq_len),
+        _divides(plan.ep, model.num_experts) & _divides(plan.ep, plan.dp * plan.cp),
+        acc.peak_flops(plan.precision) > 0,
+        memory_total <= acc.hbm_capacity,
+    ]
+    return _first_failure(checks)
+
+
+def explain(reason: int, memory_total: float | None = None, capacity: float | None = None,
+            precision: int | None = None) -> str:
+    """Readable message for a reason code, with the numbers that matter when given."""
+    reason = int(reason)
+    text = REASONS.get(reason, f"unknown reason code {reason}")
+    if reason == 10 and memory_total is not None and capacity is not None:
+        text += f" (needs {memory_total / 1e9:.1f} GB per GPU, has {capacity / 1e9:.1f} GB)"
+    if reason == 9 and precision is not None:
+        text += f" ({PRECISIONS.get(int(precision), precision)})"
+    return text

@@ -1,0 +1,460 @@
+"""Latency, throughput and memory of LLM inference: prefill, decode and the KV cache.
+
+One request batch is served with static batching: the prefill pass processes all
+`batch * input_len` prompt tokens and emits the first token; then `output_len - 1` decode steps
+each generate one token per sequence. Every phase is a list of operations (`Cost`) - each GEMM
+with its exact local shape, the attention core, element-wise kernels, the tensor-parallel
+all-reduces, pipeline send/recv - and a phase's time is the sum of its operations' times:
+
+    t_op = smax(FLOPs / rate, HBM bytes / (BW_hbm * e_hbm)) + network + kernels * t_kernel
+
+with `smax` the smooth maximum of `diffperf.roofline`, and `t_kernel = launch_overhead +
+kernel_overhead` the fixed cost of one kernel. Definitions:
+
+- TTFT = prefill time (including the LM head of the last prompt token), as in NVIDIA's
+  first-token-latency tables measured with `output_len = 1`.
+- TPOT = mean decode step over the `output_len - 1` steps after the first token.
+- e2e latency = TTFT + (output_len - 1) * TPOT.
+- output tokens/s per GPU = batch * output_len / e2e / (tp * pp).
+
+Decode over all output tokens is closed form: step j (1 <= j < output_len) attends over a KV
+cache of L_j = input_len + j tokens, and the attention FLOPs and bytes are both proportional
+to L_j, so (the smooth maximum being homogeneous of degree one) the sum over steps is exactly
+the attention cost at the summed context (output_len - 1) * (input_len + output_len / 2).
+
+Pipeline stages run one after the other for a single batch (no overlap between batches), so
+latency counts every layer and throughput divides by all tp * pp GPUs. GEMMs are modelled
+without wave quantisation: skinny inference GEMMs use split-K / stream-K kernels that fill
+the GPU (large GEMMs are near full waves anyway).
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from . import collectives as coll
+from .efficiency import Efficiency, matmul_efficiency
+from .hardware import System
+from .inference_plan import InferencePlan
+from .model import Transformer
+from .roofline import bytes_per_element, peak_matmul_flops, smooth_max
+
+#: Element-wise kernels per layer and step (TensorRT-LLM style fusion): input RMSNorm,
+#: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add.
+ELEMENTWISE_KERNELS = 4.0
+#: Extra kernels per MoE layer: router softmax + top-k, token permute, un-permute + combine.
+MOE_KERNELS = 3.0
+#: Kernels of the attention core: one fused kernel (RoPE + KV-cache write + attention) with
+#: flash attention / in decode; QK^T, softmax, AV, RoPE + KV write without.
+ATTENTION_KERNELS_FUSED = 1.0
+ATTENTION_KERNELS_UNFUSED = 4.0
+#: Kernels outside the layers per pass: embedding, final norm, sampling (LM head is a GEMM).
+HEAD_KERNELS = 3.0
+
+#: Operation names and the category each belongs to (keys of `inference_ops`, per phase).
+OP_KINDS = {
+    "embedding": "elementwise", "qkv_proj": "gemm", "attention": "attention",
+    "out_proj": "gemm", "router": "gemm", "mlp_up": "gemm", "mlp_down": "gemm",
+    "elementwise": "elementwise", "tp_allreduce": "tp_comm", "pp_send_recv": "pp_comm",
+    "lm_head": "gemm", "logits_gather": "tp_comm", "final": "elementwise",
+}
+KINDS = ("gemm", "attention", "elementwise", "tp_comm", "pp_comm")
+
+
+class Cost(eqx.Module):
+    """Resources of one operation summed over all its executions in a phase (one GPU).
+
+    `compute` and `memory` are the times the op would take if only arithmetic or only HBM
+    traffic limited it; `network` is communication time (bandwidth + latency + software
+    overhead); `launch` is the fixed per-kernel cost. All times s, `flops` FLOP, `bytes` B.
+    """
+
+    flops: jax.Array
+    bytes: jax.Array
+    compute: jax.Array
+    memory: jax.Array
+    network: jax.Array
+    launch: jax.Array
+    kernels: jax.Array
+
+    @property
+    def roofline(self) -> jax.Array:
+        """Smooth maximum of the compute and memory times, s."""
+        return smooth_max(self.compute, self.memory)
+
+    @property
+    def time(self) -> jax.Array:
+        """Total time of the operation, s."""
+        return self.roofline + self.network + self.launch
+
+    def __mul__(self, n) -> "Cost":
+        """The cost of `n` executions (exact: every field scales linearly)."""
+        return jax.tree.map(lambda x: x * n, self)
+
+    __rmul__ = __mul__
+
+
+def _kernel_time(system: System, eff: Efficiency) -> jax.Array:
+    return system.accelerator.launch_overhead + eff.kernel_overhead
+
+
+def _compute(system: System, eff: Efficiency, flops, nbytes, rate, kernels) -> Cost:
+    acc = system.accelerator
+    zero = jnp.zeros_like(jnp.asarray(flops, dtype=jnp.result_type(float)))
+    return Cost(flops=flops + zero, bytes=nbytes + zero, compute=flops / rate,
+                memory=nbytes / (acc.hbm_bandwidth * eff.hbm), network=zero,
+                launch=kernels * _kernel_time(system, eff), kernels=kernels + zero)
+
+
+def _network(time, nbytes) -> Cost:
+    zero = jnp.zeros_like(time)
+    return Cost(flops=zero, bytes=nbytes + zero, compute=zero, memory=zero, network=time,
+                launch=zero, kernels=zero)
+
+
+def _gemm(system: System, eff: Efficiency, m, n, k, math, w_bytes, a_bytes, groups=1.0) -> Cost:
+    """`groups` independent (m x k) @ (k x n) GEMMs in one kernel: weights (k x n) at
+    `w_bytes` per element, activations in and out at `a_bytes`."""
+    flops = 2.0 * groups * m * n * k
+    nbytes = groups * (k * n * w_bytes + m * k * a_bytes + m * n * a_bytes)
+    rate = (peak_matmul_flops(system.accelerator, math)
+            * matmul_efficiency(eff, m, n, k, math))
+    return _compute(system, eff, flops, nbytes, rate, 1.0)
+
+
+class _Dims(eqx.Module):
+    """Local (per-GPU) sizes shared by both phases (internal)."""
+
+    h: jax.Array
+    d: jax.Array
+    heads: jax.Array  # query heads per GPU
+    kv: jax.Array  # KV heads per GPU (replicated when tp > kv_heads)
+    f: jax.Array  # MLP width per GPU
+    vocab: jax.Array  # vocabulary shard per GPU
+    math: jax.Array  # GEMM precision code
+    head_math: jax.Array  # LM head precision code (at most 16 bit: kept unquantised)
+    wb: jax.Array  # weight bytes per element
+    ab: jax.Array  # GEMM activation bytes per element
+    sb: jax.Array  # residual stream bytes per element (at least 16 bit)
+    kb: jax.Array  # KV-cache bytes per element
+    moe: jax.Array
+
+
+def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
+    ab = bytes_per_element(plan.activation_precision)
+    return _Dims(
+        h=model.hidden, d=model.head_dim, heads=model.heads / plan.tp,
+        kv=jnp.maximum(model.kv_heads / plan.tp, 1.0), f=model.ffn_hidden / plan.tp,
+        vocab=model.vocab / plan.tp, math=plan.math_precision,
+        head_math=jnp.minimum(plan.math_precision, 1.0),
+        wb=bytes_per_element(plan.weight_precision), ab=ab, sb=jnp.maximum(ab, 2.0),
+        kb=bytes_per_element(plan.kv_precision), moe=model.num_experts > 1)
+
+
+def experts_touched(model: Transformer, tokens) -> jax.Array:
+    """Expected distinct experts a layer routes `tokens` tokens to: E (1 - (1 - k/E)^tokens)
+    for uniform top-k routing (1 for a dense model), count."""
+    e, k = model.num_experts, model.experts_per_token
+    miss = jnp.clip(1.0 - k / e, 1e-6, 1.0)  # clipped: finite gradients when k = E or E = 1
+    return jnp.where(model.num_experts > 1, e * (1.0 - miss ** tokens), 1.0)
+
+
+def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
+                 tokens) -> dict[str, Cost]:
+    """Weight GEMMs of one layer for `tokens` tokens (M = tokens)."""
+    k_top = model.experts_per_token
+    touched = experts_touched(model, tokens)
+    per_expert = tokens * k_top / touched
+    g = lambda m, n, k, groups=1.0: _gemm(system, eff, m, n, k, x.math, x.wb, x.ab, groups)
+    return {
+        "qkv_proj": g(tokens, (x.heads + 2.0 * x.kv) * x.d, x.h),
+        "out_proj": g(tokens, x.h, x.heads * x.d),
+        "router": jnp.where(x.moe, 1.0, 0.0) * _gemm(system, eff, tokens, model.num_experts,
+                                                     x.h, x.head_math, x.sb, x.sb),
+        "mlp_up": g(per_expert, (model.mlp_matrices - 1.0) * x.f, x.h, touched),
+        "mlp_down": g(per_expert, x.h, x.f, touched),
+    }
+
+
+def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
+                 tokens) -> Cost:
+    """Norms, residual adds, activation, RoPE and KV-cache write of one layer."""
+    th = tokens * x.h
+    act = tokens * model.experts_per_token * x.f
+    rope = tokens * (x.heads + x.kv) * x.d
+    nbytes = (2.0 * th * 2.0 * x.sb + 2.0 * th * 3.0 * x.sb  # 2 norms, 2 residual adds
+              + act * x.ab * (model.mlp_matrices)  # activation: read 1-2 inputs, write 1
+              + rope * 2.0 * x.ab + tokens * 2.0 * x.kv * x.d * x.kb)  # RoPE, KV write
+    flops = 2.0 * th * 5.0 + 2.0 * th + act * 8.0 + rope * 6.0
+    kernels = ELEMENTWISE_KERNELS + jnp.where(x.moe, MOE_KERNELS, 0.0)
+    acc = system.accelerator
+    return _compute(system, eff, flops, nbytes, acc.vector_flops * eff.vector, kernels)
+
+
+def _attention_rate(system: System, eff: Efficiency, x: _Dims, m, n) -> jax.Array:
+    """Achieved FLOP/s of a fused attention kernel (16-bit math, at `eff.attention` of peak,
+    with the small-size loss of an (m x n x d) GEMM)."""
+    return (peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * eff.attention
+            * matmul_efficiency(eff, m, n, x.d, 1.0) / eff.matmul_peak)
+
+
+def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
+                       eff: Efficiency, x: _Dims) -> Cost:
+    """Causal self-attention over the prompt, one layer: fused (flash) or QK^T, softmax, AV."""
+    b, s = plan.batch, plan.input_len
+    bh = b * x.heads
+    qkvo = b * s * x.d * (2.0 * x.heads + 2.0 * x.kv) * x.ab
+    flash_flops = 2.0 * bh * s * s * x.d  # 4 b a s^2 d, halved by the causal mask
+    flash = _compute(system, eff, flash_flops, qkvo, _attention_rate(system, eff, x, s, s),
+                     ATTENTION_KERNELS_FUSED)
+    scores = bh * s * s
+    rate = peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * matmul_efficiency(
+        eff, s, s, x.d, 1.0)
+    unfused = _compute(system, eff, 4.0 * bh * s * s * x.d + 5.0 * scores,
+                       qkvo + scores * 4.0 * x.sb, rate, ATTENTION_KERNELS_UNFUSED)
+    return jax.tree.map(lambda a, c: jnp.where(plan.flash_attention > 0, a, c), flash, unfused)
+
+
+def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
+                      eff: Efficiency, x: _Dims, context) -> Cost:
+    """One decode step's attention, one layer, attending over `context` cached tokens: reads
+    K and V of every cached token; FLOPs 4 b a_local L d. Both are proportional to `context`."""
+    b = plan.batch
+    flops = 4.0 * b * x.heads * context * x.d
+    nbytes = b * context * 2.0 * x.kv * x.d * x.kb
+    mean_context = plan.input_len + 0.5 * plan.output_len
+    rate = _attention_rate(system, eff, x, x.heads / x.kv, mean_context)
+    return _compute(system, eff, flops, nbytes, rate, ATTENTION_KERNELS_FUSED)
+
+
+def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Efficiency,
+              x: _Dims, tokens, attention: Cost) -> dict[str, Cost]:
+    """All operations of one forward pass over `tokens` new tokens (all layers, all stages);
+    the LM head runs on the last token of each sequence only."""
+    net = system.network
+    layers = model.layers
+    ops = {"embedding": _compute(system, eff, 0.0, 2.0 * tokens * x.h * x.sb, 1.0, 1.0)}
+    per_layer = dict(_layer_gemms(model, system, eff, x, tokens))
+    per_layer["attention"] = attention
+    per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens)
+    msg = tokens * x.h * x.sb
+    per_layer["tp_allreduce"] = 2.0 * _network(coll.all_reduce(net, eff, msg, plan.tp), msg)
+    ops.update({k: layers * v for k, v in per_layer.items()})
+    ops["pp_send_recv"] = (plan.pp - 1.0) * _network(
+        coll.send_recv(net, eff, msg, plan.tp), msg)
+    b = plan.batch
+    ops["lm_head"] = _gemm(system, eff, b, x.vocab, x.h, x.head_math,
+                           bytes_per_element(x.head_math), x.sb)
+    logits = b * model.vocab * 4.0  # fp32 logits gathered over the TP group
+    ops["logits_gather"] = _network(coll.all_gather(system.network, eff, logits, plan.tp),
+                                    logits)
+    ops["final"] = _compute(system, eff, 5.0 * b * x.h + 5.0 * b * x.vocab,
+                            b * x.h * 2.0 * x.sb + b * x.vocab * 4.0 * 2.0,
+                            system.accelerator.vector_flops * eff.vector, HEAD_KERNELS - 1.0)
+    return ops
+
+
+def inference_ops(model: Transformer, system: System, plan: InferencePlan,
+                  efficiency: Efficiency | None = None) -> dict[str, dict[str, Cost]]:
+    """Per-operation costs of both phases: `{"prefill": {op: Cost}, "decode": {op: Cost}}`.
+
+    Prefill costs are for the whole prompt pass; decode costs are summed over all
+    `output_len - 1` decode steps (closed form, see the module docstring). Op names and
+    categories: `OP_KINDS`. Pure JAX (jit / vmap / grad).
+    """
+    eff = _default(efficiency)
+    x = _dims(model, plan)
+    b = plan.batch
+    prefill = _pass_ops(model, plan, system, eff, x, b * plan.input_len,
+                        _prefill_attention(model, plan, system, eff, x))
+    steps = plan.output_len - 1.0
+    total_context = steps * (plan.input_len + 0.5 * plan.output_len)  # sum of L_j over steps
+    attention = _decode_attention(model, plan, system, eff, x, total_context)
+    attention = eqx.tree_at(lambda c: (c.launch, c.kernels), attention,
+                            (attention.launch * steps, attention.kernels * steps))
+    step = _pass_ops(model, plan, system, eff, x, b, attention)
+    decode = {k: (v if k == "attention" else steps * v) for k, v in step.items()}
+    return {"prefill": prefill, "decode": decode}
+
+
+class PhaseBreakdown(eqx.Module):
+    """Time of one phase on the critical path, by category, s. `total` is their sum; `launch`
+    is the fixed per-kernel cost of all kernels (excluded from the other compute terms)."""
+
+    gemm: jax.Array
+    attention: jax.Array
+    elementwise: jax.Array
+    launch: jax.Array
+    tp_comm: jax.Array
+    pp_comm: jax.Array
+    total: jax.Array
+    kernels: jax.Array  # kernel launches, count
+
+
+def _breakdown(ops: dict[str, Cost]) -> PhaseBreakdown:
+    def kind_sum(kind):
+        return sum(c.roofline + c.network for n, c in ops.items() if OP_KINDS[n] == kind)
+    launch = sum(c.launch for c in ops.values())
+    parts = {k: kind_sum(k) for k in KINDS}
+    return PhaseBreakdown(**parts, launch=launch, total=sum(parts.values()) + launch,
+                          kernels=sum(c.kernels for c in ops.values()))
+
+
+class InferenceMemory(eqx.Module):
+    """Per-GPU memory of the most loaded pipeline stage, B."""
+
+    weights: jax.Array  # at the weight precision; all experts stored
+    kv_cache: jax.Array  # batch * (input_len + output_len) tokens
+    activations: jax.Array  # peak transient tensors (prefill of one layer + logits)
+    workspace: jax.Array  # CUDA context, NCCL and GEMM workspaces (Efficiency.memory_reserve)
+    total: jax.Array
+
+
+def weight_bytes_per_gpu(model: Transformer, plan: InferencePlan) -> jax.Array:
+    """Weights one GPU holds: its layers' share (KV projections replicated when tp > kv_heads,
+    router and norms replicated) plus the embedding and LM head shards, B."""
+    x = _dims(model, plan)
+    attn = x.h * (x.heads + 2.0 * x.kv) * x.d + x.heads * x.d * x.h
+    mlp = model.num_experts * model.mlp_matrices * x.h * x.f
+    replicated = jnp.where(x.moe, x.h * model.num_experts, 0.0) + 4.0 * x.h
+    layer = (attn + mlp) * x.wb + replicated * 2.0
+    # Embedding on the first stage, LM head (16 bit) on the last; both on one stage when pp = 1.
+    head = x.vocab * x.h * bytes_per_element(x.head_math)
+    embed = x.vocab * x.h * x.sb
+    return model.layers / plan.pp * layer + jnp.where(plan.pp > 1, jnp.maximum(head, embed),
+                                                      head + embed)
+
+
+def kv_cache_bytes_per_gpu(model: Transformer, plan: InferencePlan, batch=None) -> jax.Array:
+    """KV cache of one GPU: 2 (K, V) * layers/pp * kv_heads_local * head_dim * kv bytes *
+    (input_len + output_len) * batch, with kv_heads_local = max(kv_heads / tp, 1), B."""
+    x = _dims(model, plan)
+    b = plan.batch if batch is None else batch
+    context = plan.input_len + plan.output_len
+    return 2.0 * model.layers / plan.pp * x.kv * x.d * x.kb * context * b
+
+
+def _activation_bytes_per_seq(model: Transformer, plan: InferencePlan) -> jax.Array:
+    """Peak transient activations per sequence (they scale with the batch), B."""
+    x = _dims(model, plan)
+    s = plan.input_len
+    per_token = (2.0 * x.h * x.sb + (x.heads + 2.0 * x.kv) * x.d * x.ab
+                 + model.experts_per_token * model.mlp_matrices * x.f * x.ab)
+    scores = jnp.where(plan.flash_attention > 0, 0.0, x.heads * s * s * x.sb)
+    return s * per_token + scores + x.vocab * 4.0
+
+
+def inference_memory(model: Transformer, plan: InferencePlan,
+                     efficiency: Efficiency | None = None) -> InferenceMemory:
+    """Per-GPU memory of the plan (see `InferenceMemory`)."""
+    eff = _default(efficiency)
+    w = weight_bytes_per_gpu(model, plan)
+    kv = kv_cache_bytes_per_gpu(model, plan)
+    act = plan.batch * _activation_bytes_per_seq(model, plan)
+    return InferenceMemory(weights=w, kv_cache=kv, activations=act,
+                           workspace=eff.memory_reserve + 0.0 * w,
+                           total=w + kv + act + eff.memory_reserve)
+
+
+def max_batch(model: Transformer, system: System, plan: InferencePlan,
+              efficiency: Efficiency | None = None) -> jax.Array:
+    """Largest batch whose weights, KV cache, activations and workspace fit in HBM (0 if even
+    the weights do not fit). Exact floor: its gradient is zero."""
+    eff = _default(efficiency)
+    free = (system.accelerator.hbm_capacity - weight_bytes_per_gpu(model, plan)
+            - eff.memory_reserve)
+    per_seq = kv_cache_bytes_per_gpu(model, plan, 1.0) + _activation_bytes_per_seq(model, plan)
+    return jnp.maximum(jnp.floor(free / per_seq), 0.0)
+
+
+def inference_reason(model: Transformer, plan: InferencePlan, system: System,
+                     memory_total) -> jax.Array:
+    """Reason code of an inference plan (0 feasible; codes of `diffperf.feasibility.REASONS`:
+    1 tp does not divide heads, 2 tp vs kv_heads, 3 tp does not divide ffn_hidden, 5 pp exceeds
+    layers, 9 no tensor cores for the GEMM precision, 10 does not fit in HBM)."""
+    div = lambda a, b: jnp.mod(b, a) == 0
+    checks = [
+        (1, div(plan.tp, model.heads)),
+        (2, div(plan.tp, model.kv_heads) | div(model.kv_heads, plan.tp)),
+        (3, div(plan.tp, model.ffn_hidden)),
+        (5, plan.pp <= model.layers),
+        (9, system.accelerator.peak_flops(plan.math_precision) > 0),
+        (10, memory_total <= system.accelerator.hbm_capacity),
+    ]
+    reason = jnp.zeros(jnp.shape(memory_total), jnp.int32)
+    for code, ok in reversed(checks):
+        reason = jnp.where(ok, reason, code)
+    return reason
+
+
+class InferenceReport(eqx.Module):
+    """Prediction for one static batch of requests. Times in s, memory in B."""
+
+    ttft: jax.Array  # time to first token = prefill incl. the LM head of the last prompt token
+    tpot: jax.Array  # mean time per output token after the first (one decode step)
+    e2e_latency: jax.Array  # ttft + (output_len - 1) * tpot
+    output_tok_s_per_gpu: jax.Array  # batch * output_len / e2e / (tp * pp), tokens/s
+    throughput: jax.Array  # output tokens/s of the whole job
+    prefill: PhaseBreakdown
+    decode: PhaseBreakdown  # summed over all decode steps
+    memory: InferenceMemory
+    fits: jax.Array  # memory.total <= HBM capacity
+    max_batch: jax.Array  # largest batch that fits, count
+    num_gpus: jax.Array
+    feasible: jax.Array
+    reason: jax.Array  # 0 if feasible, else a code of diffperf.feasibility.REASONS
+
+
+def _default(efficiency: Efficiency | None) -> Efficiency:
+    if efficiency is None:
+        from .presets import default_efficiency
+        return default_efficiency()
+    return efficiency
+
+
+def infer(model: Transformer, system: System, plan: InferencePlan,
+          efficiency: Efficiency | None = None) -> InferenceReport:
+    """Predict serving `plan` for `model` on `system`.
+
+    Pure JAX: works unchanged under `jit`, `vmap` and `grad`. Invalid plans come back with
+    `feasible = False` and a `reason` code (see `diffperf.feasibility.explain`).
+
+    **Arguments:**
+
+    - `model`: the transformer.
+    - `system`: GPUs and network.
+    - `plan`: the inference plan.
+    - `efficiency`: calibrated factors (default: the shipped `default_efficiency()`).
+
+    **Returns:** an `InferenceReport`.
+    """
+    eff = _default(efficiency)
+    ops = inference_ops(model, system, plan, eff)
+    prefill, decode = _breakdown(ops["prefill"]), _breakdown(ops["decode"])
+    steps = plan.output_len - 1.0
+    ttft = prefill.total
+    e2e = ttft + decode.total
+    # With a single output token there is no decode step: report the cost of one hypothetical
+    # step at the prompt length (from the per-step LM head + layers), never 0/0.
+    one_step = _breakdown(_one_step_ops(model, system, plan, eff)).total
+    tpot = jnp.where(steps > 0, decode.total / jnp.maximum(steps, 1.0), one_step)
+    memory = inference_memory(model, plan, eff)
+    fits = memory.total <= system.accelerator.hbm_capacity
+    reason = inference_reason(model, plan, system, memory.total)
+    out_tokens = plan.batch * plan.output_len
+    return InferenceReport(
+        ttft=ttft, tpot=tpot, e2e_latency=e2e,
+        output_tok_s_per_gpu=out_tokens / e2e / plan.num_gpus, throughput=out_tokens / e2e,
+        prefill=prefill, decode=decode, memory=memory, fits=fits,
+        max_batch=max_batch(model, system, plan, eff), num_gpus=plan.num_gpus,
+        feasible=reason == 0, reason=reason)
+
+
+def _one_step_ops(model: Transformer, system: System, plan: InferencePlan,
+                  eff: Efficiency) -> dict[str, Cost]:
+    """The operations of a single decode step at context input_len + 1."""
+    x = _dims(model, plan)
+    attention = _decode_attention(model, plan, system, eff, x, plan.input_len + 1.0)
+    return _pass_ops(model, plan, system, eff, x, plan.batch, attention)

@@ -1,0 +1,68 @@
+"""How one inference (serving) job is run: parallelism, batch, lengths and precisions."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ._checks import as_float, check_choice, check_integer
+from .hardware import PRECISION_CODES, PRECISIONS
+
+
+def _precision(field: str):
+    """Converter accepting a precision name ('bf16', 'fp8', ...) or an integer code."""
+    def convert(x):
+        if isinstance(x, str):
+            try:
+                x = PRECISION_CODES[x.lower()]
+            except KeyError:
+                raise ValueError(f"InferencePlan.{field} must be one of "
+                                 f"{sorted(PRECISION_CODES)}, got {x!r}") from None
+        return as_float(x)
+    return convert
+
+
+class InferencePlan(eqx.Module):
+    """A static-batch serving run: `batch` requests of `input_len` prompt tokens each generate
+    `output_len` tokens on a `tp` x `pp` GPU group.
+
+    **Arguments:**
+
+    - `tp`, `pp`: tensor / pipeline parallel degrees (the job uses tp * pp GPUs).
+    - `batch`: concurrent sequences, count.
+    - `input_len`, `output_len`: prompt and generated tokens per sequence, count.
+    - `weight_precision`: storage precision of the weights (code or name: fp32, bf16, fp8, fp4).
+    - `activation_precision`: precision of the GEMM inputs; the GEMMs run at the wider of the
+      weight and activation precisions (e.g. fp4 weights with bf16 activations run bf16 math).
+    - `kv_precision`: storage precision of the KV cache.
+    - `flash_attention`: 1 for a fused prefill attention kernel that never writes the scores.
+    """
+
+    tp: jax.Array = eqx.field(converter=as_float, default=1)
+    pp: jax.Array = eqx.field(converter=as_float, default=1)
+    batch: jax.Array = eqx.field(converter=as_float, default=1)
+    input_len: jax.Array = eqx.field(converter=as_float, default=128)
+    output_len: jax.Array = eqx.field(converter=as_float, default=128)
+    weight_precision: jax.Array = eqx.field(converter=_precision("weight_precision"), default=1)
+    activation_precision: jax.Array = eqx.field(converter=_precision("activation_precision"),
+                                                default=1)
+    kv_precision: jax.Array = eqx.field(converter=_precision("kv_precision"), default=1)
+    flash_attention: jax.Array = eqx.field(converter=as_float, default=1)
+
+    def __check_init__(self):
+        for name in ("tp", "pp", "batch", "input_len", "output_len"):
+            check_integer("InferencePlan", name, getattr(self, name))
+        for name in ("weight_precision", "activation_precision", "kv_precision"):
+            check_choice("InferencePlan", name, getattr(self, name), PRECISIONS)
+        check_choice("InferencePlan", "flash_attention", self.flash_attention, {0: "off", 1: "on"})
+
+    @property
+    def num_gpus(self) -> jax.Array:
+        """GPUs in the job, tp * pp."""
+        return self.tp * self.pp
+
+    @property
+    def math_precision(self) -> jax.Array:
+        """Precision code of the GEMM arithmetic: the wider of weights and activations."""
+        return jnp.minimum(self.weight_precision, self.activation_precision)

@@ -1,0 +1,85 @@
+"""Parallel training plans. Categorical choices are integer codes so sweeps can batch them."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+
+from ._checks import as_float, check_choice, check_integer
+from .hardware import PRECISION_CODES, PRECISIONS
+
+RECOMPUTE = {0: "none", 1: "selective", 2: "full"}
+RECOMPUTE_CODES = {v: k for k, v in RECOMPUTE.items()}
+ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+
+
+def _code(table: dict[str, int], field: str):
+    def convert(x):
+        if isinstance(x, str):
+            try:
+                x = table[x.lower()]
+            except KeyError:
+                raise ValueError(f"TrainingPlan.{field} must be one of {sorted(table)}, "
+                                 f"got {x!r}") from None
+        return as_float(x)
+    return convert
+
+
+class TrainingPlan(eqx.Module):
+    """How one training job is parallelised and run.
+
+    Ranks are ordered tensor-parallel innermost, then context, data, pipeline parallel outermost
+    (Megatron's order); experts are sharded over `ep` of the data-parallel ranks.
+
+    **Arguments:**
+
+    - `tp`, `pp`, `dp`, `cp`, `ep`: tensor / pipeline / data / context / expert parallel degrees.
+      The job uses tp * pp * dp * cp GPUs.
+    - `micro_batch`: sequences per micro-batch.
+    - `global_batch`: sequences per optimizer step (divisible by dp * micro_batch).
+    - `vp`: interleaved pipeline chunks per stage (1 = plain 1F1B).
+    - `sequence_parallel`: 1 to shard norms / dropout over the TP group (Korthikanti et al.),
+      turning each TP all-reduce into reduce-scatter + all-gather.
+    - `recompute`: 0 none, 1 selective (attention core), 2 full (whole layer); or the name.
+    - `zero`: 0 plain data parallel, 1 sharded optimizer (distributed optimizer), 2 + sharded
+      gradients, 3 + sharded parameters (FSDP).
+    - `precision`: GEMM precision code 0 fp32/tf32, 1 bf16/fp16, 2 fp8, 3 fp4; or the name.
+    - `flash_attention`: 1 for a fused attention kernel that never writes the s x s scores.
+    - `overlap_tp`: 1 to overlap TP communication with GEMMs (fraction `Efficiency.tp_overlap`).
+    - `overlap_dp`: 1 to overlap the gradient reduction with the backward pass.
+    """
+
+    tp: jax.Array = eqx.field(converter=as_float, default=1)
+    pp: jax.Array = eqx.field(converter=as_float, default=1)
+    dp: jax.Array = eqx.field(converter=as_float, default=1)
+    cp: jax.Array = eqx.field(converter=as_float, default=1)
+    ep: jax.Array = eqx.field(converter=as_float, default=1)
+    micro_batch: jax.Array = eqx.field(converter=as_float, default=1)
+    global_batch: jax.Array = eqx.field(converter=as_float, default=1)
+    vp: jax.Array = eqx.field(converter=as_float, default=1)
+    sequence_parallel: jax.Array = eqx.field(converter=as_float, default=0)
+    recompute: jax.Array = eqx.field(converter=_code(RECOMPUTE_CODES, "recompute"), default=0)
+    zero: jax.Array = eqx.field(converter=as_float, default=1)
+    precision: jax.Array = eqx.field(converter=_code(PRECISION_CODES, "precision"), default=1)
+    flash_attention: jax.Array = eqx.field(converter=as_float, default=1)
+    overlap_tp: jax.Array = eqx.field(converter=as_float, default=1)
+    overlap_dp: jax.Array = eqx.field(converter=as_float, default=1)
+
+    def __check_init__(self):
+        for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):
+            check_integer("TrainingPlan", name, getattr(self, name))
+        for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp"):
+            check_choice("TrainingPlan", name, getattr(self, name), {0: "off", 1: "on"})
+        check_choice("TrainingPlan", "recompute", self.recompute, RECOMPUTE)
+        check_choice("TrainingPlan", "zero", self.zero, ZERO)
+        check_choice("TrainingPlan", "precision", self.precision, PRECISIONS)
+
+    @property
+    def num_gpus(self) -> jax.Array:
+        """GPUs in the job, tp * pp * dp * cp."""
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_micro_batches(self) -> jax.Array:
+        """Micro-batches per step per pipeline, global_batch / (dp * micro_batch)."""
+        return self.global_batch / (self.dp * self.micro_batch)

@@ -1,0 +1,113 @@
+"""The roofline primitive: how long one kernel takes on one GPU.
+
+A kernel moves bytes through each memory level and executes FLOPs; its time is the smooth
+maximum of the per-resource times plus a fixed per-kernel overhead:
+
+    t = smax(F / (P * e_mm), B_hbm / (BW_hbm * e_hbm), B_l2 / (BW_l2 * e_l2)) + n_k * t_k
+
+The smooth maximum (see `smooth_max`) lets gradients reach whichever resource is near-binding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .efficiency import Efficiency, matmul_efficiency
+from .hardware import BYTES_PER_ELEMENT, Accelerator
+
+#: Sharpness of the smooth maximum: at a tie the result exceeds the max by this fraction
+#: (kernels whose compute and memory times are equal reach neither roof); far from a tie the
+#: excess falls off as SHARPNESS**2 / 4 of the larger term.
+SHARPNESS = 0.1
+#: GEMM output tile edge used for wave/tile quantisation and L2 operand traffic, elements.
+TILE = 128
+#: Effective operand reuse of a GEMM's L2 traffic (CTA-cluster tile edge), elements.
+L2_REUSE = 256
+
+
+def smooth_max(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Smooth maximum of two non-negative times.
+
+    `(a + b + sqrt((a - b)^2 + (k (a + b))^2)) / 2` with k = `SHARPNESS`: equals
+    `max(a, b) * (1 + k)` at a tie and `max(a, b) * (1 + O(k^2))` far from it. Cheap (one
+    square root), scale-free, differentiable everywhere except at a = b = 0 (where the gradient
+    is defined as that of max via the `+ tiny`).
+    """
+    s = a + b
+    return 0.5 * (s + jnp.sqrt((a - b) ** 2 + (SHARPNESS * s) ** 2 + 1e-30))
+
+
+def smooth_min(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Smooth minimum of two non-negative numbers (mirror of `smooth_max`, never below 0)."""
+    s = a + b
+    return jnp.maximum(0.5 * (s - jnp.sqrt((a - b) ** 2 + (SHARPNESS * s) ** 2 + 1e-30)), 0.0)
+
+
+def ste_ceil(x: jax.Array) -> jax.Array:
+    """`ceil(x)` in the forward pass with a straight-through (identity) gradient."""
+    return x + jax.lax.stop_gradient(jnp.ceil(x) - x)
+
+
+def peak_matmul_flops(acc: Accelerator, precision) -> jax.Array:
+    """Dense tensor FLOP/s at a precision code, floored at 1 FLOP/s so unsupported precisions give
+    a finite (huge) time instead of inf; plans flag them infeasible."""
+    return jnp.maximum(acc.peak_flops(precision), 1.0)
+
+
+def bytes_per_element(precision) -> jax.Array:
+    """Bytes per element of a precision code (fp32 4, bf16 2, fp8 1, fp4 0.5)."""
+    p = jnp.asarray(precision)
+    b = BYTES_PER_ELEMENT
+    return jnp.where(p == 0, b[0], jnp.where(p == 1, b[1], jnp.where(p == 2, b[2], b[3])))
+
+
+def op_time(acc: Accelerator, eff: Efficiency, flops, hbm_bytes, l2_bytes=0.0, kernels=1.0,
+            flops_per_s=None) -> jax.Array:
+    """Time of a kernel (or fused group of `kernels` kernels) on one GPU, s.
+
+    **Arguments:**
+
+    - `flops`: arithmetic work, FLOP.
+    - `hbm_bytes`, `l2_bytes`: traffic to HBM and to L2, B.
+    - `kernels`: kernel launches the op needs, count.
+    - `flops_per_s`: achieved arithmetic rate, FLOP/s (default: the vector units at
+      `eff.vector`, right for element-wise kernels).
+    """
+    if flops_per_s is None:
+        flops_per_s = acc.vector_flops * eff.vector
+    t_compute = flops / flops_per_s
+    t_hbm = hbm_bytes / (acc.hbm_bandwidth * eff.hbm)
+    t_l2 = l2_bytes / (acc.l2_bandwidth * eff.l2)
+    t = smooth_max(smooth_max(t_compute, t_hbm), t_l2)
+    return t + kernels * (acc.launch_overhead + eff.kernel_overhead)
+
+
+def wave_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
+    """Fraction of the GPU's SMs doing useful work for an m x n output split into TILE x TILE
+    tiles and scheduled in waves of `num_sms` tiles (tile + wave quantisation). Exact ceilings
+    in the forward pass, straight-through gradients."""
+    tiles_m = ste_ceil(m / TILE)
+    tiles_n = ste_ceil(n / TILE)
+    tiles = tiles_m * tiles_n * batch
+    waves = ste_ceil(tiles / acc.num_sms)
+    return (m * n * batch) / (waves * acc.num_sms * TILE * TILE)
+
+
+def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
+              act_bytes=None) -> jax.Array:
+    """Time of `batch` independent (m x k) @ (k x n) GEMMs in one kernel, s.
+
+    FLOPs 2*batch*m*n*k at `peak * matmul_efficiency * wave_efficiency`; HBM traffic reads both
+    operands and writes the output once (`act_bytes` per activation element, default the
+    precision's width; weights at the precision's width); L2 traffic is the tile-reuse operand
+    stream `2*m*n*k*B / L2_REUSE`.
+    """
+    b = bytes_per_element(precision)
+    ab = b if act_bytes is None else act_bytes
+    flops = 2.0 * batch * m * n * k
+    rate = (peak_matmul_flops(acc, precision) * matmul_efficiency(eff, m, n, k, precision)
+            * jnp.minimum(wave_efficiency(acc, m, n, batch), 1.0))
+    hbm = batch * (m * k * ab + k * n * b + m * n * ab)
+    l2 = flops * b / L2_REUSE
+    return op_time(acc, eff, flops, hbm, l2, kernels=1.0, flops_per_s=rate)

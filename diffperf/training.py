@@ -1,0 +1,277 @@
+"""Time, memory and utilisation of one optimizer step of distributed transformer training.
+
+One GPU of the slowest (last) pipeline stage is modelled per micro-batch: every GEMM of a layer
+with its exact local shape, the attention core, the element-wise kernels, the tensor / context /
+expert parallel collectives, then the pipeline schedule (1F1B or interleaved), the data-parallel
+gradient reduction and the optimizer. See `train_step`.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from . import collectives as coll
+from .efficiency import Efficiency, matmul_efficiency
+from .feasibility import training_reason
+from .hardware import System
+from .model import Transformer
+from .plans import TrainingPlan
+from .roofline import bytes_per_element, gemm_time, op_time, peak_matmul_flops, smooth_min
+from .training_memory import GRAD_BYTES, TrainingMemory, params_per_gpu, training_memory
+
+
+class TrainingReport(eqx.Module):
+    """Prediction for one optimizer step. Times in s, memory in B, rates per second.
+
+    The step time is `compute + tp_comm + pp_comm + dp_comm + bubble + optimizer`, where the
+    communication terms are only the parts not hidden behind compute.
+    """
+
+    step_time: jax.Array
+    compute_time: jax.Array  # GEMMs, attention, element-wise kernels incl. recomputation
+    recompute_time: jax.Array  # the part of compute_time spent recomputing activations
+    tp_comm_time: jax.Array  # exposed tensor + context + expert parallel communication
+    pp_comm_time: jax.Array  # exposed pipeline send/recv
+    dp_comm_time: jax.Array  # exposed data-parallel gradient / parameter communication
+    bubble_time: jax.Array  # pipeline fill and drain
+    optimizer_time: jax.Array
+    memory: TrainingMemory
+    fits: jax.Array  # total memory <= HBM capacity
+    model_flops: jax.Array  # per step, whole job, without recomputation (MFU numerator), FLOP
+    hardware_flops: jax.Array  # per step, whole job, with recomputation (HFU numerator), FLOP
+    mfu: jax.Array  # model FLOPs / (step time * GPUs * dense peak at the plan's precision)
+    hfu: jax.Array
+    tokens_per_s: jax.Array  # whole job
+    tokens_per_s_per_gpu: jax.Array
+    num_gpus: jax.Array
+    feasible: jax.Array  # valid plan that fits in memory
+    reason: jax.Array  # 0 if feasible, else the code of the first failed check (see feasibility)
+
+
+def _layer_flops_per_token(model: Transformer) -> tuple[jax.Array, jax.Array]:
+    """Forward FLOPs per token of one layer: (weight GEMMs, attention core at full s x s).
+
+    Weight GEMMs: 2 FLOPs per active weight. Attention: QK^T and AV, 2 * 2 * s * h per token
+    (Megatron / Korthikanti convention: the causal mask is not discounted).
+    """
+    h, d = model.hidden, model.head_dim
+    active = (h * (model.heads + 2 * model.kv_heads) * d + h * h
+              + model.experts_per_token * model.mlp_matrices * h * model.ffn_hidden
+              + jnp.where(model.num_experts > 1, h * model.num_experts, 0.0))
+    return 2.0 * active, 4.0 * model.seq_len * h
+
+
+def model_flops_per_step(model: Transformer, plan: TrainingPlan,
+                         causal_attention: bool = False) -> jax.Array:
+    """Model FLOPs of one step, whole job (forward + backward = 3x forward, no recomputation).
+
+    For GPT (ffn 4h, MHA) this is Korthikanti's 72 B s L h^2 (1 + s/(6h) + V/(12 h L)).
+    `causal_attention=True` halves the attention-core term (the convention of some vendor
+    tables, e.g. Megatron-Bridge); the default counts the full s x s product (Megatron, NeMo).
+    """
+    gemm, attn = _layer_flops_per_token(model)
+    if causal_attention:
+        attn = 0.5 * attn
+    per_token = 3.0 * (model.layers * (gemm + attn) + 2.0 * model.hidden * model.vocab)
+    return plan.global_batch * model.seq_len * per_token
+
+
+def hardware_flops_per_step(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """Model FLOPs plus the recomputed forward: the whole layer (full, Narayanan's Eq. 3:
+    96 B s L h^2 (1 + s/(6h) + V/(16 L h))) or the attention core (selective)."""
+    gemm, attn = _layer_flops_per_token(model)
+    extra = jnp.where(plan.recompute == 2, gemm + attn, jnp.where(plan.recompute == 1, attn, 0.0))
+    tokens = plan.global_batch * model.seq_len
+    return model_flops_per_step(model, plan) + tokens * model.layers * extra
+
+
+class _Layer(eqx.Module):
+    """Per-layer, per-micro-batch times on one GPU (internal)."""
+
+    forward: jax.Array  # GEMMs + attention + element-wise, one forward pass
+    backward: jax.Array
+    recompute: jax.Array
+    comm: jax.Array  # exposed TP + CP + EP communication (forward, backward, recompute)
+
+
+def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
+                 eff: Efficiency) -> _Layer:
+    acc, net = system.accelerator, system.network
+    p = plan.precision
+    t, cp, ep = plan.tp, plan.cp, plan.ep
+    ab = jnp.maximum(bytes_per_element(p), 2.0)  # activations move in 16 bit (fp32 in fp32)
+    s = model.seq_len / cp  # local query tokens per sequence
+    seq = model.seq_len  # keys each query attends to (the full sequence)
+    tokens = plan.micro_batch * s
+    h, d, f = model.hidden, model.head_dim, model.ffn_hidden
+    heads = model.heads / t
+    kv = jnp.maximum(model.kv_heads / t, 1.0)  # KV heads are replicated when tp > kv_heads
+    k_top = model.experts_per_token
+    moe = model.num_experts > 1
+    local_experts = model.num_experts / ep
+    expert_tokens = tokens * k_top * ep / model.num_experts  # tokens each local expert sees
+
+    # Weight GEMMs, forward. Each backward GEMM (data and weight gradient) is a permutation of
+    # (m, n, k) with the same FLOPs and (symmetric) efficiency: backward = 2 x forward.
+    gemms = (gemm_time(acc, eff, tokens, (heads + 2 * kv) * d, h, p, act_bytes=ab)
+             + gemm_time(acc, eff, tokens, h, heads * d, p, act_bytes=ab)
+             + gemm_time(acc, eff, expert_tokens, (model.mlp_matrices - 1.0) * f / t, h, p,
+                         batch=local_experts, act_bytes=ab)
+             + gemm_time(acc, eff, expert_tokens, h, f / t, p, batch=local_experts, act_bytes=ab)
+             + jnp.where(moe, gemm_time(acc, eff, tokens, model.num_experts, h, p, act_bytes=ab),
+                         0.0))
+
+    # Attention core: QK^T and AV over b * heads batches of (s x seq x d).
+    flash = plan.flash_attention > 0
+    batch_heads = plan.micro_batch * heads
+    causal = jnp.where(flash, 0.5, 1.0)  # flash kernels skip the masked half of the blocks
+    attn_flops = 4.0 * batch_heads * s * seq * d * causal
+    # Fused attention runs in 16 bit even in fp8 recipes, at its own efficiency.
+    attn_rate = (peak_matmul_flops(acc, jnp.minimum(p, 1.0)) * eff.attention
+                 * matmul_efficiency(eff, s, seq, d, 1.0) / eff.matmul_peak)
+    qkvo_bytes = tokens * d * (2 * heads + 2 * kv) * ab
+    flash_fwd = op_time(acc, eff, attn_flops, qkvo_bytes, kernels=1.0, flops_per_s=attn_rate)
+    scores = batch_heads * s * seq  # elements of the score matrix
+    unfused_fwd = (
+        gemm_time(acc, eff, s, seq, d, 1.0, batch=batch_heads, act_bytes=ab)
+        + gemm_time(acc, eff, s, d, seq, 1.0, batch=batch_heads, act_bytes=ab)
+        # scale + mask + softmax, then dropout (writes its 1-byte mask)
+        + op_time(acc, eff, 8.0 * scores, scores * (4 * ab + 1), kernels=2.0))
+    attn_fwd = jnp.where(flash, flash_fwd, unfused_fwd)
+    attn_bwd = jnp.where(flash, 2.5, 2.0) * attn_fwd  # flash backward recomputes the scores
+
+    # Element-wise kernels: 2 layer norms, 2 bias-dropout-residual, the MLP activation. With
+    # sequence parallelism the first four touch tokens / t per GPU.
+    sp_div = jnp.where(plan.sequence_parallel > 0, t, 1.0)
+    norm_elems = tokens * h / sp_div
+    act_elems = tokens * k_top * f / t
+    elem_bytes = norm_elems * (2 * 2 * ab + 2 * (3 * ab + 1)) + act_elems * ab * (
+        2.0 + model.gated_mlp)
+    elem_flops = norm_elems * (2 * 8 + 2 * 3) + act_elems * 8
+    elem_fwd = op_time(acc, eff, elem_flops, elem_bytes, kernels=5.0)
+
+    forward = gemms + attn_fwd + elem_fwd
+    backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd
+    recompute = jnp.where(plan.recompute == 2, forward,
+                          jnp.where((plan.recompute == 1) & ~flash, attn_fwd, 0.0))
+
+    # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather with SP) in the forward,
+    # 2 in the backward, 2 more when the whole forward is recomputed.
+    n_tp = jnp.where(plan.recompute == 2, 6.0, 4.0)
+    msg = tokens * h * ab
+    tp_one = jnp.where(plan.sequence_parallel > 0,
+                       coll.reduce_scatter(net, eff, msg, t) + coll.all_gather(net, eff, msg, t),
+                       coll.all_reduce(net, eff, msg, t))
+    tp_comm = n_tp * tp_one * (1.0 - plan.overlap_tp * eff.tp_overlap)
+    # Context parallel: all-gather K and V of the whole sequence (forward, recompute), reduce-
+    # scatter their gradients (backward); largely hidden behind the attention core.
+    kv_bytes = 2.0 * plan.micro_batch * seq * kv * d * ab
+    n_cp = jnp.where(plan.recompute == 2, 3.0, 2.0)
+    cp_comm = n_cp * coll.all_gather(net, eff, kv_bytes, cp, t) * (1.0 - eff.cp_overlap)
+    # Expert parallel: dispatch + combine all-to-all per pass.
+    a2a = coll.all_to_all(net, eff, tokens * k_top * h * ab, ep, t * cp)
+    ep_comm = jnp.where(moe, n_tp * a2a, 0.0)
+    return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm)
+
+
+def _head_time(model: Transformer, plan: TrainingPlan, system: System,
+               eff: Efficiency) -> jax.Array:
+    """LM head + cross-entropy (last stage) and embedding lookup (first stage) for one
+    micro-batch, forward + backward, s."""
+    acc = system.accelerator
+    p = plan.precision
+    ab = jnp.maximum(bytes_per_element(p), 2.0)
+    tokens = plan.micro_batch * model.seq_len / plan.cp
+    v_local = model.vocab / plan.tp
+    head = 3.0 * gemm_time(acc, eff, tokens, v_local, model.hidden, jnp.minimum(p, 1.0),
+                           act_bytes=ab)
+    logits = tokens * v_local
+    loss = op_time(acc, eff, 10.0 * logits, logits * 4.0 * 3.0, kernels=3.0)  # fp32 softmax-CE
+    embed = op_time(acc, eff, 0.0, 3.0 * tokens * model.hidden * ab, kernels=2.0)
+    return head + loss + embed
+
+
+def train_step(model: Transformer, system: System, plan: TrainingPlan,
+               efficiency: Efficiency | None = None) -> TrainingReport:
+    """Predict one optimizer step of `model` trained on `system` with `plan`.
+
+    Pure JAX: works unchanged under `jit`, `vmap` (over any leaves of the four arguments) and
+    `grad`. Invalid plans are not rejected here; they come back with `feasible = False` and a
+    `reason` code (see `diffperf.feasibility.explain`). Use `diffperf.predict_training` for a
+    checked single prediction.
+
+    **Arguments:**
+
+    - `model`: the transformer.
+    - `system`: GPUs and network.
+    - `plan`: the parallel plan.
+    - `efficiency`: calibrated factors (default: the shipped `default_efficiency()`).
+
+    **Returns:** a `TrainingReport`.
+    """
+    if efficiency is None:
+        from .presets import default_efficiency
+        efficiency = default_efficiency()
+    eff = efficiency
+    acc, net = system.accelerator, system.network
+    layer = _layer_costs(model, plan, system, eff)
+    m = plan.num_micro_batches
+    layers_per_stage = model.layers / plan.pp
+    head = _head_time(model, plan, system, eff)
+
+    per_mb_compute = layers_per_stage * (layer.forward + layer.backward + layer.recompute) + head
+    per_mb_comm = layers_per_stage * layer.comm
+    compute = m * per_mb_compute
+    recompute = m * layers_per_stage * layer.recompute
+    tp_comm = m * per_mb_comm
+    stage = per_mb_compute + per_mb_comm  # one micro-batch through the slowest stage
+    bubble = (plan.pp - 1.0) / plan.vp * stage
+
+    # Pipeline: one activation send per chunk boundary per micro-batch, each way (Megatron's
+    # scatter-gather splits it over the TP group); on the critical path (v m + p - 1) times.
+    ab = jnp.maximum(bytes_per_element(plan.precision), 2.0)
+    p2p = coll.send_recv(net, eff, plan.micro_batch * model.seq_len / plan.cp * model.hidden
+                         * ab / plan.tp, plan.tp * plan.cp * plan.dp)
+    n_p2p = jnp.where(plan.pp > 1, 2.0 * (plan.vp * m + plan.pp - 1.0), 0.0)
+    pp_comm = n_p2p * p2p * (1.0 - eff.pp_overlap)
+
+    # Data parallel over dp * cp ranks (stride tp): fp32 gradients, 16-bit parameters.
+    n_params = params_per_gpu(model, plan)
+    group = plan.dp * plan.cp
+    grads = n_params * GRAD_BYTES
+    wts = n_params * 2.0
+    ar = coll.all_reduce(net, eff, grads, group, plan.tp)
+    rs = coll.reduce_scatter(net, eff, grads, group, plan.tp)
+    ag = coll.all_gather(net, eff, wts, group, plan.tp)
+    zero3_per_mb = jnp.where(plan.recompute == 2, 3.0, 2.0) * ag + rs
+    dp_total = jnp.where(plan.zero >= 3, m * zero3_per_mb, jnp.where(plan.zero >= 1, rs + ag, ar))
+    # The reduction overlaps the backward pass of the last micro-batch (and, with a sharded
+    # optimizer, the parameter gather overlaps the next forward); ZeRO-3 prefetches all along.
+    last_mb = layers_per_stage * (layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))
+    hide = jnp.where(plan.zero >= 3, eff.zero3_overlap * compute,
+                     plan.overlap_dp * eff.dp_overlap * last_mb)
+    dp_comm = jnp.where(group > 1, dp_total - smooth_min(dp_total, hide), 0.0)
+
+    # Adam on the local shard: read grad, master, m, v (16 B), write master, m, v, 16-bit weight.
+    shard = n_params / jnp.where(plan.zero >= 1, group, 1.0)
+    optimizer = op_time(acc, eff, 12.0 * shard, 30.0 * shard, kernels=4.0)
+
+    step = compute + tp_comm + bubble + pp_comm + dp_comm + optimizer
+    memory = training_memory(model, plan, eff)
+    fits = memory.total <= acc.hbm_capacity
+    n_gpus = plan.num_gpus
+    peak = peak_matmul_flops(acc, plan.precision)
+    mflops = model_flops_per_step(model, plan)
+    hflops = hardware_flops_per_step(model, plan)
+    tokens = plan.global_batch * model.seq_len
+    reason = training_reason(model, plan, acc, memory.total)
+    return TrainingReport(
+        step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_comm,
+        pp_comm_time=pp_comm, dp_comm_time=dp_comm, bubble_time=bubble,
+        optimizer_time=optimizer, memory=memory, fits=fits, model_flops=mflops,
+        hardware_flops=hflops, mfu=mflops / (step * n_gpus * peak),
+        hfu=hflops / (step * n_gpus * peak), tokens_per_s=tokens / step,
+        tokens_per_s_per_gpu=tokens / step / n_gpus, num_gpus=n_gpus,
+        feasible=reason == 0, reason=reason)

@@ -1,0 +1,129 @@
+"""`diffperf validate`: predict every row of benchmark CSVs and compare with the measurements."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .data import BenchmarkRow, read_benchmarks, train_specs
+from .efficiency import Efficiency
+from .feasibility import explain
+from .presets import default_efficiency
+from .training import model_flops_per_step, train_step
+
+
+def stack(trees):
+    """Stack a list of pytrees with identical structure along a new leading axis."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def causal_flops_convention(row: BenchmarkRow) -> bool:
+    """True for sources whose model TFLOP/s count causal (half) attention FLOPs: Megatron-Bridge
+    tables (see benchmarks_data/SOURCES.md, 'Two model-FLOP conventions')."""
+    return "megatron-bridge" in row.source.lower() or row.id.startswith("mbridge")
+
+
+@eqx.filter_jit
+def _train_batch(models, systems, plans, eff, causal):
+    def one(m, s, p, c):
+        r = train_step(m, s, p, eff)
+        mf = jnp.where(c, model_flops_per_step(m, p, causal_attention=True),
+                       model_flops_per_step(m, p))
+        return r, mf
+    return jax.vmap(one)(models, systems, plans, causal)
+
+
+def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency):
+    """Predictions for train rows: (list of (row, {metric: predicted}, warning)), failed list."""
+    ok, failed, specs = [], [], []
+    for row in rows:
+        try:
+            specs.append(train_specs(row))
+            ok.append(row)
+        except ValueError as e:
+            failed.append({"id": row.id, "error": str(e)})
+    if not ok:
+        return [], failed
+    models, systems, plans = (stack([s[i] for s in specs]) for i in range(3))
+    causal = jnp.asarray([causal_flops_convention(r) for r in ok])
+    rep, mflops = _train_batch(models, systems, plans, eff, causal)
+    rep, mflops = jax.device_get((rep, mflops))
+    out = []
+    for i, row in enumerate(ok):
+        reason = int(rep.reason[i])
+        if reason not in (0, 10):
+            failed.append({"id": row.id, "error": explain(reason)})
+            continue
+        n = float(rep.num_gpus[i])
+        step = float(rep.step_time[i])
+        pred = {
+            "step_time_s": step,
+            "tokens_per_s_per_gpu": float(rep.tokens_per_s_per_gpu[i]),
+            "model_tflops_per_gpu": float(mflops[i]) / step / n / 1e12,
+            "peak_memory_gb": float(rep.memory.total[i]) / 1e9,
+        }
+        warning = None
+        if reason == 10:
+            warning = explain(10, float(rep.memory.total[i]),
+                              float(systems.accelerator.hbm_capacity[i]))
+        out.append((row, pred, warning))
+    return out, failed
+
+
+def validate(paths, efficiency: Efficiency | None = None) -> dict:
+    """Predict every row of the CSV files in `paths` and compare with each measured column.
+
+    **Returns:** `{"rows": [...], "summary": {metric: {"n", "mape", "max_ape"}}, "failed": [...],
+    "defaults": [...], "warnings": [...]}` as in benchmark-schema.md (APE in percent).
+    """
+    eff = default_efficiency() if efficiency is None else efficiency
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    rows = [r for p in paths for r in read_benchmarks(p)]
+    train = [r for r in rows if r.kind == "train"]
+    infer = [r for r in rows if r.kind == "infer"]
+    predictions, failed = predict_train_rows(train, eff)
+    if infer:
+        try:
+            from .inference_validate import predict_infer_rows
+        except ImportError:
+            failed += [{"id": r.id, "error": "the inference model is not available"}
+                       for r in infer]
+        else:
+            more, more_failed = predict_infer_rows(infer, eff)
+            predictions += more
+            failed += more_failed
+    out_rows, warnings = [], []
+    for row, pred, warning in predictions:
+        if warning:
+            warnings.append({"id": row.id, "warning": warning})
+        for metric, measured in row.measured.items():
+            p = pred.get(metric)
+            if p is None or not np.isfinite(p):
+                failed.append({"id": row.id, "error": f"no finite prediction for {metric}"})
+                continue
+            out_rows.append({"id": row.id, "metric": metric, "measured": measured,
+                             "predicted": p, "ape": abs(p - measured) / measured * 100.0})
+    summary = summarize(out_rows)
+    defaults = [{"id": r.id, "defaults": r.defaults_used} for r in rows if r.defaults_used]
+    return {"rows": out_rows, "summary": summary, "failed": failed, "defaults": defaults,
+            "warnings": warnings}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per-metric count, MAPE and max APE (percent) of validation rows."""
+    summary: dict[str, dict] = {}
+    for metric in dict.fromkeys(r["metric"] for r in rows):
+        apes = np.array([r["ape"] for r in rows if r["metric"] == metric])
+        summary[metric] = {"n": int(apes.size), "mape": float(apes.mean()),
+                           "max_ape": float(apes.max())}
+    return summary
+
+
+def subset_summary(result: dict, prefix: str) -> dict:
+    """Summary restricted to row ids starting with `prefix` (e.g. 'imec-')."""
+    return summarize([r for r in result["rows"] if r["id"].startswith(prefix)])
