@@ -71,11 +71,12 @@ def all_to_all(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     return t + _fixed(n, eff)
 
 
-def send_recv(net: Network, eff: Efficiency, size, stride) -> jax.Array:
-    """Point-to-point transfer of `size` bytes to the rank `stride` away (NVLink when both are in
-    one domain, else the scale-out fabric)."""
+def send_recv(net: Network, eff: Efficiency, size, span) -> jax.Array:
+    """Point-to-point transfer of `size` bytes along a chain of ranks covering `span` consecutive
+    ranks (e.g. a pipeline: pp stages spaced tp*cp*dp apart span tp*cp*dp*pp ranks). NVLink when
+    the whole chain fits in one domain, else the slowest hop crosses the scale-out fabric."""
     bw_in, bw_out = _bw(net, eff)
-    intra = stride < net.nvlink_domain
+    intra = span <= net.nvlink_domain
     bw = jnp.where(intra, bw_in, bw_out)
     lat = jnp.where(intra, net.nvlink_latency, net.scaleout_latency)
     return size / bw + lat + eff.collective_overhead

@@ -38,10 +38,18 @@ def smooth_max(a: jax.Array, b: jax.Array) -> jax.Array:
     return 0.5 * (s + jnp.sqrt((a - b) ** 2 + (SHARPNESS * s) ** 2 + 1e-30))
 
 
-def smooth_min(a: jax.Array, b: jax.Array) -> jax.Array:
-    """Smooth minimum of two non-negative numbers (mirror of `smooth_max`, never below 0)."""
-    s = a + b
-    return jnp.maximum(0.5 * (s - jnp.sqrt((a - b) ** 2 + (SHARPNESS * s) ** 2 + 1e-30)), 0.0)
+def exposed_after_overlap(total: jax.Array, window: jax.Array) -> jax.Array:
+    """Part of a transfer of duration `total` left exposed when it can overlap a compute window
+    of duration `window`: a smooth `clip(total - window, 0, total)`.
+
+    Uses `(x + sqrt(x^2 + (k total)^2)) / 2` with x = total - window and k = `SHARPNESS`, so the
+    smoothing scales with the transfer itself: it is non-increasing in `window`, equals about
+    `total * (1 + k^2 / 4)` (capped at `total`) with no window and falls like
+    `k^2 total^2 / (4 window)` when the window is much longer.
+    """
+    x = total - window
+    soft = 0.5 * (x + jnp.sqrt(x * x + (SHARPNESS * total) ** 2 + 1e-30))
+    return jnp.minimum(soft, total)
 
 
 def ste_ceil(x: jax.Array) -> jax.Array:
@@ -83,22 +91,35 @@ def op_time(acc: Accelerator, eff: Efficiency, flops, hbm_bytes, l2_bytes=0.0, k
     return t + kernels * (acc.launch_overhead + eff.kernel_overhead)
 
 
-def wave_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
-    """Fraction of the GPU's SMs doing useful work for an m x n output split into TILE x TILE
-    tiles and scheduled in waves of `num_sms` tiles (tile + wave quantisation). Exact ceilings
-    in the forward pass, straight-through gradients."""
-    tiles_m = ste_ceil(m / TILE)
+#: Row granularity of a tensor-core GEMM tile for skinny GEMMs (MMA instruction m), elements.
+MMA_ROWS = 16
+
+
+def tile_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
+    """Fraction of the tensor-core work of an m x n output that is useful, s.t. tile and wave
+    quantisation.
+
+    Output tiles are `TILE` x `TILE` (rows shrink to a multiple of `MMA_ROWS` for skinny GEMMs,
+    as cuBLAS picks small-m kernels); padding wastes `m n / (m_pad n_pad)`. With at least one
+    tile per SM, tiles run in waves of `num_sms` and the last wave is partly idle; with fewer
+    tiles than SMs the kernel splits the k loop (split-K) and keeps every SM busy. Exact
+    ceilings forward, straight-through gradients.
+    """
+    tile_m = jnp.minimum(TILE, ste_ceil(m / MMA_ROWS) * MMA_ROWS)
+    tiles_m = ste_ceil(m / tile_m)
     tiles_n = ste_ceil(n / TILE)
+    padding = (m * n) / (tiles_m * tile_m * tiles_n * TILE)
     tiles = tiles_m * tiles_n * batch
     waves = ste_ceil(tiles / acc.num_sms)
-    return (m * n * batch) / (waves * acc.num_sms * TILE * TILE)
+    wave = jnp.where(tiles >= acc.num_sms, tiles / (waves * acc.num_sms), 1.0)
+    return padding * wave
 
 
 def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
               act_bytes=None) -> jax.Array:
     """Time of `batch` independent (m x k) @ (k x n) GEMMs in one kernel, s.
 
-    FLOPs 2*batch*m*n*k at `peak * matmul_efficiency * wave_efficiency`; HBM traffic reads both
+    FLOPs 2*batch*m*n*k at `peak * matmul_efficiency * tile_efficiency`; HBM traffic reads both
     operands and writes the output once (`act_bytes` per activation element, default the
     precision's width; weights at the precision's width); L2 traffic is the tile-reuse operand
     stream `2*m*n*k*B / L2_REUSE`.
@@ -106,8 +127,9 @@ def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
     b = bytes_per_element(precision)
     ab = b if act_bytes is None else act_bytes
     flops = 2.0 * batch * m * n * k
-    rate = (peak_matmul_flops(acc, precision) * matmul_efficiency(eff, m, n, k, precision)
-            * jnp.minimum(wave_efficiency(acc, m, n, batch), 1.0))
+    m_pad = ste_ceil(m / MMA_ROWS) * MMA_ROWS  # size effects act on the padded tile rows
+    rate = (peak_matmul_flops(acc, precision) * matmul_efficiency(eff, m_pad, n, k, precision)
+            * tile_efficiency(acc, m, n, batch))
     hbm = batch * (m * k * ab + k * n * b + m * n * ab)
     l2 = flops * b / L2_REUSE
     return op_time(acc, eff, flops, hbm, l2, kernels=1.0, flops_per_s=rate)

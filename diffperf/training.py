@@ -18,7 +18,8 @@ from .feasibility import training_reason
 from .hardware import System
 from .model import Transformer
 from .plans import TrainingPlan
-from .roofline import bytes_per_element, gemm_time, op_time, peak_matmul_flops, smooth_min
+from .roofline import (bytes_per_element, exposed_after_overlap, gemm_time, op_time,
+                       peak_matmul_flops)
 from .training_memory import GRAD_BYTES, TrainingMemory, params_per_gpu, training_memory
 
 
@@ -80,9 +81,12 @@ def model_flops_per_step(model: Transformer, plan: TrainingPlan,
 
 def hardware_flops_per_step(model: Transformer, plan: TrainingPlan) -> jax.Array:
     """Model FLOPs plus the recomputed forward: the whole layer (full, Narayanan's Eq. 3:
-    96 B s L h^2 (1 + s/(6h) + V/(16 L h))) or the attention core (selective)."""
+    96 B s L h^2 (1 + s/(6h) + V/(16 L h))) or the attention core (selective, unfused attention
+    only: a flash kernel's own recomputation is part of its backward pass, not counted here)."""
     gemm, attn = _layer_flops_per_token(model)
-    extra = jnp.where(plan.recompute == 2, gemm + attn, jnp.where(plan.recompute == 1, attn, 0.0))
+    selective = jnp.where(plan.flash_attention > 0, 0.0, attn)  # flash: inside its backward
+    extra = jnp.where(plan.recompute == 2, gemm + attn,
+                      jnp.where(plan.recompute == 1, selective, 0.0))
     tokens = plan.global_batch * model.seq_len
     return model_flops_per_step(model, plan) + tokens * model.layers * extra
 
@@ -232,8 +236,10 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # Pipeline: one activation send per chunk boundary per micro-batch, each way (Megatron's
     # scatter-gather splits it over the TP group); on the critical path (v m + p - 1) times.
     ab = jnp.maximum(bytes_per_element(plan.precision), 2.0)
+    # Consecutive stages are tp*cp*dp ranks apart: the pipeline stays on NVLink only if all pp
+    # stages fit in one domain; otherwise some boundary (the critical one) crosses the fabric.
     p2p = coll.send_recv(net, eff, plan.micro_batch * model.seq_len / plan.cp * model.hidden
-                         * ab / plan.tp, plan.tp * plan.cp * plan.dp)
+                         * ab / plan.tp, plan.tp * plan.cp * plan.dp * plan.pp)
     n_p2p = jnp.where(plan.pp > 1, 2.0 * (plan.vp * m + plan.pp - 1.0), 0.0)
     pp_comm = n_p2p * p2p * (1.0 - eff.pp_overlap)
 
@@ -252,7 +258,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     last_mb = layers_per_stage * (layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))
     hide = jnp.where(plan.zero >= 3, eff.zero3_overlap * compute,
                      plan.overlap_dp * eff.dp_overlap * last_mb)
-    dp_comm = jnp.where(group > 1, dp_total - smooth_min(dp_total, hide), 0.0)
+    dp_comm = jnp.where(group > 1, exposed_after_overlap(dp_total, hide), 0.0)
 
     # Adam on the local shard: read grad, master, m, v (16 B), write master, m, v, 16-bit weight.
     shard = n_params / jnp.where(plan.zero >= 1, group, 1.0)
