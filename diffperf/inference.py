@@ -50,6 +50,9 @@ MOE_KERNELS = 3.0
 #: flash attention / in decode; QK^T, softmax, AV, RoPE + KV write without.
 ATTENTION_KERNELS_FUSED = 1.0
 ATTENTION_KERNELS_UNFUSED = 4.0
+#: GEMMs with at most this many rows (M) run split-K: a second kernel reduces the partial
+#: sums (cuBLAS / TensorRT-LLM heuristics for skinny decode GEMMs), rows.
+SPLIT_K_MAX_M = 64.0
 #: Kernels outside the layers per pass: embedding, final norm, sampling (LM head is a GEMM).
 HEAD_KERNELS = 3.0
 
@@ -81,8 +84,9 @@ class Cost(eqx.Module):
 
     @property
     def roofline(self) -> jax.Array:
-        """Smooth maximum of the compute and memory times, s."""
-        return smooth_max(self.compute, self.memory)
+        """Smooth maximum of the compute and memory times (exactly 0 for an absent op), s."""
+        return jnp.where(self.compute + self.memory > 0, smooth_max(self.compute, self.memory),
+                         0.0)
 
     @property
     def time(self) -> jax.Array:
@@ -115,13 +119,15 @@ def _network(time, nbytes) -> Cost:
 
 
 def _gemm(system: System, eff: Efficiency, m, n, k, math, w_bytes, a_bytes, groups=1.0) -> Cost:
-    """`groups` independent (m x k) @ (k x n) GEMMs in one kernel: weights (k x n) at
-    `w_bytes` per element, activations in and out at `a_bytes`."""
+    """`groups` independent (m x k) @ (k x n) GEMMs in one kernel (two with split-K, when
+    m <= `SPLIT_K_MAX_M`): weights (k x n) at `w_bytes` per element, activations in and out at
+    `a_bytes`. The split-K partial sums stay in L2 (no extra HBM traffic counted)."""
     flops = 2.0 * groups * m * n * k
     nbytes = groups * (k * n * w_bytes + m * k * a_bytes + m * n * a_bytes)
     rate = (peak_matmul_flops(system.accelerator, math)
             * matmul_efficiency(eff, m, n, k, math))
-    return _compute(system, eff, flops, nbytes, rate, 1.0)
+    kernels = jnp.where(m <= SPLIT_K_MAX_M, 2.0, 1.0)
+    return _compute(system, eff, flops, nbytes, rate, kernels)
 
 
 class _Dims(eqx.Module):
@@ -257,25 +263,31 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
 
 
 def inference_ops(model: Transformer, system: System, plan: InferencePlan,
-                  efficiency: Efficiency | None = None) -> dict[str, dict[str, Cost]]:
+                  efficiency: Efficiency | None = None,
+                  per_step_fallback: bool = False) -> dict[str, dict[str, Cost]]:
     """Per-operation costs of both phases: `{"prefill": {op: Cost}, "decode": {op: Cost}}`.
 
     Prefill costs are for the whole prompt pass; decode costs are summed over all
     `output_len - 1` decode steps (closed form, see the module docstring). Op names and
-    categories: `OP_KINDS`. Pure JAX (jit / vmap / grad).
+    categories: `OP_KINDS`. Pure JAX (jit / vmap / grad). With `output_len = 1` the decode
+    costs are zero, unless `per_step_fallback` (then they are those of one step).
     """
     eff = _default(efficiency)
     x = _dims(model, plan)
     b = plan.batch
     prefill = _pass_ops(model, plan, system, eff, x, b * plan.input_len,
                         _prefill_attention(model, plan, system, eff, x))
-    steps = plan.output_len - 1.0
+    # With output_len = 1 there is no decode step: the ops of one step (at context input_len
+    # + 1/2) are still built, so that `infer` can report a finite TPOT, then masked to zero.
+    steps = jnp.maximum(plan.output_len - 1.0, 1.0)
     total_context = steps * (plan.input_len + 0.5 * plan.output_len)  # sum of L_j over steps
     attention = _decode_attention(model, plan, system, eff, x, total_context)
     attention = eqx.tree_at(lambda c: (c.launch, c.kernels), attention,
                             (attention.launch * steps, attention.kernels * steps))
     step = _pass_ops(model, plan, system, eff, x, b, attention)
     decode = {k: (v if k == "attention" else steps * v) for k, v in step.items()}
+    if not per_step_fallback:
+        decode = jax.tree.map(lambda c: jnp.where(plan.output_len > 1, c, 0.0), decode)
     return {"prefill": prefill, "decode": decode}
 
 
@@ -431,15 +443,13 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
     **Returns:** an `InferenceReport`.
     """
     eff = _default(efficiency)
-    ops = inference_ops(model, system, plan, eff)
+    ops = inference_ops(model, system, plan, eff, per_step_fallback=True)
     prefill, decode = _breakdown(ops["prefill"]), _breakdown(ops["decode"])
     steps = plan.output_len - 1.0
+    tpot = decode.total / jnp.maximum(steps, 1.0)  # one hypothetical step when output_len = 1
+    decode = jax.tree.map(lambda t: jnp.where(steps > 0, t, 0.0), decode)
     ttft = prefill.total
     e2e = ttft + decode.total
-    # With a single output token there is no decode step: report the cost of one hypothetical
-    # step at the prompt length (from the per-step LM head + layers), never 0/0.
-    one_step = _breakdown(_one_step_ops(model, system, plan, eff)).total
-    tpot = jnp.where(steps > 0, decode.total / jnp.maximum(steps, 1.0), one_step)
     memory = inference_memory(model, plan, eff)
     fits = memory.total <= system.accelerator.hbm_capacity
     reason = inference_reason(model, plan, system, memory.total)
@@ -451,10 +461,3 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
         max_batch=max_batch(model, system, plan, eff), num_gpus=plan.num_gpus,
         feasible=reason == 0, reason=reason)
 
-
-def _one_step_ops(model: Transformer, system: System, plan: InferencePlan,
-                  eff: Efficiency) -> dict[str, Cost]:
-    """The operations of a single decode step at context input_len + 1."""
-    x = _dims(model, plan)
-    attention = _decode_attention(model, plan, system, eff, x, plan.input_len + 1.0)
-    return _pass_ops(model, plan, system, eff, x, plan.batch, attention)

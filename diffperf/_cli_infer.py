@@ -1,0 +1,175 @@
+"""`diffperf infer`: predict one serving configuration and print its boundedness table; and
+`bench_inference`, the vmapped inference sweep timed by `diffperf bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .feasibility import explain
+from .inference import infer
+from .inference_plan import InferencePlan
+
+
+def add_infer_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the `infer` sub-command on an argparse `subparsers` object."""
+    p = subparsers.add_parser(
+        "infer", help="predict LLM inference latency, throughput, memory and boundedness",
+        description="Predict time to first token, time per output token, end-to-end latency, "
+                    "throughput and memory of a static batch of requests, with the per-operation "
+                    "boundedness table (compute / memory / network / launch overhead).")
+    p.add_argument("--model", required=True, help="model preset, e.g. llama2-70b")
+    p.add_argument("--gpu", required=True, help="GPU or system preset, e.g. h100-sxm5-80gb")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (default 1)")
+    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    p.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
+    p.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
+    p.add_argument("--precision", default="bf16",
+                   help="weight and GEMM precision: fp32, bf16, fp16, fp8, fp4 (default bf16)")
+    p.add_argument("--activation-precision", default=None,
+                   help="GEMM input precision (default: --precision)")
+    p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
+    p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
+    p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", default=None, help="save a roofline plot to this file (matplotlib)")
+    p.set_defaults(func=run_infer)
+    return p
+
+
+def _specs(args):
+    from .presets import default_efficiency, efficiency_from_json, model, system
+    mdl = model(args.model)
+    sys_ = system(args.gpu)
+    act = args.activation_precision or args.precision
+    plan = InferencePlan(tp=args.tp, pp=args.pp, batch=args.batch, input_len=args.input,
+                         output_len=args.output, weight_precision=args.precision,
+                         activation_precision=act, kv_precision=args.kv_precision or args.precision,
+                         flash_attention=0 if args.no_flash else 1)
+    eff = efficiency_from_json(args.efficiency) if args.efficiency else default_efficiency()
+    return mdl, sys_, plan, eff
+
+
+def _summary(rep) -> dict:
+    f = lambda x: float(x)
+    mem = rep.memory
+    return {
+        "ttft_s": f(rep.ttft), "tpot_s": f(rep.tpot), "e2e_latency_s": f(rep.e2e_latency),
+        "output_tok_s_per_gpu": f(rep.output_tok_s_per_gpu), "throughput_tok_s": f(rep.throughput),
+        "num_gpus": int(rep.num_gpus),
+        "memory_gb": {"weights": f(mem.weights) / 1e9, "kv_cache": f(mem.kv_cache) / 1e9,
+                      "activations": f(mem.activations) / 1e9,
+                      "workspace": f(mem.workspace) / 1e9, "total": f(mem.total) / 1e9},
+        "fits": bool(rep.fits), "max_batch": int(rep.max_batch),
+        "prefill_s": {k: f(getattr(rep.prefill, k)) for k in
+                      ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "total")},
+        "decode_s": {k: f(getattr(rep.decode, k)) for k in
+                     ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "total")},
+    }
+
+
+def _print(args, s: dict, table, capacity: float) -> None:
+    m = s["memory_gb"]
+    print(f"{args.model} on {s['num_gpus']} x {args.gpu} (tp={args.tp}, pp={args.pp}), "
+          f"batch {args.batch}, {args.input} in / {args.output} out, {args.precision}")
+    print(f"  TTFT            {s['ttft_s'] * 1e3:10.2f} ms")
+    print(f"  TPOT            {s['tpot_s'] * 1e3:10.2f} ms")
+    print(f"  e2e latency     {s['e2e_latency_s']:10.3f} s")
+    print(f"  throughput      {s['throughput_tok_s']:10.1f} output tok/s "
+          f"({s['output_tok_s_per_gpu']:.1f} per GPU)")
+    print(f"  memory per GPU  {m['total']:10.1f} GB of {capacity / 1e9:.0f} GB (weights "
+          f"{m['weights']:.1f}, KV cache {m['kv_cache']:.2f}, activations {m['activations']:.2f}, "
+          f"workspace {m['workspace']:.1f}); fits: {'yes' if s['fits'] else 'NO'}; "
+          f"max batch {s['max_batch']}")
+    for phase in ("prefill", "decode"):
+        b = s[f"{phase}_s"]
+        parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in b.items() if k != "total")
+        print(f"  {phase:7s} {b['total'] * 1e3:10.2f} ms = {parts} ms")
+    print()
+    cols = ["phase", "op", "bound", "intensity", "machine_balance", "time_s", "share"]
+    print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+
+
+def run_infer(args) -> int:
+    """Run `diffperf infer`; returns the exit status (0 ok, 2 bad input)."""
+    try:
+        from .boundedness import boundedness, roofline_plot
+        mdl, sys_, plan, eff = _specs(args)
+        rep = jax.device_get(infer(mdl, sys_, plan, eff))  # eager: faster than compiling once
+        reason = int(rep.reason)
+        if reason not in (0, 10):
+            print(f"error: infeasible plan: {explain(reason, precision=int(plan.math_precision))}",
+                  file=sys.stderr)
+            return 2
+        table = boundedness(mdl, sys_, plan, eff)
+        if args.plot:
+            roofline_plot(table, args.plot, sys_, f"{args.model} on {args.gpu}, tp={args.tp}")
+    except (ValueError, ImportError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    capacity = float(sys_.accelerator.hbm_capacity)
+    summary = _summary(rep)
+    if reason == 10:
+        print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
+    if args.json:
+        summary["boundedness"] = json.loads(table.to_json(orient="records"))
+        print(json.dumps(summary, indent=1))
+    else:
+        _print(args, summary, table, capacity)
+    return 0
+
+
+def _random_specs(n: int, seed: int):
+    """`n` random (model, system, plan) triples stacked as one batch of pytrees."""
+    from .presets import gpu_names, model, system
+    rng = np.random.default_rng(seed)
+    names = ["llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "mistral-7b", "mixtral-8x7b"]
+    stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+    models, systems = stack([model(m) for m in names]), stack([system(g) for g in gpu_names()])
+    pick = lambda tree, size: jax.tree.map(lambda x: x[rng.integers(0, size, n)], tree)
+    plan = InferencePlan(
+        tp=2.0 ** rng.integers(0, 4, n), pp=1.0, batch=rng.integers(1, 257, n),
+        input_len=rng.integers(64, 4097, n), output_len=rng.integers(1, 2049, n),
+        weight_precision=1, activation_precision=1, kv_precision=rng.integers(1, 3, n))
+    plan = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,)), plan)
+    return pick(models, len(names)), pick(systems, len(gpu_names())), plan
+
+
+def bench_inference(n: int = 100_000, repeats: int = 3, seed: int = 0) -> float:
+    """Inference evaluations per second of one jit-compiled, vmapped sweep of `n` random
+    configurations (models, GPUs, tp, batch, lengths, KV precision), best of `repeats` runs
+    after a warm-up (compilation excluded)."""
+    from .presets import default_efficiency
+    models, systems, plans = _random_specs(n, seed)
+    eff = default_efficiency()
+
+    @jax.jit
+    def run(m, s, p):
+        r = jax.vmap(lambda a, b, c: infer(a, b, c, eff))(m, s, p)
+        return r.e2e_latency, r.ttft, r.tpot, r.feasible
+    jax.block_until_ready(run(models, systems, plans))
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(models, systems, plans))
+        best = min(best, time.perf_counter() - t0)
+    return n / best
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry point (`python -m diffperf._cli_infer ...`)."""
+    parser = argparse.ArgumentParser(prog="diffperf")
+    add_infer_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Predictions for the `infer` rows of benchmark CSVs (used by `diffperf validate`)."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+
+from .data import BenchmarkRow
+from .efficiency import Efficiency
+from .feasibility import explain
+from .inference import infer
+from .inference_plan import InferencePlan
+from .model import Transformer
+from .presets import system
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *trees)
+
+
+def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
+    """`(Transformer, System, InferencePlan)` of an infer row (raises ValueError if invalid).
+
+    The row's `precision` is used for weights, GEMM activations and the KV cache alike (the
+    sources do not state the KV-cache precision; TensorRT-LLM FP8 recipes quantise it too).
+    """
+    v = row.values
+    if v["tp"] * v["pp"] != v["num_gpus"]:
+        raise ValueError(f"tp*pp = {v['tp'] * v['pp']:g} does not equal "
+                         f"num_gpus = {v['num_gpus']:g}")
+    context = v["input_len"] + v["output_len"]
+    model = Transformer(layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
+                        kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
+                        seq_len=context, gated_mlp=v["gated_mlp"],
+                        num_experts=v["num_experts"], experts_per_token=v["experts_per_token"])
+    sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
+    p = v["precision"]
+    plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=v["input_len"],
+                         output_len=v["output_len"], weight_precision=p,
+                         activation_precision=p, kv_precision=p)
+    return model, sys_, plan
+
+
+@eqx.filter_jit
+def _infer_batch(models, systems, plans, eff):
+    return jax.vmap(lambda m, s, p: infer(m, s, p, eff))(models, systems, plans)
+
+
+def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency):
+    """Predict infer rows in one vmapped call.
+
+    **Returns:** `(predictions, failed)`: predictions is a list of `(row, {metric: predicted},
+    warning or None)` with metrics e2e_latency_s, ttft_s, tpot_s, output_tok_s_per_gpu; failed
+    a list of `{"id", "error"}` for rows that cannot be evaluated (invalid or infeasible plan).
+    A plan that only exceeds HBM capacity is predicted with a warning.
+    """
+    ok, failed, specs = [], [], []
+    for row in rows:
+        try:
+            specs.append(infer_specs(row))
+            ok.append(row)
+        except ValueError as e:
+            failed.append({"id": row.id, "error": str(e)})
+    if not ok:
+        return [], failed
+    models, systems, plans = (_stack([s[i] for s in specs]) for i in range(3))
+    rep = jax.device_get(_infer_batch(models, systems, plans, eff))
+    out = []
+    for i, row in enumerate(ok):
+        reason = int(rep.reason[i])
+        if reason not in (0, 10):
+            failed.append({"id": row.id, "error": explain(reason, precision=int(
+                plans.math_precision[i]))})
+            continue
+        pred = {"e2e_latency_s": float(rep.e2e_latency[i]), "ttft_s": float(rep.ttft[i]),
+                "tpot_s": float(rep.tpot[i]),
+                "output_tok_s_per_gpu": float(rep.output_tok_s_per_gpu[i])}
+        warning = None
+        if reason == 10:
+            warning = explain(10, float(rep.memory.total[i]),
+                              float(systems.accelerator.hbm_capacity[i]))
+        out.append((row, pred, warning))
+    return out, failed

@@ -1,0 +1,45 @@
+"""Shared fixtures: presets and ONE jit-compiled `train_step` for the whole session.
+
+Every spec leaf is a float array of shape (), so a single compiled `train_step` serves every
+scalar (model, system, plan, efficiency) combination: tests never recompile per example.
+The efficiency passed everywhere is the *uncalibrated* physical default `Efficiency()` so that
+the tests do not depend on whichever calibration file happens to ship.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import pytest
+
+import diffperf as dp
+
+
+@pytest.fixture(scope="session")
+def eff() -> dp.Efficiency:
+    return dp.Efficiency()
+
+
+@pytest.fixture(scope="session")
+def dgx_a100() -> dp.System:
+    return dp.system("dgx-a100")
+
+
+@pytest.fixture(scope="session")
+def dgx_h100() -> dp.System:
+    return dp.system("dgx-h100")
+
+
+@pytest.fixture(scope="session")
+def gpt3() -> dp.Transformer:
+    return dp.model("gpt3-175b")
+
+
+@pytest.fixture(scope="session")
+def gpt22b() -> dp.Transformer:
+    return dp.model("gpt-22b")
+
+
+@pytest.fixture(scope="session")
+def step():
+    """`train_step` jit-compiled once for scalar specs (shared by all test modules)."""
+    return eqx.filter_jit(dp.train_step)

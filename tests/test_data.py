@@ -1,0 +1,268 @@
+"""Benchmark CSVs (benchmark-schema.md), `validate`, and Hugging Face config import."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import diffperf as dp
+from diffperf.data import BenchmarkError, read_benchmarks, train_specs
+from diffperf.validate import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_CSV = ROOT / "benchmarks_data" / "train_calibration.csv"
+
+HEADER = ["id", "kind", "source", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
+          "vocab", "gated_mlp", "num_experts", "experts_per_token", "gpu", "num_gpus",
+          "gpus_per_node", "tp", "pp", "precision", "seq_len", "dp", "cp", "ep", "vp",
+          "sequence_parallel", "global_batch", "micro_batch", "recompute", "zero",
+          "flash_attention", "step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu",
+          "peak_memory_gb", "notes"]
+
+# Korthikanti 2022 GPT-3 175B selective+SP run (Table 3/5): 64 A100s, tp 8, pp 8, vp 3
+ROW_175B = dict(id="r1", kind="train", source="Korthikanti 2022 Table 5", model="GPT-3 175B",
+                layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, vocab=51200,
+                gated_mlp=0, num_experts=1, experts_per_token=1, gpu="a100-sxm4-80gb",
+                num_gpus=64, gpus_per_node=8, tp=8, pp=8, precision="bf16", seq_len=2048, dp=1,
+                cp="", ep="", vp=3, sequence_parallel=1, global_batch=64, micro_batch=1,
+                recompute="selective", zero=0, flash_attention=0, step_time_s=13.75,
+                tokens_per_s_per_gpu="", model_tflops_per_gpu="", peak_memory_gb="", notes="")
+
+
+def _write(path: Path, rows, header=HEADER):
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in header})
+    return path
+
+
+def _rows(n=3):
+    return [{**ROW_175B, "id": f"r{i + 1}"} for i in range(n)]
+
+
+def _error(path, *needles):
+    with pytest.raises(BenchmarkError) as info:
+        read_benchmarks(path)
+    msg = str(info.value)
+    assert str(path) in msg or path.name in msg, msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+    assert isinstance(info.value, ValueError)
+    return msg
+
+
+# --------------------------------------------------------------------------------------------
+# Malformed CSVs
+# --------------------------------------------------------------------------------------------
+
+
+def test_good_csv_reads_and_applies_documented_defaults(tmp_path):
+    rows = read_benchmarks(_write(tmp_path / "ok.csv", _rows()))
+    assert [r.id for r in rows] == ["r1", "r2", "r3"]
+    r = rows[0]
+    assert r.kind == "train" and r.measured == {"step_time_s": 13.75}
+    assert r.values["cp"] == 1 and r.values["ep"] == 1          # empty cells -> defaults
+    assert set(r.defaults_used) == {"cp", "ep"}
+    model, system, plan = train_specs(r)
+    assert float(plan.num_gpus) == 64 and float(plan.vp) == 3
+    assert float(system.network.nvlink_domain) == 8
+    assert float(model.hidden) == 12288
+
+
+def test_empty_sequence_parallel_defaults_to_tp_gt_1(tmp_path):
+    rows = _rows(2)
+    rows[0]["sequence_parallel"] = ""
+    rows[1].update(sequence_parallel="", tp=1, dp=8, heads=96)
+    parsed = read_benchmarks(_write(tmp_path / "sp.csv", rows))
+    assert parsed[0].values["sequence_parallel"] == 1
+    assert parsed[1].values["sequence_parallel"] == 0
+    assert "sequence_parallel" in parsed[0].defaults_used
+
+
+def test_bad_number_names_file_row_and_column(tmp_path):
+    rows = _rows()
+    rows[1]["hidden"] = "12k"
+    _error(_write(tmp_path / "badnum.csv", rows), "row 2", "hidden", "12k")
+
+
+def test_unknown_gpu_names_file_row_and_column(tmp_path):
+    rows = _rows()
+    rows[2]["gpu"] = "tpu-v5p"
+    _error(_write(tmp_path / "badgpu.csv", rows), "row 3", "gpu", "tpu-v5p")
+
+
+def test_missing_column_names_file_and_column(tmp_path):
+    header = [c for c in HEADER if c != "ffn_hidden"]
+    _error(_write(tmp_path / "nocol.csv", _rows(), header), "ffn_hidden")
+
+
+def test_missing_train_column_names_it(tmp_path):
+    header = [c for c in HEADER if c != "global_batch"]
+    _error(_write(tmp_path / "nocol2.csv", _rows(), header), "global_batch")
+
+
+def test_empty_required_cell(tmp_path):
+    rows = _rows()
+    rows[0]["layers"] = ""
+    _error(_write(tmp_path / "empty.csv", rows), "row 1", "layers")
+
+
+@pytest.mark.parametrize("col,value", [("recompute", "partial"), ("precision", "int3"),
+                                       ("kind", "finetune"), ("step_time_s", "-3"),
+                                       ("seq_len", "inf")])
+def test_bad_values_name_row_and_column(tmp_path, col, value):
+    rows = _rows()
+    rows[1][col] = value
+    _error(_write(tmp_path / f"bad_{col}.csv", rows), "row 2", col)
+
+
+def test_duplicate_id_and_no_measurement(tmp_path):
+    rows = _rows()
+    rows[2]["id"] = "r1"
+    _error(_write(tmp_path / "dup.csv", rows), "row 3", "id", "r1")
+    rows = _rows()
+    rows[0]["step_time_s"] = ""
+    _error(_write(tmp_path / "nomeas.csv", rows), "row 1")
+
+
+def test_missing_file():
+    with pytest.raises(BenchmarkError, match="nope.csv"):
+        read_benchmarks("/nonexistent/nope.csv")
+
+
+# --------------------------------------------------------------------------------------------
+# validate
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def calibration_result():
+    return validate(str(TRAIN_CSV), dp.Efficiency())  # uncalibrated physical defaults
+
+
+def test_validate_puts_unevaluable_rows_in_failed_with_reason(tmp_path, calibration_result):
+    """The shipped train CSV with one row made invalid (tp = 5 does not divide 96 heads) and one
+    extra row whose tp * pp * dp != num_gpus: both go to `failed` with their reason, every
+    other row is still predicted. (Same batch size as the shipped file: no recompilation.)"""
+    with TRAIN_CSV.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = reader.fieldnames, list(reader)
+    bad_tp = next(r for r in rows if r["id"] == "imec-korthi-175b-selsp")
+    bad_tp["tp"] = "5"
+    bad_tp["num_gpus"] = str(5 * int(bad_tp["pp"]) * int(bad_tp["dp"]))
+    extra = {**bad_tp, "id": "bad-num-gpus", "tp": "8", "num_gpus": "63"}
+    out = validate(_write(tmp_path / "mixed.csv", rows + [extra], header), dp.Efficiency())
+    failed = {f["id"]: f["error"] for f in out["failed"]}
+    assert set(failed) == {"imec-korthi-175b-selsp", "bad-num-gpus"}, failed
+    assert "heads" in failed["imec-korthi-175b-selsp"]
+    assert "num_gpus" in failed["bad-num-gpus"]
+    ok_ids = {r["id"] for r in out["rows"]}
+    assert ok_ids == {r["id"] for r in calibration_result["rows"]} - {"imec-korthi-175b-selsp"}
+    for r in out["rows"]:
+        assert np.isfinite(r["predicted"]) and r["predicted"] > 0
+        np.testing.assert_allclose(r["ape"], abs(r["predicted"] - r["measured"])
+                                   / r["measured"] * 100, rtol=1e-9)
+
+
+def test_validate_evaluates_every_train_row(calibration_result):
+    ids = {r.id for r in read_benchmarks(TRAIN_CSV) if r.kind == "train"}
+    assert len(ids) > 100
+    predicted = {r["id"] for r in calibration_result["rows"]}
+    failed = calibration_result["failed"]
+    for f in failed:
+        assert isinstance(f["error"], str) and f["error"].strip(), f
+    assert predicted | {f["id"] for f in failed} == ids
+    for r in calibration_result["rows"]:
+        assert np.isfinite(r["predicted"]) and r["predicted"] > 0, r
+        np.testing.assert_allclose(r["ape"], abs(r["predicted"] - r["measured"])
+                                   / r["measured"] * 100, rtol=1e-9)
+    # summary is consistent with the rows
+    for metric, s in calibration_result["summary"].items():
+        apes = [r["ape"] for r in calibration_result["rows"] if r["metric"] == metric]
+        assert s["n"] == len(apes)
+        np.testing.assert_allclose(s["mape"], np.mean(apes))
+        np.testing.assert_allclose(s["max_ape"], np.max(apes))
+
+
+@pytest.mark.parametrize("paper", [False, True], ids=["imec", "imec-paper"])
+def test_imec_validation_mape_within_15_percent(calibration_result, paper):
+    rows = [r for r in calibration_result["rows"]
+            if r["id"].startswith("imec-") and r["id"].endswith("-paper") == paper
+            and r["metric"] == "step_time_s"]
+    assert len(rows) == 11, [r["id"] for r in rows]
+    mape = float(np.mean([r["ape"] for r in rows]))
+    assert mape <= 15.0, (mape, [(r["id"], round(r["ape"], 1)) for r in rows])
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face config.json
+# --------------------------------------------------------------------------------------------
+
+LLAMA2_70B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 8192, "initializer_range": 0.02,
+    "intermediate_size": 28672, "max_position_embeddings": 4096, "model_type": "llama",
+    "num_attention_heads": 64, "num_hidden_layers": 80, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "tie_word_embeddings": False,
+    "torch_dtype": "float16", "transformers_version": "4.31.0.dev0", "use_cache": True,
+    "vocab_size": 32000,
+}
+
+MIXTRAL_CONFIG = {
+    "architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "num_local_experts": 8, "vocab_size": 32000,
+}
+
+
+def test_transformer_from_llama_hf_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA2_70B_CONFIG))
+    m = dp.transformer_from_hf_config(tmp_path / "config.json")
+    want = dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000,
+                seq_len=4096, gated_mlp=1, num_experts=1, experts_per_token=1)
+    for k, v in want.items():
+        assert float(getattr(m, k)) == v, k
+    # same as the shipped preset, and ~69 B parameters
+    preset = dp.model("llama2-70b")
+    for k in want:
+        assert float(getattr(m, k)) == float(getattr(preset, k)), k
+    assert abs(float(m.num_params()) - 69e9) / 69e9 < 0.03
+    # a directory works, and seq_len can be overridden
+    m2 = dp.transformer_from_hf_config(tmp_path, seq_len=2048)
+    assert float(m2.seq_len) == 2048 and float(m2.layers) == 80
+
+
+def test_transformer_from_mixtral_hf_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL_CONFIG))
+    m = dp.transformer_from_hf_config(tmp_path)
+    assert float(m.num_experts) == 8 and float(m.experts_per_token) == 2
+    assert float(m.gated_mlp) == 1 and float(m.kv_heads) == 8
+    # Mixtral 8x7B: 46.7 B parameters in total, ~12.9 B active per token
+    L, h, a, g, f, E, V = 32, 4096, 32, 8, 14336, 8, 32000
+    attn = h * (a + 2 * g) * (h // a) + h * h
+    total = L * (attn + E * 3 * h * f + h * E) + 2 * V * h
+    active = L * (attn + 2 * 3 * h * f + h * E) + 2 * V * h
+    np.testing.assert_allclose(float(m.num_params()), total, rtol=1e-3)
+    assert abs(total - 46.7e9) / 46.7e9 < 0.01
+    active_model = float(m.layers * m.active_layer_params() + 2 * m.vocab * m.hidden)
+    np.testing.assert_allclose(active_model, active, rtol=1e-3)
+    assert abs(active - 12.9e9) / 12.9e9 < 0.02
+
+
+def test_hf_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="config"):
+        dp.transformer_from_hf_config(tmp_path / "missing")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        dp.transformer_from_hf_config(tmp_path / "bad.json")
+    cfg = {k: v for k, v in LLAMA2_70B_CONFIG.items() if k != "num_hidden_layers"}
+    (tmp_path / "nolayers.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        dp.transformer_from_hf_config(tmp_path / "nolayers.json")

@@ -1,0 +1,257 @@
+"""Inference model: hand-checked formulas, physics of boundedness, vmap, monotonicity, errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diffperf.boundedness import bound_shares, boundedness, dram_scaling, roofline_plot
+from diffperf.efficiency import Efficiency
+from diffperf.inference import (experts_touched, infer, kv_cache_bytes_per_gpu,
+                                weight_bytes_per_gpu)
+from diffperf.inference_plan import InferencePlan
+from diffperf.presets import model, system
+
+EFF = Efficiency()
+A100, H100, B200 = "a100-sxm4-80gb", "h100-sxm5-80gb", "b200"
+
+
+def test_kv_cache_bytes_by_hand():
+    m = model("llama2-70b")  # 80 layers, 8 KV heads of 128
+    plan = InferencePlan(tp=2, batch=4, input_len=300, output_len=100)
+    assert float(kv_cache_bytes_per_gpu(m, plan)) == pytest.approx(
+        2 * 80 * (8 / 2) * 128 * 2 * 400 * 4)
+    # tp = 16 > 8 KV heads: each GPU keeps one (replicated) KV head; fp8 halves the bytes.
+    plan = InferencePlan(tp=16, pp=2, batch=1, input_len=1000, output_len=24, kv_precision="fp8")
+    assert float(kv_cache_bytes_per_gpu(m, plan)) == pytest.approx(2 * 40 * 1 * 128 * 1 * 1024)
+    mha = model("llama2-7b")  # MHA: 32 KV heads
+    plan = InferencePlan(tp=4, batch=2, input_len=512, output_len=512)
+    assert float(kv_cache_bytes_per_gpu(mha, plan)) == pytest.approx(
+        2 * 32 * 8 * 128 * 2 * 1024 * 2)
+
+
+def test_weights_by_hand():
+    m = model("llama2-7b")
+    w = float(weight_bytes_per_gpu(m, InferencePlan(tp=1)))
+    assert w == pytest.approx(float(m.num_params()) * 2, rel=1e-3)
+    w_fp8 = float(weight_bytes_per_gpu(m, InferencePlan(tp=2, weight_precision="fp8")))
+    assert w_fp8 < 0.3 * w  # layers at 1 B and half of them per GPU; head and embedding 16 bit
+
+
+def _no_overheads(gpu: str):
+    """A system and efficiency with zero launch / collective costs and effectively infinite
+    FLOP/s, so decode is pure weight (and KV) streaming."""
+    s = system(gpu)
+    acc = s.accelerator
+    acc = eqx.tree_at(lambda a: (a.launch_overhead, a.flops_bf16, a.vector_flops), acc,
+                      (jnp.asarray(0.0), acc.flops_bf16 * 1e6, acc.vector_flops * 1e6))
+    s = eqx.tree_at(lambda t: t.accelerator, s, acc)
+    eff = Efficiency(kernel_overhead=0.0, collective_overhead=0.0, hbm=0.8)
+    return s, eff
+
+
+def test_decode_is_weight_streaming_by_hand():
+    m = model("llama2-7b")
+    s, eff = _no_overheads(A100)
+    plan = InferencePlan(tp=1, batch=1, input_len=1, output_len=2)
+    r = infer(m, s, plan, eff)
+    h, f, v, layers = 4096, 11008, 32000, 32
+    weights = layers * (4 * h * h + 3 * h * f) * 2 + v * h * 2  # per step: layers + LM head
+    bw = float(s.accelerator.hbm_bandwidth) * 0.8
+    # The smooth maximum of (~0 compute, memory) exceeds the memory time by 0.25 %.
+    assert float(r.tpot) == pytest.approx(weights / bw, rel=0.01)
+    assert float(r.e2e_latency) == pytest.approx(float(r.ttft + r.tpot), rel=1e-6)
+
+
+@pytest.mark.parametrize("gpu", [A100, H100, B200])
+def test_llama70b_prefill_compute_bound_decode_memory_bound(gpu):
+    plan = InferencePlan(tp=4, batch=8, input_len=2048, output_len=128)
+    df = boundedness(model("llama2-70b"), system(gpu), plan, EFF)
+    gemms = df[df["kind"] == "gemm"]
+    pre = gemms[(gemms["phase"] == "prefill") & (gemms["op"] != "lm_head")]
+    assert (pre["bound"] == "compute").all(), pre
+    assert (pre["intensity"] > pre["machine_balance"]).all()
+    shares = bound_shares(df)
+    assert shares.loc["prefill", "compute"] > 0.5
+    # Decode at batch 1: every GEMM below the machine balance, memory the main roof.
+    df1 = boundedness(model("llama2-70b"), system(gpu),
+                      InferencePlan(tp=4, batch=1, input_len=2048, output_len=128), EFF)
+    dec = df1[(df1["phase"] == "decode") & (df1["kind"] == "gemm")]
+    assert (dec["intensity"] < dec["machine_balance"] / 50).all()
+    assert (dec["memory_s"] > 2 * dec["compute_s"]).all()
+    big = dec[dec["op"].isin(["mlp_up", "mlp_down"])]
+    assert (big["bound"] == "memory").all()
+    s1 = bound_shares(df1).loc["decode"]
+    assert s1.get("memory", 0.0) > s1.get("compute", 0.0)
+    assert np.isclose(df1.groupby("phase")["share"].sum(), 1.0).all()
+
+
+def test_vmap_equals_loop():
+    m, s = model("llama2-13b"), system(H100)
+    plans = [InferencePlan(tp=t, batch=b, input_len=i, output_len=o, kv_precision=k)
+             for t, b, i, o, k in [(1, 1, 128, 128, 1), (2, 16, 2048, 1, 2), (8, 3, 77, 5, 2)]]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *plans)
+    batched = jax.vmap(lambda p: infer(m, s, p, EFF))(stacked)
+    for i, p in enumerate(plans):
+        one = infer(m, s, p, EFF)
+        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(batched)):
+            np.testing.assert_allclose(np.asarray(b[i]), np.asarray(a), rtol=2e-5)
+
+
+def test_phase_definitions_and_single_token():
+    m, s = model("llama2-7b"), system(H100)
+    r = infer(m, s, InferencePlan(tp=1, batch=4, input_len=128, output_len=100), EFF)
+    assert float(r.e2e_latency) == pytest.approx(float(r.ttft + 99 * r.tpot), rel=1e-5)
+    assert float(r.output_tok_s_per_gpu) == pytest.approx(400 / float(r.e2e_latency), rel=1e-5)
+    one = infer(m, s, InferencePlan(tp=1, batch=1, input_len=128, output_len=1), EFF)
+    assert float(one.e2e_latency) == pytest.approx(float(one.ttft))
+    assert np.isfinite(float(one.tpot)) and float(one.tpot) > 0
+    assert float(one.decode.total) == 0.0
+
+
+def test_moe_reads_only_touched_experts():
+    m = model("mixtral-8x7b")
+    assert float(experts_touched(m, 1.0)) == pytest.approx(2.0)
+    assert float(experts_touched(m, 4096.0)) == pytest.approx(8.0)
+    assert float(experts_touched(model("llama2-7b"), 7.0)) == 1.0
+    s = system(H100)
+    t1 = infer(m, s, InferencePlan(tp=2, batch=1, input_len=128, output_len=64), EFF).tpot
+    t64 = infer(m, s, InferencePlan(tp=2, batch=64, input_len=128, output_len=64), EFF).tpot
+    assert float(t64) > 1.5 * float(t1)  # batch 64 touches all 8 experts, batch 1 only 2
+
+
+def test_reason_codes_and_fit():
+    s = system(A100)
+    m = model("llama2-70b")
+    assert int(infer(m, s, InferencePlan(tp=3), EFF).reason) == 1
+    assert int(infer(m, s, InferencePlan(tp=4, weight_precision="fp8",
+                                         activation_precision="fp8"), EFF).reason) == 9
+    r = infer(m, s, InferencePlan(tp=1), EFF)
+    assert int(r.reason) == 10 and not bool(r.fits) and float(r.max_batch) == 0
+    ok = infer(m, s, InferencePlan(tp=4, batch=1, input_len=2048, output_len=2048), EFF)
+    assert bool(ok.feasible) and float(ok.max_batch) > 10
+    big = InferencePlan(tp=4, batch=float(ok.max_batch) + 1, input_len=2048, output_len=2048)
+    assert not bool(infer(m, s, big, EFF).fits)
+    # fp4 weights with 16-bit activations run bf16 GEMMs: fine on an A100.
+    w4 = InferencePlan(tp=4, weight_precision="fp4", activation_precision="bf16")
+    assert int(infer(m, s, w4, EFF).reason) == 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"tp": 0}, "tp"), ({"batch": 1.5}, "batch"), ({"weight_precision": "fp5"}, "fp5"),
+    ({"kv_precision": 7}, "kv_precision"), ({"flash_attention": 2}, "flash_attention"),
+    ({"output_len": -1}, "output_len"),
+])
+def test_invalid_plans_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        InferencePlan(**kwargs)
+
+
+_mono_model = model("llama2-13b")
+
+
+@jax.jit
+def _latencies(system_, plan):
+    r = infer(_mono_model, system_, plan, EFF)
+    return jnp.stack([r.ttft, r.tpot, r.e2e_latency])
+
+
+def _scaled(gpu, bw_factor, flops_factor):
+    s = system(gpu)
+    a = s.accelerator
+    a = eqx.tree_at(lambda a: (a.hbm_bandwidth, a.flops_fp32, a.flops_bf16, a.flops_fp8,
+                               a.vector_flops),
+                    a, (a.hbm_bandwidth * bw_factor, a.flops_fp32 * flops_factor,
+                        a.flops_bf16 * flops_factor, a.flops_fp8 * flops_factor,
+                        a.vector_flops * flops_factor))
+    return eqx.tree_at(lambda t: t.accelerator, s, a)
+
+
+@settings(max_examples=25, deadline=None)
+@given(gpu=st.sampled_from([A100, H100]), tp=st.sampled_from([1, 2, 4, 8]),
+       batch=st.integers(1, 512), inp=st.integers(1, 8192), out=st.integers(1, 4096),
+       factor=st.floats(1.0, 20.0))
+def test_more_bandwidth_or_flops_never_slower(gpu, tp, batch, inp, out, factor):
+    plan = InferencePlan(tp=tp, batch=batch, input_len=inp, output_len=out)
+    base = np.asarray(_latencies(_scaled(gpu, 1.0, 1.0), plan))
+    more_bw = np.asarray(_latencies(_scaled(gpu, factor, 1.0), plan))
+    more_flops = np.asarray(_latencies(_scaled(gpu, 1.0, factor), plan))
+    assert np.all(np.isfinite(base))
+    assert np.all(more_bw <= base * (1 + 1e-5))
+    assert np.all(more_flops <= base * (1 + 1e-5))
+
+
+def test_dram_scaling_and_plot(tmp_path):
+    m, s = model("llama2-70b"), system(H100)
+    plan = InferencePlan(tp=8, batch=1, input_len=200, output_len=200)
+    df = dram_scaling(m, s, plan, efficiency=EFF)
+    assert list(df["memory"])[0].startswith("HBM2e") and len(df) == 5
+    assert np.all(np.diff(df["tpot_s"]) < 0) and np.all(np.diff(df["e2e_latency_s"]) < 0)
+    # With overheads the benefit saturates: 6.5x the bandwidth buys well under 6.5x.
+    assert 1.2 < df["e2e_speedup"].iloc[-1] < 3.0
+    custom = dram_scaling(m, s, plan, bandwidths=[1e12, 2e12, 3e12, 4e12, 5e12], efficiency=EFF)
+    assert list(custom["memory"])[:2] == ["1 TB/s", "2 TB/s"]
+    with pytest.raises(ValueError, match="bandwidths"):
+        dram_scaling(m, s, plan, bandwidths=[-1.0], efficiency=EFF)
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "roof.png"
+    roofline_plot(boundedness(m, s, plan, EFF), path, s)
+    assert path.stat().st_size > 1000
+
+
+def _cli_args(argv):
+    from diffperf._cli_infer import add_infer_parser
+    parser = argparse.ArgumentParser()
+    add_infer_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_cli_runs(capsys, tmp_path):
+    from diffperf._cli_infer import run_infer
+    argv = ["infer", "--model", "llama2-70b", "--gpu", H100, "--tp", "4", "--batch", "1",
+            "--input", "200", "--output", "200"]
+    try:
+        from diffperf.cli import main
+    except ImportError:
+        main = None
+    assert run_infer(_cli_args(argv)) == 0
+    out = capsys.readouterr().out
+    for word in ("TTFT", "TPOT", "e2e latency", "throughput", "memory per GPU", "mlp_up",
+                 "memory"):
+        assert word in out
+    assert run_infer(_cli_args(argv + ["--json"])) == 0
+    import json
+    data = json.loads(capsys.readouterr().out)
+    assert data["ttft_s"] > 0 and data["boundedness"]
+    if main is not None:
+        try:
+            rc = main(argv + ["--json"])
+        except SystemExit as e:  # a cli without the infer command yet
+            rc = e.code
+        capsys.readouterr()
+        assert rc in (0, 2)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--model", "nope", "--gpu", H100], "unknown model"),
+    (["--model", "llama2-7b", "--gpu", H100, "--tp", "3"], "tp does not divide heads"),
+    (["--model", "llama2-7b", "--gpu", H100, "--precision", "fp5"], "fp5"),
+    (["--model", "llama2-7b", "--gpu", H100, "--efficiency", "/nonexistent.json"], "exist"),
+])
+def test_cli_errors(capsys, argv, match):
+    from diffperf._cli_infer import run_infer
+    assert run_infer(_cli_args(["infer"] + argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and match in err and "Traceback" not in err
+
+
+def test_bench_inference():
+    from diffperf._cli_infer import bench_inference
+    assert bench_inference(n=2000, repeats=1) > 1000

@@ -1,0 +1,230 @@
+"""The two primitives every phase is built from: collectives (alpha-beta ring model on a
+two-tier network) and the roofline (smooth max, straight-through ceilings, kernel times).
+
+Expected values are the textbook formulas written out by hand.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import diffperf as dp
+from diffperf import collectives as coll
+from diffperf.roofline import (SHARPNESS, exposed_after_overlap, gemm_time, op_time, smooth_max,
+                               ste_ceil)
+
+# A hand-made network with round numbers so every term is visible.
+NET = dp.Network(nvlink_domain=8, nvlink_bandwidth=300e9, nvlink_latency=2e-6,
+                 scaleout_bandwidth=25e9, scaleout_latency=5e-6)
+EFF = dp.Efficiency(nvlink=0.8, scaleout=0.85, collective_overhead=10e-6)
+BW_IN = 300e9 * 0.8
+BW_OUT = 25e9 * 0.85
+OVH = 10e-6
+SIZE = 1e9  # 1 GB message
+
+
+def close(a, b, rtol=1e-5):
+    np.testing.assert_allclose(float(a), float(b), rtol=rtol)
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Collectives
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_all_reduce_inside_one_nvlink_domain(n):
+    want = 2 * (n - 1) / n * SIZE / BW_IN + 2 * (n - 1) * 2e-6 + OVH
+    close(coll.all_reduce(NET, EFF, SIZE, n, 1), want)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_all_gather_and_reduce_scatter_inside_one_domain(n):
+    want = (n - 1) / n * SIZE / BW_IN + (n - 1) * 2e-6 + OVH
+    close(coll.all_gather(NET, EFF, SIZE, n, 1), want)
+    close(coll.reduce_scatter(NET, EFF, SIZE, n, 1), want)
+
+
+@pytest.mark.parametrize("n,stride", [(8, 1), (16, 2), (64, 8), (4, 16)])
+def test_all_reduce_is_reduce_scatter_plus_all_gather(n, stride):
+    """A ring all-reduce is a reduce-scatter followed by an all-gather (one call overhead)."""
+    ar = coll.all_reduce(NET, EFF, SIZE, n, stride)
+    rs_ag = coll.reduce_scatter(NET, EFF, SIZE, n, stride) + coll.all_gather(NET, EFF, SIZE, n,
+                                                                              stride)
+    close(ar, rs_ag - OVH)
+
+
+@pytest.mark.parametrize("n,stride", [(4, 8), (16, 8), (8, 16), (2, 64)])
+def test_group_with_stride_at_least_the_domain_uses_scaleout(n, stride):
+    """Every member sits in a different NVLink domain: a flat ring over the scale-out NICs."""
+    want = 2 * (n - 1) / n * SIZE / BW_OUT + 2 * (n - 1) * 5e-6 + OVH
+    close(coll.all_reduce(NET, EFF, SIZE, n, stride), want)
+    want_ag = (n - 1) / n * SIZE / BW_OUT + (n - 1) * 5e-6 + OVH
+    close(coll.all_gather(NET, EFF, SIZE, n, stride), want_ag)
+
+
+def test_hierarchical_split():
+    """16 ranks at stride 2 with 8-GPU domains: 4 per domain over 4 domains."""
+    n_in, n_out = coll.tier_split(NET, 16, 2)
+    assert float(n_in) == 4 and float(n_out) == 4
+    n_in, n_out = coll.tier_split(NET, 64, 1)
+    assert float(n_in) == 8 and float(n_out) == 8
+    n_in, n_out = coll.tier_split(NET, 4, 1)  # a small group inside one domain
+    assert float(n_in) == 4 and float(n_out) == 1
+    n_in, n_out = coll.tier_split(NET, 4, 8)
+    assert float(n_in) == 1 and float(n_out) == 4
+    # hierarchical all-reduce: RS + AG in-domain on the full message, AR across domains on 1/n_in
+    want = (2 * 3 / 4 * SIZE / BW_IN + 2 * 3 * 2e-6
+            + 2 * 3 / 4 * (SIZE / 4) / BW_OUT + 2 * 3 * 5e-6 + OVH)
+    close(coll.all_reduce(NET, EFF, SIZE, 16, 2), want)
+
+
+def test_group_of_one_costs_nothing():
+    for f in (coll.all_reduce, coll.all_gather, coll.reduce_scatter, coll.all_to_all):
+        assert float(f(NET, EFF, SIZE, 1, 1)) == 0.0
+
+
+def test_all_to_all_by_hand():
+    # 16 ranks, stride 1: 8 per domain. Each rank keeps 1/16, sends 7/16 over NVLink and 8/16 out.
+    n = 16
+    want = SIZE * 7 / n / BW_IN + SIZE * 8 / n / BW_OUT + 7 * 2e-6 + 1 * 5e-6 + OVH
+    close(coll.all_to_all(NET, EFF, SIZE, n, 1), want)
+
+
+@pytest.mark.parametrize("span,tier", [(2, "in"), (4, "in"), (8, "in"), (9, "out"), (16, "out"),
+                                       (64, "out")])
+def test_send_recv_picks_the_right_tier(span, tier):
+    """A chain of ranks stays on NVLink only if it fits in one 8-GPU domain."""
+    bw, lat = (BW_IN, 2e-6) if tier == "in" else (BW_OUT, 5e-6)
+    close(coll.send_recv(NET, EFF, SIZE, span), SIZE / bw + lat + OVH)
+
+
+def test_scaleout_is_slower_than_nvlink_for_the_same_group_size():
+    assert float(coll.all_reduce(NET, EFF, SIZE, 8, 8)) > 5 * float(
+        coll.all_reduce(NET, EFF, SIZE, 8, 1))
+
+
+def test_all_reduce_time_grows_with_group_size():
+    """Ring all-reduce per-rank traffic 2(n-1)/n S grows with n, across the tier boundary too."""
+    times = [float(coll.all_reduce(NET, EFF, SIZE, n, 1)) for n in (2, 4, 8, 16, 32, 64, 128)]
+    assert all(b > a for a, b in zip(times, times[1:])), times
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Roofline
+# --------------------------------------------------------------------------------------------
+
+times = st.floats(min_value=1e-9, max_value=1e3, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=25, deadline=None)
+@given(a=times, b=times)
+def test_smooth_max_bounds_and_symmetry(a, b):
+    m = max(a, b)
+    s_ab = float(smooth_max(jnp.float32(a), jnp.float32(b)))
+    s_ba = float(smooth_max(jnp.float32(b), jnp.float32(a)))
+    assert s_ab == s_ba
+    assert s_ab >= m * (1 - 1e-6)
+    assert s_ab <= m * (1 + SHARPNESS) * (1 + 1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(total=times, a=times, b=times)
+def test_exposed_after_overlap_bounded_and_monotone(total, a, b):
+    lo, hi = sorted((a, b))
+    e_lo = float(exposed_after_overlap(jnp.float32(total), jnp.float32(lo)))
+    e_hi = float(exposed_after_overlap(jnp.float32(total), jnp.float32(hi)))
+    assert 0.0 <= e_hi <= e_lo * (1 + 1e-6) + 1e-30  # a longer window never exposes more
+    assert e_lo <= total * (1 + 1e-6)
+    # never less than the hard clip(total - window, 0, total)
+    assert e_lo >= max(total - lo, 0.0) * (1 - 1e-5)
+
+
+def test_exposed_after_overlap_limits():
+    # no window: the whole transfer is exposed (within the smoothing)
+    close(exposed_after_overlap(jnp.float32(2.0), jnp.float32(0.0)), 2.0, rtol=SHARPNESS**2)
+    # a window 100x longer hides all but a tiny fraction of the transfer
+    assert float(exposed_after_overlap(jnp.float32(1.0), jnp.float32(100.0))) < 1e-4
+
+
+def test_smooth_max_at_a_tie_and_far_from_it():
+    close(smooth_max(jnp.float32(2.0), jnp.float32(2.0)), 2.0 * (1 + SHARPNESS))
+    # far from a tie the excess is O(SHARPNESS^2) of the larger term
+    x = float(smooth_max(jnp.float32(1.0), jnp.float32(1e-3)))
+    assert 1.0 <= x <= 1.0 + SHARPNESS**2
+
+
+def test_smooth_max_gradient_goes_to_the_binding_resource():
+    ga, gb = jax.grad(lambda a, b: smooth_max(a, b), argnums=(0, 1))(10.0, 1.0)
+    assert float(ga) > 0.9 and 0.0 <= float(gb) < 0.1
+
+
+@pytest.mark.parametrize("x", [0.2, 1.0, 2.3, 127.9, 128.0, 128.01])
+def test_ste_ceil_forward_is_ceil_gradient_is_one(x):
+    assert float(ste_ceil(jnp.float32(x))) == np.ceil(np.float32(x))
+    assert float(jax.grad(ste_ceil)(jnp.float32(x))) == 1.0
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return dp.gpu("a100-sxm4-80gb")
+
+
+def test_pure_memory_op_time(a100):
+    """A kernel with no arithmetic streams its bytes at the sustained HBM bandwidth."""
+    eff = dp.Efficiency(hbm=0.85, kernel_overhead=2e-6)
+    nbytes = 4e9
+    t_mem = nbytes / (2.039e12 * 0.85)
+    ovh = 3e-6 + 2e-6  # A100 launch + kernel tail
+    got = float(op_time(a100, eff, 0.0, nbytes))
+    # equal to bytes / (bw * eff) + overhead up to the documented smooth-max excess O(k^2)
+    assert t_mem + ovh <= got * (1 + 1e-6)
+    np.testing.assert_allclose(got, t_mem + ovh, rtol=SHARPNESS**2)
+    # with three kernels the overhead triples
+    got3 = float(op_time(a100, eff, 0.0, nbytes, kernels=3.0))
+    np.testing.assert_allclose(got3 - got, 2 * ovh, rtol=1e-3)
+
+
+def test_big_gemm_is_compute_bound(a100):
+    """16k^3 bf16 GEMM: time ~ 2 m n k / (peak * matmul_efficiency), far above its HBM time."""
+    eff = dp.Efficiency()
+    m = n = k = 16384
+    c = float(eff.matmul_size_scale)
+    e_mm = float(eff.matmul_peak) / (1 + c / m + c / n + c / k)  # documented functional form
+    t_compute = 2.0 * m * n * k / (312e12 * e_mm)
+    t_hbm = 3 * m * n * 2 / (2.039e12 * float(eff.hbm))
+    got = float(gemm_time(a100, eff, m, n, k, 1))
+    assert t_compute > 20 * t_hbm
+    np.testing.assert_allclose(got, t_compute, rtol=0.03)
+    # and never faster than the peak allows
+    assert got >= 2.0 * m * n * k / 312e12
+
+
+def test_one_row_gemm_is_memory_bound(a100):
+    """A (1 x 8192) @ (8192 x 8192) bf16 GEMM (a GEMV, as in batch-1 decode) streams 134 MB of
+    weights and does only 134 MFLOP: arithmetic intensity 1 FLOP/B, far below the A100's
+    ridge point (~150 FLOP/B). Its time must be set by HBM bandwidth, within a small factor."""
+    eff = dp.Efficiency()
+    k = n = 8192
+    weight_bytes = k * n * 2
+    t_hbm = (weight_bytes + 2 * k * 2) / (2.039e12 * float(eff.hbm))
+    got = float(gemm_time(a100, eff, 1, n, k, 1))
+    assert got >= t_hbm
+    assert got <= 2.0 * t_hbm + 10e-6, (got, t_hbm)
+
+
+def test_gemm_time_scales_linearly_with_batch_when_large(a100):
+    eff = dp.Efficiency()
+    one = float(gemm_time(a100, eff, 4096, 4096, 4096, 1, batch=8.0))
+    two = float(gemm_time(a100, eff, 4096, 4096, 4096, 1, batch=16.0))
+    np.testing.assert_allclose(two / one, 2.0, rtol=0.02)
+
+
+def test_unsupported_precision_gives_finite_time(a100):
+    t = float(gemm_time(a100, dp.Efficiency(), 4096, 4096, 4096, 2))  # fp8 on an A100
+    assert np.isfinite(t) and t > 1.0

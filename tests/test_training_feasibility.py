@@ -1,0 +1,101 @@
+"""Feasibility of training plans: the right reason code for each invalid plan, and reports
+that never contain NaN / inf, whether feasible or not."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import diffperf as dp
+
+# GPT-3 175B: heads 96, layers 96, ffn 49152, seq 2048. A feasible Megatron plan on 64 A100s:
+OK = dict(tp=8, pp=8, dp=1, micro_batch=1, global_batch=64, vp=3, sequence_parallel=1,
+          recompute="selective")
+
+CASES = [
+    ("feasible", OK, "dgx-a100", 0),
+    ("tp does not divide heads", {**OK, "tp": 5}, "dgx-a100", 1),
+    ("global batch not divisible", {**OK, "dp": 2, "global_batch": 63}, "dgx-a100", 4),
+    ("pp * vp > layers", {**OK, "pp": 64, "vp": 2, "global_batch": 128}, "dgx-a100", 5),
+    ("interleaving without pp", {**OK, "pp": 1, "vp": 2}, "dgx-a100", 6),
+    ("interleaving with m not divisible by pp", {**OK, "global_batch": 12}, "dgx-a100", 6),
+    ("cp does not divide seq", {**OK, "cp": 3, "dp": 1}, "dgx-a100", 7),
+    ("fp8 on A100", {**OK, "precision": "fp8"}, "dgx-a100", 9),
+    ("memory too big", dict(tp=8, pp=1, dp=1, global_batch=8, micro_batch=8), "dgx-a100", 10),
+]
+
+
+@pytest.mark.parametrize("label,kw,sysname,reason", CASES, ids=[c[0] for c in CASES])
+def test_reason_codes(step, gpt3, eff, label, kw, sysname, reason):
+    r = step(gpt3, dp.system(sysname), dp.TrainingPlan(**kw), eff)
+    assert int(r.reason) == reason, (label, int(r.reason), dp.explain(int(r.reason)))
+    assert bool(r.feasible) == (reason == 0)
+    if reason in (0, 10):
+        assert bool(r.fits) == (reason == 0)
+
+
+def test_tp_kv_heads_and_ffn_reasons(step, eff, dgx_a100):
+    # GQA with 8 KV heads: tp = 16 is a multiple of 8 (KV replicated) -> allowed;
+    llama = dp.model("llama2-70b")
+    ok = step(llama, dgx_a100, dp.TrainingPlan(tp=16, pp=4, global_batch=16,
+                                               sequence_parallel=1), eff)
+    assert int(ok.reason) in (0, 10)
+    # 12 query heads, 3 KV heads (d = 64), ffn 3000: tp = 2 divides heads but not kv_heads
+    odd = dp.Transformer(layers=4, hidden=768, heads=12, kv_heads=3, ffn_hidden=3000, vocab=1000,
+                         seq_len=512)
+    assert int(step(odd, dgx_a100, dp.TrainingPlan(tp=2, global_batch=4), eff).reason) == 2
+    # tp = 8 does not divide ffn 3000 (= 8 * 375); a 12-head model with tp 4 does divide
+    odd2 = dp.Transformer(layers=4, hidden=768, heads=12, kv_heads=12, ffn_hidden=3002,
+                          vocab=1000, seq_len=512)
+    assert int(step(odd2, dgx_a100, dp.TrainingPlan(tp=4, global_batch=4), eff).reason) == 3
+
+
+def test_memory_reason_flips_with_capacity(step, gpt3, eff):
+    """Same plan: infeasible (10) on 40 GB A100s, and the reported total exceeds 40 GB."""
+    plan = dp.TrainingPlan(tp=8, pp=8, dp=1, global_batch=64, micro_batch=1,
+                           sequence_parallel=1, recompute="selective")
+    big = step(gpt3, dp.system("dgx-a100"), plan, eff)
+    small_sys = dp.System(dp.gpu("a100-sxm4-40gb"), dp.system("dgx-a100").network)
+    small = step(gpt3, small_sys, plan, eff)
+    total = float(small.memory.total)
+    assert total == pytest.approx(float(big.memory.total))
+    assert (int(small.reason) == 10) == (total > 40e9)
+    assert (int(big.reason) == 0) == (total <= 80e9)
+    # the explanation carries the numbers
+    text = dp.explain(10, total, 40e9)
+    assert "HBM" in text and f"{total / 1e9:.1f}" in text and "40.0" in text
+
+
+def test_explain_every_code():
+    for code, text in dp.REASONS.items():
+        assert dp.explain(code).startswith(text)
+    assert "fp8" in dp.explain(9, precision=2)
+
+
+def _assert_all_finite(report, label):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(report):
+        arr = np.asarray(leaf, dtype=np.float64)
+        assert np.all(np.isfinite(arr)), (label, jax.tree_util.keystr(path), arr)
+
+
+@pytest.mark.parametrize("label,kw,sysname,reason", CASES, ids=[c[0] for c in CASES])
+def test_reports_never_contain_nan_or_inf(step, gpt3, eff, label, kw, sysname, reason):
+    r = jax.device_get(step(gpt3, dp.system(sysname), dp.TrainingPlan(**kw), eff))
+    _assert_all_finite(r, label)
+    assert float(r.step_time) > 0
+
+
+@pytest.mark.parametrize("kw", [
+    dict(tp=8, pp=8, dp=1, global_batch=1, micro_batch=4),     # fewer sequences than a micro-batch
+    dict(tp=8, pp=128, dp=1, global_batch=8),                  # more stages than layers
+    dict(tp=64, pp=1, dp=1, global_batch=8),                   # tp beyond the heads
+    dict(tp=8, pp=1, dp=1, cp=4096, global_batch=8),           # cp beyond seq_len
+    dict(tp=8, pp=2, dp=4, ep=3, global_batch=8),              # ep does not divide anything
+    dict(tp=1, pp=1, dp=1, global_batch=1, precision="fp4"),   # no fp4 on A100
+])
+def test_degenerate_plans_stay_finite(step, gpt3, dgx_a100, eff, kw):
+    r = jax.device_get(step(gpt3, dgx_a100, dp.TrainingPlan(**kw), eff))
+    _assert_all_finite(r, kw)
+    assert not bool(r.feasible)
+    assert int(r.reason) != 0

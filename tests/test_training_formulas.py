@@ -1,0 +1,271 @@
+"""Hand-checked formulas of the training model: FLOPs (Korthikanti 2022, Narayanan 2021),
+utilisation, parameter counts and activation memory (Korthikanti 2022, Table 2 and Sec. 4).
+
+Every expected value is written out here from the papers' formulas, never taken from the code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import diffperf as dp
+from diffperf.training import hardware_flops_per_step
+from diffperf.training_memory import in_flight_factor, training_memory
+
+A100_BF16 = 312e12  # dense bf16 tensor FLOP/s of an A100 (datasheet)
+
+GPT_FAMILY = ["gpt-1.7b", "gpt-22b", "gpt-145.6b", "gpt3-175b", "gpt-530b", "gpt-1t"]
+
+
+def korthikanti_model_flops(B, s, L, h, V):
+    """Korthikanti et al. 2022 Sec. 6 / Narayanan 2021 Eq. 3 without recompute."""
+    return 72.0 * B * s * L * h**2 * (1.0 + s / (6.0 * h) + V / (12.0 * h * L))
+
+
+def narayanan_eq3(B, s, L, h, V):
+    """Narayanan et al. 2021 Eq. 3: FLOPs per iteration with full activation recomputation."""
+    return 96.0 * B * s * L * h**2 * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
+
+
+# --------------------------------------------------------------------------------------------
+# 1. FLOPs, MFU, parameter counts
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", GPT_FAMILY)
+def test_model_flops_matches_korthikanti(name):
+    m = dp.model(name)
+    B = 1536
+    plan = dp.TrainingPlan(global_batch=B)
+    L, h, s, V = (float(getattr(m, f)) for f in ("layers", "hidden", "seq_len", "vocab"))
+    want = korthikanti_model_flops(B, s, L, h, V)
+    got = float(dp.model_flops_per_step(m, plan))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_gpt3_175b_model_flops_absolute(gpt3):
+    # GPT-3 175B, B = 1536, s = 2048: 72*1536*2048*96*12288^2*(1 + 2048/73728 + 51200/14155776)
+    want = 72 * 1536 * 2048 * 96 * 12288**2 * (1 + 2048 / (6 * 12288) + 51200 / (12 * 12288 * 96))
+    # sanity of the hand formula itself: ~6 N tokens = 6 * 175e9 * 1536 * 2048 ~ 3.3 EFLOP
+    assert 3.2e18 < want < 3.6e18
+    got = float(dp.model_flops_per_step(gpt3, dp.TrainingPlan(global_batch=1536)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_causal_convention_halves_only_the_attention_term(gpt3):
+    B, s, L, h, V = 8, 2048, 96, 12288, 51200
+    plan = dp.TrainingPlan(global_batch=B)
+    want = 72.0 * B * s * L * h**2 * (1.0 + s / (12.0 * h) + V / (12.0 * h * L))
+    got = float(dp.model_flops_per_step(gpt3, plan, causal_attention=True))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "gpt-530b", "gpt-1t"])
+def test_hardware_flops_full_recompute_is_narayanan_eq3(name):
+    m = dp.model(name)
+    B = 512
+    L, h, s, V = (float(getattr(m, f)) for f in ("layers", "hidden", "seq_len", "vocab"))
+    plan = dp.TrainingPlan(global_batch=B, recompute="full")
+    got = float(hardware_flops_per_step(m, plan))
+    np.testing.assert_allclose(got, narayanan_eq3(B, s, L, h, V), rtol=1e-5)
+
+
+def test_hardware_flops_none_and_selective(gpt3):
+    B, s, L, h, V = 64, 2048, 96, 12288, 51200
+    mflops = korthikanti_model_flops(B, s, L, h, V)
+    none = float(hardware_flops_per_step(gpt3, dp.TrainingPlan(global_batch=B, recompute="none")))
+    np.testing.assert_allclose(none, mflops, rtol=1e-5)
+    # Selective recompute repeats only the attention core forward: QK^T and AV, 2 * 2 b s^2 h.
+    sel = float(hardware_flops_per_step(
+        gpt3, dp.TrainingPlan(global_batch=B, recompute="selective", flash_attention=0)))
+    np.testing.assert_allclose(sel, mflops + 4.0 * B * s * s * h * L, rtol=1e-5)
+
+
+def test_model_flops_gqa_gated_llama2_70b():
+    """6 FLOPs per weight per token (fwd + bwd) + 12 L s h attention + 6 h V LM head."""
+    m = dp.model("llama2-70b")
+    L, h, a, g, f, V, s = 80, 8192, 64, 8, 28672, 32000, 4096
+    d = h // a
+    weights_per_layer = h * (a + 2 * g) * d + h * h + 3 * h * f  # QKV (GQA), proj, SwiGLU MLP
+    per_token = 6.0 * L * weights_per_layer + 12.0 * L * s * h + 6.0 * h * V
+    B = 32
+    got = float(dp.model_flops_per_step(m, dp.TrainingPlan(global_batch=B)))
+    np.testing.assert_allclose(got, B * s * per_token, rtol=1e-5)
+
+
+def test_report_mfu_hfu_throughput_consistency(step, gpt3, dgx_a100, eff):
+    """MFU = model FLOPs / (step time * N * peak); HFU likewise with Eq. 3 FLOPs."""
+    B, s, L, h, V = 64, 2048, 96, 12288, 51200
+    plan = dp.TrainingPlan(tp=8, pp=8, dp=1, micro_batch=1, global_batch=B, vp=3,
+                           sequence_parallel=1, recompute="full", zero=1)
+    r = step(gpt3, dgx_a100, plan, eff)
+    T, N = float(r.step_time), 64
+    assert float(r.num_gpus) == N
+    np.testing.assert_allclose(float(r.model_flops), korthikanti_model_flops(B, s, L, h, V),
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(r.mfu), korthikanti_model_flops(B, s, L, h, V)
+                               / (T * N * A100_BF16), rtol=1e-5)
+    np.testing.assert_allclose(float(r.hfu), narayanan_eq3(B, s, L, h, V) / (T * N * A100_BF16),
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(r.tokens_per_s), B * s / T, rtol=1e-5)
+    np.testing.assert_allclose(float(r.tokens_per_s_per_gpu), B * s / T / N, rtol=1e-5)
+    # An A100 cannot exceed its peak, and Korthikanti reports ~50 % MFU for this run.
+    assert 0.0 < float(r.mfu) < float(r.hfu) < 1.0
+
+
+def test_step_time_is_sum_of_its_parts(step, gpt22b, dgx_a100, eff):
+    plan = dp.TrainingPlan(tp=8, pp=2, dp=2, global_batch=32, vp=2, sequence_parallel=1,
+                           recompute="selective")
+    r = step(gpt22b, dgx_a100, plan, eff)
+    parts = (r.compute_time + r.tp_comm_time + r.pp_comm_time + r.dp_comm_time + r.bubble_time
+             + r.optimizer_time)
+    np.testing.assert_allclose(float(r.step_time), float(parts), rtol=1e-6)
+    for f in ("compute_time", "tp_comm_time", "pp_comm_time", "dp_comm_time", "bubble_time",
+              "optimizer_time"):
+        assert float(getattr(r, f)) >= 0.0, f
+
+
+def test_gpt3_175b_parameter_count():
+    m = dp.model("gpt3-175b")
+    n = float(m.num_params())
+    assert abs(n - 175e9) / 175e9 < 0.02, n
+    # and by hand: 12 L h^2 (+ O(h) per layer) + 2 V h (untied embedding and head)
+    L, h, V = 96, 12288, 51200
+    np.testing.assert_allclose(n, 12 * L * h**2 + 2 * V * h, rtol=1e-3)
+
+
+def test_llama2_70b_parameter_count():
+    m = dp.model("llama2-70b")
+    n = float(m.num_params())
+    assert abs(n - 69e9) / 69e9 < 0.03, n
+    L, h, a, g, f, V = 80, 8192, 64, 8, 28672, 32000
+    by_hand = L * (h * (a + 2 * g) * (h // a) + h * h + 3 * h * f) + 2 * V * h
+    np.testing.assert_allclose(n, by_hand, rtol=1e-3)
+
+
+def test_weight_gradient_optimizer_bytes_per_gpu(gpt3, eff):
+    """Mixed precision: 2 B weights + 4 B fp32 grads + 12 B master + Adam; ZeRO-1 shards 12 B."""
+    L, h, V = 96, 12288, 51200
+    t, p, d = 8, 8, 4
+    plan = dp.TrainingPlan(tp=t, pp=p, dp=d, global_batch=64, zero=1)
+    n = (L / p * 12 * h * h + V * h) / t  # first stage: its layers + the input embedding
+    mem = training_memory(gpt3, plan, eff)
+    np.testing.assert_allclose(float(mem.weights), 2 * n, rtol=1e-3)
+    np.testing.assert_allclose(float(mem.gradients), 4 * n, rtol=1e-3)
+    np.testing.assert_allclose(float(mem.optimizer), 12 * n / d, rtol=1e-3)
+    z3 = training_memory(gpt3, dp.TrainingPlan(tp=t, pp=p, dp=d, global_batch=64, zero=3), eff)
+    np.testing.assert_allclose(float(z3.weights), 2 * n / d, rtol=1e-3)
+    np.testing.assert_allclose(float(z3.gradients), 4 * n / d, rtol=1e-3)
+    z0 = training_memory(gpt3, dp.TrainingPlan(tp=t, pp=p, dp=d, global_batch=64, zero=0), eff)
+    np.testing.assert_allclose(float(z0.optimizer), 12 * n, rtol=1e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Activation memory, Korthikanti et al. 2022 Table 2 (16-bit, no flash attention)
+# --------------------------------------------------------------------------------------------
+
+# (h, a, L) of the three Korthikanti models; s = 2048, b = 1, t = 8
+KORTHIKANTI = {"175b": (12288, 96, 96), "530b": (20480, 128, 105), "1t": (25600, 160, 128)}
+S, B_MICRO, T = 2048, 1, 8
+
+
+def _transformer(h, a, L):
+    return dp.Transformer(layers=L, hidden=h, heads=a, kv_heads=a, ffn_hidden=4 * h,
+                          vocab=51200, seq_len=S)
+
+
+def _table2(h, a, mode, sp):
+    sbh = S * B_MICRO * h
+    t = T
+    if mode == "none":
+        return sbh / t * (34 + 5 * a * S / h) if sp else sbh * (10 + 24 / t + 5 * a * S / (h * t))
+    if mode == "selective":
+        return 34 * sbh / t if sp else sbh * (10 + 24 / t)
+    # full recompute stores only the layer input: 2 s b h, sharded over t with sequence parallel
+    return 2 * sbh / t if sp else 2 * sbh
+
+
+@pytest.mark.parametrize("which", sorted(KORTHIKANTI))
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+@pytest.mark.parametrize("sp", [0, 1])
+def test_activation_bytes_per_layer_korthikanti_table2(which, mode, sp):
+    h, a, L = KORTHIKANTI[which]
+    m = _transformer(h, a, L)
+    plan = dp.TrainingPlan(tp=T, micro_batch=B_MICRO, global_batch=8, sequence_parallel=sp,
+                           recompute=mode, flash_attention=0)
+    got = float(dp.activation_bytes_per_layer(m, plan))
+    np.testing.assert_allclose(got, _table2(h, a, mode, sp), rtol=0.01)
+
+
+def test_korthikanti_table2_attention_term_sizes():
+    """The 5as/(ht) term is 10 for 175B and 8 for 530B / 1T at s = 2048, t = 8 (paper Sec 4)."""
+    assert 5 * 96 * 2048 / (12288 * 8) == 10
+    assert 5 * 128 * 2048 / (20480 * 8) == 8
+    assert 5 * 160 * 2048 / (25600 * 8) == 8
+
+
+def test_flash_attention_stores_no_score_matrix():
+    h, a, L = KORTHIKANTI["175b"]
+    m = _transformer(h, a, L)
+    flash = dp.TrainingPlan(tp=T, global_batch=8, sequence_parallel=1, flash_attention=1)
+    got = float(dp.activation_bytes_per_layer(m, flash))
+    np.testing.assert_allclose(got, _table2(h, a, "selective", 1), rtol=0.01)
+
+
+def test_activations_scale_with_micro_batch():
+    h, a, L = KORTHIKANTI["530b"]
+    m = _transformer(h, a, L)
+    one = dp.activation_bytes_per_layer(m, dp.TrainingPlan(tp=8, micro_batch=1, global_batch=8,
+                                                          flash_attention=0))
+    four = dp.activation_bytes_per_layer(m, dp.TrainingPlan(tp=8, micro_batch=4, global_batch=8,
+                                                           flash_attention=0))
+    np.testing.assert_allclose(float(four), 4 * float(one), rtol=1e-6)
+
+
+@pytest.mark.parametrize("p,v,m_micro,want", [
+    (8, 1, 64, 8.0),                           # 1F1B: p micro-batches in flight
+    (8, 3, 64, 8.0 * (1 + 7 / 24)),            # interleaved: p (1 + (p-1)/(p v))
+    (4, 2, 16, 4.0 * (1 + 3 / 8)),
+    (8, 1, 4, 4.0),                            # fewer micro-batches than stages: m in flight
+    (1, 1, 16, 1.0),
+])
+def test_in_flight_factor(p, v, m_micro, want):
+    plan = dp.TrainingPlan(tp=8, pp=p, vp=v, dp=1, micro_batch=1, global_batch=m_micro)
+    np.testing.assert_allclose(float(in_flight_factor(plan)), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("v", [1, 3])
+def test_first_stage_activation_total_gpt3(gpt3, eff, v):
+    """Korthikanti Sec. 4.2.3 / 4.3: the first stage of 1F1B holds p micro-batches of L/p
+    layers, i.e. L layers' worth (x (1 + (p-1)/(p v)) interleaved), plus the input-embedding
+    dropout mask s b h p / t."""
+    h, a, L = 12288, 96, 96
+    p, t = 8, 8
+    plan = dp.TrainingPlan(tp=t, pp=p, dp=1, micro_batch=1, global_batch=64, vp=v,
+                           sequence_parallel=1, recompute="selective", flash_attention=0)
+    sbh = S * h
+    interleave = 1 + (p - 1) / (p * v) if v > 1 else 1.0  # plain 1F1B has no overhead
+    want = sbh * L / t * 34 * interleave + sbh * p / t
+    got = float(training_memory(gpt3, plan, eff).activations)
+    np.testing.assert_allclose(got, want, rtol=0.01)
+
+
+def test_first_stage_activation_total_full_recompute(gpt3, eff):
+    """Full recompute: L checkpoints of 2sbh/t (with SP), plus one layer rebuilt at a time in
+    the backward pass (no-recompute footprint, Table 2 row 'TP+SP'), plus the embedding mask."""
+    h, a, L, p, t = 12288, 96, 96, 8, 8
+    plan = dp.TrainingPlan(tp=t, pp=p, dp=1, micro_batch=1, global_batch=64,
+                           sequence_parallel=1, recompute="full", flash_attention=0)
+    sbh = S * h
+    want = L * 2 * sbh / t + sbh / t * (34 + 5 * a * S / h) + sbh * p / t
+    got = float(training_memory(gpt3, plan, eff).activations)
+    np.testing.assert_allclose(got, want, rtol=0.01)
+
+
+def test_memory_total_is_sum_and_reserve(gpt3, eff):
+    plan = dp.TrainingPlan(tp=8, pp=8, dp=2, global_batch=64, sequence_parallel=1,
+                           recompute="selective")
+    mem = training_memory(gpt3, plan, eff)
+    parts = mem.weights + mem.gradients + mem.optimizer + mem.activations + eff.memory_reserve
+    np.testing.assert_allclose(float(mem.total), float(parts), rtol=1e-6)

@@ -1,0 +1,221 @@
+"""Monotonicity properties that the physics guarantees, checked with hypothesis.
+
+All properties call the one session-wide jit-compiled `train_step` (scalar specs, same
+shapes), so no example recompiles.
+
+What is asserted, and why it is guaranteed:
+- A faster resource (HBM bandwidth, tensor FLOP/s, NVLink, scale-out bandwidth) never makes a
+  step longer: every kernel / collective time is non-increasing in it.
+- Adding data-parallel replicas at a fixed global batch never raises the throughput *per GPU*:
+  each GPU's share of compute shrinks exactly as 1/dp while the pipeline bubble, gradient
+  reduction and optimizer launches do not shrink. (Total tokens/s is NOT guaranteed to grow:
+  the gradient ring can leave the NVLink domain and communication can dominate.)
+- Recomputing more is never faster; storing less: memory none >= selective, and
+  selective >= full once a stage holds enough layers x micro-batches that the full-recompute
+  working set of one layer is amortised (always the case below: >= 8).
+- A larger overlap window never exposes more communication.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import diffperf as dp
+
+SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
+RTOL = 1e-5
+
+MODEL_NAMES = ["gpt-22b", "llama2-7b", "gpt3-175b"]
+SYSTEM_NAMES = ["dgx-a100", "dgx-h100", "gb200-nvl72"]
+MODELS = {n: dp.model(n) for n in MODEL_NAMES}
+SYSTEMS = {n: dp.system(n) for n in SYSTEM_NAMES}
+EFF = dp.Efficiency()
+
+
+@st.composite
+def plan_kwargs(draw, recompute=None, dp_choices=(1, 2, 4, 8)):
+    pp = draw(st.sampled_from([1, 2, 4]))
+    mb = draw(st.sampled_from([1, 2]))
+    dp_ = draw(st.sampled_from(dp_choices))
+    m = draw(st.integers(1, 8))
+    return dict(
+        tp=draw(st.sampled_from([1, 2, 4, 8, 16])),
+        pp=pp,
+        dp=dp_,
+        micro_batch=mb,
+        global_batch=dp_ * mb * m,
+        vp=draw(st.sampled_from([1, 2])) if pp > 1 else 1,
+        sequence_parallel=draw(st.sampled_from([0, 1])),
+        recompute=draw(st.sampled_from([0, 1, 2])) if recompute is None else recompute,
+        zero=draw(st.sampled_from([0, 1, 2, 3])),
+        flash_attention=draw(st.sampled_from([0, 1])),
+        overlap_tp=draw(st.sampled_from([0, 1])),
+        overlap_dp=draw(st.sampled_from([0, 1])),
+    )
+
+
+model_names = st.sampled_from(MODEL_NAMES)
+system_names = st.sampled_from(SYSTEM_NAMES)
+factors = st.floats(min_value=1.01, max_value=20.0)
+
+
+def _scaled(system, where, factor):
+    return eqx.tree_at(where, system, where(system) * factor)
+
+
+def _assert_not_slower(step, model, slow_sys, fast_sys, plan):
+    t_slow = float(step(model, slow_sys, plan, EFF).step_time)
+    t_fast = float(step(model, fast_sys, plan, EFF).step_time)
+    assert np.isfinite(t_slow) and np.isfinite(t_fast)
+    assert t_fast <= t_slow * (1 + RTOL), (t_fast, t_slow)
+
+
+RESOURCES = {
+    "hbm_bandwidth": lambda s: s.accelerator.hbm_bandwidth,
+    "flops_bf16": lambda s: s.accelerator.flops_bf16,
+    "nvlink_bandwidth": lambda s: s.network.nvlink_bandwidth,
+    "scaleout_bandwidth": lambda s: s.network.scaleout_bandwidth,
+}
+
+
+@pytest.mark.parametrize("resource", sorted(RESOURCES))
+def test_faster_resource_never_slows_a_step(step, resource):
+    where = RESOURCES[resource]
+
+    @SETTINGS
+    @given(name=model_names, sysname=system_names, kw=plan_kwargs(), f=factors)
+    def prop(name, sysname, kw, f):
+        system = SYSTEMS[sysname]
+        _assert_not_slower(step, MODELS[name], system, _scaled(system, where, f),
+                           dp.TrainingPlan(**kw))
+
+    prop()
+
+
+def test_more_tensor_flops_at_every_precision_never_slows_a_step(step):
+    def where(s):
+        a = s.accelerator
+        return (a.flops_fp32, a.flops_bf16, a.flops_fp8, a.flops_fp4)
+
+    @SETTINGS
+    @given(name=model_names, sysname=st.sampled_from(["dgx-h100", "gb200-nvl72"]),
+           kw=plan_kwargs(), f=factors, prec=st.sampled_from(["bf16", "fp8"]))
+    def prop(name, sysname, kw, f, prec):
+        system = SYSTEMS[sysname]
+        fast = eqx.tree_at(where, system, tuple(x * f for x in where(system)))
+        _assert_not_slower(step, MODELS[name], system, fast,
+                           dp.TrainingPlan(precision=prec, **kw))
+
+    prop()
+
+
+@SETTINGS
+@given(name=model_names, sysname=system_names, kw=plan_kwargs(dp_choices=(1, 2, 4)),
+       k=st.sampled_from([2, 4]))
+def test_more_data_parallel_replicas_never_raise_per_gpu_throughput(step, name, sysname, kw, k):
+    """dp -> k dp at the same global batch (each replica gets k x fewer micro-batches)."""
+    small = dp.TrainingPlan(**{**kw, "global_batch": kw["global_batch"] * k})
+    large = dp.TrainingPlan(**{**kw, "dp": kw["dp"] * k, "global_batch": kw["global_batch"] * k})
+    model, system = MODELS[name], SYSTEMS[sysname]
+    r_small = step(model, system, small, EFF)
+    r_large = step(model, system, large, EFF)
+    assert float(r_large.num_gpus) == k * float(r_small.num_gpus)
+    assert float(r_large.tokens_per_s_per_gpu) <= float(r_small.tokens_per_s_per_gpu) * (1 + RTOL)
+    # ... and the step itself is never more than k times faster (no super-linear scaling)
+    assert float(r_large.step_time) * k >= float(r_small.step_time) * (1 - RTOL)
+
+
+@SETTINGS
+@given(name=model_names, sysname=system_names, kw=plan_kwargs(recompute=0))
+def test_recompute_ordering_time_and_memory(step, name, sysname, kw):
+    model, system = MODELS[name], SYSTEMS[sysname]
+    r = {mode: step(model, system, dp.TrainingPlan(**{**kw, "recompute": mode}), EFF)
+         for mode in ("none", "selective", "full")}
+    t = {k: float(v.step_time) for k, v in r.items()}
+    assert t["none"] <= t["selective"] * (1 + RTOL), t
+    assert t["selective"] <= t["full"] * (1 + RTOL), t
+    mem = {k: float(v.memory.activations) for k, v in r.items()}
+    # L / pp * min(pp, m) >= 8 layer-micro-batches per stage for every drawn plan
+    assert float(model.layers) / kw["pp"] >= 8
+    assert mem["none"] >= mem["selective"] * (1 - RTOL), mem
+    assert mem["selective"] >= mem["full"] * (1 - RTOL), mem
+    assert float(r["none"].memory.total) >= float(r["full"].memory.total) * (1 - RTOL)
+    # only recomputation work is added; model FLOPs are the same
+    assert float(r["full"].recompute_time) > float(r["selective"].recompute_time) >= 0.0
+    assert float(r["none"].recompute_time) == 0.0
+    np.testing.assert_allclose(float(r["full"].model_flops), float(r["none"].model_flops),
+                               rtol=1e-6)
+
+
+def test_full_recompute_with_one_layer_per_stage_needs_more_memory(gpt22b, eff):
+    """Full recompute stores the layer input AND rebuilds one layer's activations during the
+    backward pass; with a single layer per stage and one micro-batch in flight that is more
+    than selective recompute keeps (so 'selective >= full' only holds for deep stages)."""
+    from diffperf.training_memory import training_memory
+    kw = dict(tp=8, pp=48, dp=1, micro_batch=1, global_batch=1, sequence_parallel=1,
+              flash_attention=0)
+    full = training_memory(gpt22b, dp.TrainingPlan(recompute="full", **kw), eff)
+    sel = training_memory(gpt22b, dp.TrainingPlan(recompute="selective", **kw), eff)
+    assert float(full.activations) > float(sel.activations)
+
+
+EFF_FRACTIONS = ["matmul_peak", "attention", "vector", "hbm", "l2", "nvlink", "scaleout",
+                 "tp_overlap", "pp_overlap", "cp_overlap"]
+
+
+@SETTINGS
+@given(name=model_names, sysname=system_names, kw=plan_kwargs(),
+       field=st.sampled_from(EFF_FRACTIONS), lo=st.floats(0.05, 0.95), frac=st.floats(0.05, 1.0))
+def test_higher_efficiency_never_slows_a_step(step, name, sysname, kw, field, lo, frac):
+    hi = lo + frac * (1.0 - lo)
+    plan = dp.TrainingPlan(**kw)
+    e_lo = eqx.tree_at(lambda e: getattr(e, field), EFF, np.float32(lo))
+    e_hi = eqx.tree_at(lambda e: getattr(e, field), EFF, np.float32(hi))
+    t_lo = float(step(MODELS[name], SYSTEMS[sysname], plan, e_lo).step_time)
+    t_hi = float(step(MODELS[name], SYSTEMS[sysname], plan, e_hi).step_time)
+    assert t_hi <= t_lo * (1 + RTOL), (field, lo, hi, t_lo, t_hi)
+
+
+@pytest.mark.parametrize("overlap", ["dp_overlap", "zero3_overlap"])
+def test_larger_dp_overlap_window_never_exposes_more_communication(step, dgx_a100, overlap):
+    """Llama-2 7B, pure data parallel over one DGX A100 node, 8 micro-batches of 8 sequences:
+    the gradient reduction (~0.15 s) is hidden behind ~5 s of backward pass. Raising the
+    fraction of that window usable for overlap can only hide more of it."""
+    model = dp.model("llama2-7b")
+    zero = 3 if overlap == "zero3_overlap" else 1
+    plan = dp.TrainingPlan(tp=1, pp=1, dp=8, micro_batch=8, global_batch=64, zero=zero)
+    prev_comm, prev_step = np.inf, np.inf
+    for x in (0.0, 0.3, 0.6, 0.9, 1.0):
+        r = step(model, dgx_a100, plan, dp.Efficiency(**{overlap: x}))
+        comm, t = float(r.dp_comm_time), float(r.step_time)
+        assert comm <= prev_comm * (1 + RTOL), (overlap, x, comm, prev_comm)
+        assert t <= prev_step * (1 + RTOL), (overlap, x, t, prev_step)
+        prev_comm, prev_step = comm, t
+
+
+def test_exposed_dp_communication_small_when_window_is_huge(step, dgx_a100):
+    """When the backward pass is ~35x longer than the gradient reduction and 90 % of it can be
+    overlapped, at most a few percent of the reduction may stay exposed."""
+    model = dp.model("llama2-7b")
+    plan = dp.TrainingPlan(tp=1, pp=1, dp=8, micro_batch=8, global_batch=64, zero=1)
+    exposed = float(step(model, dgx_a100, plan, dp.Efficiency(dp_overlap=0.9)).dp_comm_time)
+    total = float(step(model, dgx_a100, plan, dp.Efficiency(dp_overlap=0.0)).dp_comm_time)
+    assert total > 0.05
+    assert exposed <= 0.05 * total, (exposed, total)
+
+
+def test_pipeline_spanning_two_nvlink_domains_pays_a_scaleout_hop(step, gpt22b, eff):
+    """tp=2, pp=8 on 8-GPU nodes: stages 0-3 sit in node 0, stages 4-7 in node 1, so every
+    micro-batch crosses InfiniBand between stage 3 and 4 (forward and backward). The same job
+    inside one 16-GPU NVLink domain must have cheaper pipeline communication."""
+    plan = dp.TrainingPlan(tp=2, pp=8, dp=1, micro_batch=1, global_batch=64,
+                           sequence_parallel=1)
+    two_nodes = dp.system("dgx-a100", nvlink_domain=8)
+    one_domain = dp.system("dgx-a100", nvlink_domain=16)
+    pp_two = float(step(gpt22b, two_nodes, plan, eff).pp_comm_time)
+    pp_one = float(step(gpt22b, one_domain, plan, eff).pp_comm_time)
+    assert pp_two > pp_one, (pp_two, pp_one)
