@@ -189,7 +189,7 @@ def _default_data() -> list[str]:
 
 
 def run_validate(args) -> int:
-    from .validate import subset_summary, validate
+    from .validate import validate
     paths = args.data or _default_data()
     result = validate(paths, _load_efficiency(args.efficiency))
     if args.json:
@@ -203,11 +203,6 @@ def run_validate(args) -> int:
                   f"{r['predicted']:11.4g} {r['ape']:6.1f}%")
         print()
     print_validation_summary(result, paths)
-    imec = subset_summary(result, "imec-")
-    if imec:
-        print("  IMEC validation set (Kundu et al. 2024): "
-              + ", ".join(f"{k} n={v['n']} MAPE {v['mape']:.1f}% (max {v['max_ape']:.1f}%)"
-                          for k, v in imec.items()))
     return 0
 
 
@@ -226,6 +221,10 @@ def print_validation_summary(result: dict, paths) -> None:
         print(f"  rows predicted not to fit in HBM (see --json warnings): {len(result['warnings'])}")
     if result["defaults"]:
         print(f"  rows that used schema defaults for empty plan cells: {len(result['defaults'])}")
+    from .validate import imec_summaries
+    for name, summary in imec_summaries(result).items():
+        for metric, v in summary.items():
+            print(f"  {name}: {metric} n={v['n']} MAPE {v['mape']:.1f} % (max {v['max_ape']:.1f} %)")
 
 
 # ----------------------------------------------------------------------------------- bench
@@ -266,12 +265,9 @@ def run_quickstart(args) -> int:
     print()
     paths = _default_data() if BENCHMARKS.is_dir() else []
     if paths:
-        from .validate import subset_summary, validate
+        from .validate import validate
         result = validate(paths)
         print_validation_summary(result, paths)
-        imec = subset_summary(result, "imec-")
-        for k, v in imec.items():
-            print(f"  IMEC set (Kundu et al.): {k} n={v['n']} MAPE {v['mape']:.1f} %")
     print("\nnext: diffperf train --help | diffperf validate | diffperf bench | diffperf presets")
     return 0
 

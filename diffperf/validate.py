@@ -124,6 +124,30 @@ def summarize(rows: list[dict]) -> dict:
     return summary
 
 
-def subset_summary(result: dict, prefix: str) -> dict:
-    """Summary restricted to row ids starting with `prefix` (e.g. 'imec-')."""
-    return summarize([r for r in result["rows"] if r["id"].startswith(prefix)])
+def subset_summary(result: dict, prefix: str | tuple[str, ...], suffix: str | None = None,
+                   exclude_suffix: str | None = None) -> dict:
+    """Summary restricted to row ids starting with `prefix` (e.g. 'imec-'), optionally also
+    ending with `suffix` or not ending with `exclude_suffix`."""
+    rows = [r for r in result["rows"] if r["id"].startswith(prefix)
+            and (suffix is None or r["id"].endswith(suffix))
+            and (exclude_suffix is None or not r["id"].endswith(exclude_suffix))]
+    return summarize(rows)
+
+
+#: Named subsets reported by `diffperf validate` (Kundu et al.'s validation points).
+IMEC_SUBSETS = {
+    "IMEC training (11 Megatron runs, IMEC values)": (("imec-korthi-", "imec-selene-"), None, "-paper"),
+    "IMEC training (same 11 runs, paper values)": (("imec-korthi-", "imec-selene-"), "-paper",
+                                                   None),
+    "IMEC inference (22 NVIDIA Llama-2 latency points)": ("imec-inf-", None, None),
+}
+
+
+def imec_summaries(result: dict) -> dict:
+    """Summaries of the IMEC subsets present in a validation result."""
+    out = {}
+    for name, (prefix, suffix, exclude) in IMEC_SUBSETS.items():
+        s = subset_summary(result, prefix, suffix, exclude)
+        if s:
+            out[name] = s
+    return out

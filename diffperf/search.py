@@ -1,0 +1,149 @@
+"""Exhaustive parallel-plan search for training: every plan of a grid over TP x PP x CP x EP x
+VP x micro-batch x recompute x ZeRO x SP x flash x overlaps (DP derived from the GPU count),
+evaluated on the device with `diffperf.sweep.run_sweep`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+
+from .efficiency import Efficiency
+from .grid import Grid
+from .hardware import System
+from .model import Transformer
+from .plans import RECOMPUTE, TrainingPlan
+from .presets import default_efficiency
+from .sweep import pareto_front, run_sweep
+from .training import train_step
+
+#: Extra reason code used by searches: tp * pp * cp does not divide the GPU count.
+REASON_GPUS = 12
+PLAN_AXES = ("tp", "pp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
+             "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision")
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def default_training_grid(model: Transformer, gpus: int, global_batch: int,
+                          precisions=(0, 1)) -> Grid:
+    """The default search space (1.8 x 10^7 plans for GPT-3 175B on 1,024 A100s).
+
+    tp and pp: powers of two up to 64 (pp <= layers); cp: 1, 2, 4, 8, 16; ep: divisors of the
+    expert count (1 for dense); vp: divisors of the layer count; micro-batch: divisors of the
+    global batch up to 256; recompute none / selective / full; ZeRO 0-3; sequence parallelism,
+    flash attention, TP and DP overlap on / off; `precisions` (codes; default tf32 and bf16).
+    """
+    layers = int(np.asarray(model.layers))
+    experts = int(np.asarray(model.num_experts))
+    pow2 = [1, 2, 4, 8, 16, 32, 64]
+    return Grid({
+        "tp": [t for t in pow2 if gpus % t == 0],
+        "pp": [p for p in pow2 if gpus % p == 0 and p <= layers],
+        "cp": [c for c in (1, 2, 4, 8, 16) if gpus % c == 0],
+        "ep": _divisors(experts, experts) if experts > 1 else [1],
+        "vp": _divisors(layers, layers),
+        "micro_batch": _divisors(global_batch, 256),
+        "recompute": [0, 1, 2],
+        "zero": [0, 1, 2, 3],
+        "sequence_parallel": [0, 1],
+        "flash_attention": [0, 1],
+        "overlap_tp": [0, 1],
+        "overlap_dp": [0, 1],
+        "precision": list(precisions),
+    })
+
+
+def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
+    """A TrainingPlan from grid values (dp = gpus / (tp * pp * cp)). Works on traced values."""
+    v = dict(values)
+    defaults = {"cp": 1.0, "ep": 1.0, "vp": 1.0, "micro_batch": 1.0, "recompute": 0.0,
+                "zero": 1.0, "sequence_parallel": 0.0, "flash_attention": 1.0,
+                "overlap_tp": 1.0, "overlap_dp": 1.0, "precision": 1.0}
+    for key, d in defaults.items():
+        v.setdefault(key, d)
+    dp = gpus / (v["tp"] * v["pp"] * v["cp"])
+    fields = {k: v[k] for k in PLAN_AXES}
+    return TrainingPlan(dp=dp, global_batch=global_batch, **fields)
+
+
+def _gpus_reason(reason, values, gpus):
+    per = values["tp"] * values["pp"] * values.get("cp", 1.0)
+    return jnp.where(jnp.mod(gpus, per) == 0, reason, REASON_GPUS)
+
+
+def search_training(model: Transformer, system: System, gpus: int, global_batch: int,
+                    grid: Grid | None = None, efficiency: Efficiency | None = None,
+                    top_k: int = 10, devices=None,
+                    progress: bool = True) -> dict:
+    """Find the fastest feasible training plans.
+
+    **Returns:** a dict with `evaluated`, `feasible`, `seconds` (wall time, compilation
+    included), `reasons` (infeasible counts by reason text), `top` (DataFrame of the best plans
+    with their step-time breakdown, memory and the reason each trails the best), `pareto`
+    (DataFrame: step time vs memory per GPU front) and the raw `SweepResult`.
+    """
+    from .feasibility import REASONS
+    eff = default_efficiency() if efficiency is None else efficiency
+    grid = grid if grid is not None else default_training_grid(model, gpus, global_batch)
+
+    def evaluate(values):
+        plan = plan_from_values(values, gpus, global_batch)
+        r = train_step(model, system, plan, eff)
+        return r.step_time, r.memory.total, _gpus_reason(r.reason, values, gpus)
+
+    res = run_sweep(grid, evaluate, k=top_k, devices=devices, progress=progress,
+                    label="search")
+    top = describe_plans(model, system, gpus, global_batch, grid, res.top_index[
+        np.isfinite(res.top_value)], eff)
+    front_ok = res.front_index >= 0
+    front_pts = pareto_front(res.front_value[front_ok], res.front_secondary[front_ok])
+    pareto = describe_plans(model, system, gpus, global_batch, grid,
+                            res.front_index[front_ok][front_pts], eff, explain_gap=False)
+    reasons_all = dict(REASONS) | {REASON_GPUS: "tp * pp * cp does not divide the GPU count"}
+    reasons = {reasons_all.get(i, str(i)): int(c) for i, c in enumerate(res.reasons)
+               if c and i != 0}
+    return {"evaluated": res.evaluated, "feasible": res.feasible, "seconds": res.seconds,
+            "reasons": reasons, "top": top, "pareto": pareto, "result": res, "grid": grid}
+
+
+_BREAKDOWN = {"compute_time": "compute", "tp_comm_time": "TP/CP/EP communication",
+              "pp_comm_time": "pipeline send/recv", "dp_comm_time": "DP communication",
+              "bubble_time": "pipeline bubble", "optimizer_time": "optimizer"}
+
+
+def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,
+                   eff: Efficiency, explain_gap: bool = True) -> pd.DataFrame:
+    """Full reports of a few grid points as a DataFrame (one row per plan, best first)."""
+    flat_indices = np.asarray(flat_indices, dtype=np.int64)
+    if flat_indices.size == 0:
+        return pd.DataFrame()
+    values = grid.decode_host(flat_indices)
+    n = flat_indices.size
+    plan = plan_from_values({k: np.asarray(v) for k, v in values.items()}, gpus, global_batch)
+    plan = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,)), plan)
+    rep = jax.device_get(jax.jit(jax.vmap(lambda p: train_step(model, system, p, eff)))(plan))
+    df = pd.DataFrame({k: values[k].astype(int) for k in grid.names if k != "precision"})
+    df.insert(2, "dp", (gpus / (df["tp"] * df["pp"] * df["cp"])).astype(int))
+    df["recompute"] = [RECOMPUTE[int(x)] for x in df["recompute"]]
+    df["step_time_s"] = rep.step_time
+    for field, name in _BREAKDOWN.items():
+        df[field.replace("_time", "_s")] = getattr(rep, field)
+    df["memory_gb"] = rep.memory.total / 1e9
+    df["mfu"] = rep.mfu
+    df["feasible"] = rep.feasible
+    if explain_gap and len(df) > 1:
+        best = df.iloc[0]
+        notes = ["best"]
+        for i in range(1, len(df)):
+            row = df.iloc[i]
+            gaps = {name: row[f.replace("_time", "_s")] - best[f.replace("_time", "_s")]
+                    for f, name in _BREAKDOWN.items()}
+            worst = max(gaps, key=gaps.get)
+            notes.append(f"+{row['step_time_s'] - best['step_time_s']:.3f} s; mostly "
+                         f"{worst} (+{gaps[worst]:.3f} s)")
+        df["vs_best"] = notes
+    return df
