@@ -127,3 +127,112 @@ def run_all(n: int = 1_000_000, log=print) -> dict:
         rate = inf["evals_per_s"] if isinstance(inf, dict) else float(inf)
         say(f"inference sweep: {rate / 1e6:.2f} M evaluations/s")
     return result
+
+
+# ----------------------------------------------------------------------------- sweep engine
+_WORKER = r"""
+import json, sys, time
+import jax
+import diffperf as dp
+from diffperf.search import search_training
+t0 = time.perf_counter()
+m, s = dp.model("gpt3-175b"), dp.system("a100-sxm4-80gb")
+r = search_training(m, s, 1024, 1536, progress=False)
+print(json.dumps({"devices": jax.device_count(), "evaluated": r["evaluated"],
+                  "feasible": r["feasible"], "seconds": r["seconds"],
+                  "best_step_time_s": float(r["top"]["step_time_s"].iloc[0])}))
+"""
+
+
+def _run_worker(devices: int) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        f" --xla_force_host_platform_device_count={devices}").strip()
+    out = subprocess.run([sys.executable, "-c", _WORKER], env=env, capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def sweep_scaling(devices=(1, 2, 4, 8), log=print) -> list[dict]:
+    """The exhaustive GPT-3 175B / 1,024 A100 search with 1, 2, 4, 8 forced CPU devices (each in
+    a fresh process, compilation included). On a 2-core CPU more devices cannot add compute;
+    this measures the sharding overhead and shows the results are identical."""
+    say = log or (lambda *a: None)
+    rows = []
+    for n in devices:
+        r = _run_worker(n)
+        rows.append(r)
+        say(f"{n} device(s): {r['evaluated']:,} plans in {r['seconds']:.2f} s = "
+            f"{r['evaluated'] / r['seconds'] / 1e6:.2f} M/s (best {r['best_step_time_s']:.3f} s)")
+    return rows
+
+
+# ----------------------------------------------------------------------------------- search
+#: Megatron runs of the IMEC validation set: (id, model preset, gpus, global batch, plan).
+MEGATRON_RUNS = [
+    ("imec-korthi-22b-selsp", "gpt-22b", 8, 4,
+     dict(tp=8, pp=1, micro_batch=4, vp=1, sequence_parallel=1, recompute=1, zero=0)),
+    ("imec-korthi-175b-selsp", "gpt3-175b", 64, 64,
+     dict(tp=8, pp=8, micro_batch=1, vp=3, sequence_parallel=1, recompute=1, zero=0)),
+    ("imec-korthi-530b-selsp", "gpt-530b", 280, 280,
+     dict(tp=8, pp=35, micro_batch=1, vp=3, sequence_parallel=1, recompute=1, zero=0)),
+    ("imec-korthi-1t-selsp", "gpt-1t", 512, 512,
+     dict(tp=8, pp=64, micro_batch=1, vp=1, sequence_parallel=1, recompute=1, zero=0)),
+    ("imec-selene-310b", "gpt-310b", 1920, 2160,
+     dict(tp=8, pp=16, micro_batch=1, vp=1, sequence_parallel=0, recompute=2, zero=0)),
+    ("imec-selene-530b", "gpt-530b", 2520, 2520,
+     dict(tp=8, pp=35, micro_batch=1, vp=1, sequence_parallel=0, recompute=2, zero=0)),
+    ("imec-selene-1t", "gpt-1t", 3072, 3072,
+     dict(tp=8, pp=64, micro_batch=1, vp=1, sequence_parallel=0, recompute=2, zero=0)),
+]
+
+
+def megatron_comparison(log=print) -> list[dict]:
+    """For each Megatron run of the validation set: the predicted step time of the plan Megatron
+    used and of the best plan an exhaustive search finds (same GPUs, batch and 16-bit
+    precision; the search may also pick flash attention, ZeRO, other TP / PP / VP)."""
+    from .search import default_training_grid, search_training
+    say = log or (lambda *a: None)
+    s = system("a100-sxm4-80gb")
+    eff = default_efficiency()
+    rows = []
+    for rid, name, gpus, gbs, used in MEGATRON_RUNS:
+        m = model(name)
+        dp_ = gpus // (used["tp"] * used["pp"])
+        plan = TrainingPlan(dp=dp_, global_batch=gbs, flash_attention=0, precision=1, **used)
+        theirs = train_step(m, s, plan, eff)
+        grid = default_training_grid(m, gpus, gbs, precisions=(1,))
+        r = search_training(m, s, gpus, gbs, grid=grid, efficiency=eff, top_k=1,
+                            progress=False)
+        best = r["top"].iloc[0]
+        row = {"id": rid, "model": name, "gpus": gpus, "global_batch": gbs,
+               "megatron_plan": f"tp{used['tp']} pp{used['pp']} dp{dp_} vp{used['vp']} "
+                                f"mb{used['micro_batch']} "
+                                f"{['none', 'selective', 'full'][used['recompute']]}",
+               "megatron_predicted_s": float(theirs.step_time),
+               "megatron_feasible": bool(theirs.feasible),
+               "best_plan": f"tp{best['tp']} pp{best['pp']} dp{best['dp']} vp{best['vp']} "
+                            f"mb{best['micro_batch']} {best['recompute']} zero{best['zero']} "
+                            f"sp{best['sequence_parallel']} flash{best['flash_attention']}",
+               "best_predicted_s": float(best["step_time_s"]),
+               "evaluated": r["evaluated"], "seconds": r["seconds"]}
+        rows.append(row)
+        say(f"{rid:24s} Megatron {row['megatron_plan']:38s} {row['megatron_predicted_s']:8.2f} s"
+            f" | best {row['best_plan']:52s} {row['best_predicted_s']:8.2f} s "
+            f"({r['evaluated']:,} plans, {r['seconds']:.1f} s)")
+    return rows
+
+
+def search_benchmark(log=print) -> dict:
+    """The GPT-3 175B / 1,024 A100 / global batch 1,536 exhaustive search, then the Megatron
+    comparison."""
+    say = log or (lambda *a: None)
+    r = _run_worker(1)
+    say(f"GPT-3 175B on 1,024 A100s, global batch 1,536: {r['evaluated']:,} plans "
+        f"({r['feasible']:,} feasible) searched in {r['seconds']:.2f} s, compilation included "
+        f"(fresh process)")
+    return {"gpt3_175b_1024_a100": r, "megatron": megatron_comparison(log=log)}

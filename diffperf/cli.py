@@ -229,15 +229,27 @@ def print_validation_summary(result: dict, paths) -> None:
 
 # ----------------------------------------------------------------------------------- bench
 def _add_bench(sub):
-    p = sub.add_parser("bench", help="measure evaluations per second and gradient cost")
+    p = sub.add_parser("bench", help="measure evaluations per second and gradient cost",
+                       description="core: training / inference evaluations per second, latency "
+                                   "after jit, gradient cost; sweep: the sweep engine with 1, 2, "
+                                   "4, 8 forced CPU devices; search: the GPT-3 175B / 1,024 A100 "
+                                   "exhaustive plan search.")
+    p.add_argument("what", nargs="?", default="core", choices=["core", "sweep", "search", "all"])
     p.add_argument("--n", type=int, default=1_000_000, help="configurations (default 10^6)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_bench)
 
 
 def run_bench(args) -> int:
-    from .bench import run_all
-    result = run_all(n=args.n, log=None if args.json else print)
+    from . import bench
+    log = None if args.json else print
+    result = {}
+    if args.what in ("core", "all"):
+        result["core"] = bench.run_all(n=args.n, log=log)
+    if args.what in ("sweep", "all"):
+        result["sweep"] = bench.sweep_scaling(log=log)
+    if args.what in ("search", "all"):
+        result["search"] = bench.search_benchmark(log=log)
     if args.json:
         print(json.dumps(result))
     return 0
@@ -282,11 +294,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_validate(sub)
     _add_bench(sub)
     _add_presets(sub)
-    try:
-        from ._cli_infer import add_infer_parser
-        add_infer_parser(sub)
-    except ImportError:
-        pass
+    from ._cli_infer import add_infer_parser
+    from ._cli_search import add_search_parser
+    add_infer_parser(sub)
+    add_search_parser(sub)
+    for module, adder in (("_cli_calibrate", "add_calibrate_parser"),
+                          ("_cli_design", "add_design_parsers")):
+        try:  # optional command groups
+            mod = __import__(f"diffperf.{module}", fromlist=[adder])
+        except ImportError:
+            continue
+        getattr(mod, adder)(sub)
     parser.set_defaults(func=run_quickstart)
     return parser
 

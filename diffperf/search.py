@@ -4,6 +4,9 @@ evaluated on the device with `diffperf.sweep.run_sweep`."""
 
 from __future__ import annotations
 
+import functools
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +14,7 @@ import pandas as pd
 
 from .efficiency import Efficiency
 from .grid import Grid
-from .hardware import System
+from .hardware import PRECISIONS, System
 from .model import Transformer
 from .plans import RECOMPUTE, TrainingPlan
 from .presets import default_efficiency
@@ -32,7 +35,8 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
                           precisions=(0, 1)) -> Grid:
     """The default search space (1.8 x 10^7 plans for GPT-3 175B on 1,024 A100s).
 
-    tp and pp: powers of two up to 64 (pp <= layers); cp: 1, 2, 4, 8, 16; ep: divisors of the
+    tp: powers of two up to 64; pp: divisors of the GPU count up to the layer count that divide
+    the layer count or are powers of two; cp: 1, 2, 4, 8, 16; ep: divisors of the
     expert count (1 for dense); vp: divisors of the layer count; micro-batch: divisors of the
     global batch up to 256; recompute none / selective / full; ZeRO 0-3; sequence parallelism,
     flash attention, TP and DP overlap on / off; `precisions` (codes; default tf32 and bf16).
@@ -42,7 +46,7 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
     pow2 = [1, 2, 4, 8, 16, 32, 64]
     return Grid({
         "tp": [t for t in pow2 if gpus % t == 0],
-        "pp": [p for p in pow2 if gpus % p == 0 and p <= layers],
+        "pp": [p for p in _divisors(gpus, layers) if layers % p == 0 or p in pow2],
         "cp": [c for c in (1, 2, 4, 8, 16) if gpus % c == 0],
         "ep": _divisors(experts, experts) if experts > 1 else [1],
         "vp": _divisors(layers, layers),
@@ -60,7 +64,7 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
 def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
     """A TrainingPlan from grid values (dp = gpus / (tp * pp * cp)). Works on traced values."""
     v = dict(values)
-    defaults = {"cp": 1.0, "ep": 1.0, "vp": 1.0, "micro_batch": 1.0, "recompute": 0.0,
+    defaults = {"tp": 1.0, "pp": 1.0, "cp": 1.0, "ep": 1.0, "vp": 1.0, "micro_batch": 1.0, "recompute": 0.0,
                 "zero": 1.0, "sequence_parallel": 0.0, "flash_attention": 1.0,
                 "overlap_tp": 1.0, "overlap_dp": 1.0, "precision": 1.0}
     for key, d in defaults.items():
@@ -71,7 +75,7 @@ def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
 
 
 def _gpus_reason(reason, values, gpus):
-    per = values["tp"] * values["pp"] * values.get("cp", 1.0)
+    per = values.get("tp", 1.0) * values.get("pp", 1.0) * values.get("cp", 1.0)
     return jnp.where(jnp.mod(gpus, per) == 0, reason, REASON_GPUS)
 
 
@@ -87,6 +91,7 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     (DataFrame: step time vs memory per GPU front) and the raw `SweepResult`.
     """
     from .feasibility import REASONS
+    t0 = time.perf_counter()
     eff = default_efficiency() if efficiency is None else efficiency
     grid = grid if grid is not None else default_training_grid(model, gpus, global_batch)
 
@@ -95,19 +100,32 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
         r = train_step(model, system, plan, eff)
         return r.step_time, r.memory.total, _gpus_reason(r.reason, values, gpus)
 
-    res = run_sweep(grid, evaluate, k=top_k, devices=devices, progress=progress,
+    # Equivalent plans (e.g. selective recompute with flash attention = none) tie exactly:
+    # keep 4x as many and drop the duplicates below.
+    res = run_sweep(grid, evaluate, k=4 * top_k, devices=devices, progress=progress,
                     label="search")
-    top = describe_plans(model, system, gpus, global_batch, grid, res.top_index[
-        np.isfinite(res.top_value)], eff)
+    top_idx = res.top_index[np.isfinite(res.top_value)]
     front_ok = res.front_index >= 0
-    front_pts = pareto_front(res.front_value[front_ok], res.front_secondary[front_ok])
-    pareto = describe_plans(model, system, gpus, global_batch, grid,
-                            res.front_index[front_ok][front_pts], eff, explain_gap=False)
+    front_idx = res.front_index[front_ok][pareto_front(res.front_value[front_ok],
+                                                       res.front_secondary[front_ok])]
+    both = describe_plans(model, system, gpus, global_batch, grid,
+                          np.concatenate([top_idx, front_idx]), eff, explain_gap=False)
+    top = both.iloc[:top_idx.size].drop_duplicates(["step_time_s", "memory_gb"]).head(top_k)
+    top = _explain_gaps(top.reset_index(drop=True))
+    pareto = both.iloc[top_idx.size:].reset_index(drop=True)
     reasons_all = dict(REASONS) | {REASON_GPUS: "tp * pp * cp does not divide the GPU count"}
     reasons = {reasons_all.get(i, str(i)): int(c) for i, c in enumerate(res.reasons)
                if c and i != 0}
-    return {"evaluated": res.evaluated, "feasible": res.feasible, "seconds": res.seconds,
+    return {"evaluated": res.evaluated, "feasible": res.feasible,
+            "seconds": time.perf_counter() - t0,
             "reasons": reasons, "top": top, "pareto": pareto, "result": res, "grid": grid}
+
+
+@functools.partial(jax.jit, compiler_options={"xla_llvm_disable_expensive_passes": True})
+def _vmapped_train_step(model, system, plans, eff):
+    """Full reports of a small batch of plans. Compiled without LLVM's expensive passes: for a
+    hundred plans the 2x faster compilation matters, the run time does not."""
+    return jax.vmap(lambda p: train_step(model, system, p, eff))(plans)
 
 
 _BREAKDOWN = {"compute_time": "compute", "tp_comm_time": "TP/CP/EP communication",
@@ -123,27 +141,39 @@ def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,
         return pd.DataFrame()
     values = grid.decode_host(flat_indices)
     n = flat_indices.size
-    plan = plan_from_values({k: np.asarray(v) for k, v in values.items()}, gpus, global_batch)
-    plan = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,)), plan)
-    rep = jax.device_get(jax.jit(jax.vmap(lambda p: train_step(model, system, p, eff)))(plan))
-    df = pd.DataFrame({k: values[k].astype(int) for k in grid.names if k != "precision"})
-    df.insert(2, "dp", (gpus / (df["tp"] * df["pp"] * df["cp"])).astype(int))
+    size = max(128, 1 << (n - 1).bit_length())  # pad: one compilation serves every call size
+    padded = {k: np.pad(np.asarray(v), (0, size - n), mode="edge") for k, v in values.items()}
+    plan = plan_from_values(padded, gpus, global_batch)
+    plan = jax.tree.map(lambda x: jnp.broadcast_to(x, (size,)), plan)
+    rep = jax.device_get(_vmapped_train_step(model, system, plan, eff))
+    rep = jax.tree.map(lambda x: x[:n], rep)
+    cols = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
+            "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp")
+    df = pd.DataFrame({k: np.rint(np.asarray(getattr(plan, k))[:n]).astype(int) for k in cols})
     df["recompute"] = [RECOMPUTE[int(x)] for x in df["recompute"]]
+    df["precision"] = [PRECISIONS[int(x)] for x in np.asarray(plan.precision)[:n]]
     df["step_time_s"] = rep.step_time
     for field, name in _BREAKDOWN.items():
         df[field.replace("_time", "_s")] = getattr(rep, field)
     df["memory_gb"] = rep.memory.total / 1e9
     df["mfu"] = rep.mfu
     df["feasible"] = rep.feasible
-    if explain_gap and len(df) > 1:
-        best = df.iloc[0]
-        notes = ["best"]
-        for i in range(1, len(df)):
-            row = df.iloc[i]
-            gaps = {name: row[f.replace("_time", "_s")] - best[f.replace("_time", "_s")]
-                    for f, name in _BREAKDOWN.items()}
-            worst = max(gaps, key=gaps.get)
-            notes.append(f"+{row['step_time_s'] - best['step_time_s']:.3f} s; mostly "
-                         f"{worst} (+{gaps[worst]:.3f} s)")
-        df["vs_best"] = notes
+    return _explain_gaps(df) if explain_gap else df
+
+
+def _explain_gaps(df: pd.DataFrame) -> pd.DataFrame:
+    """Add a `vs_best` column: how far each plan trails the first and which term dominates."""
+    if len(df) == 0:
+        return df
+    best = df.iloc[0]
+    notes = ["best"]
+    for i in range(1, len(df)):
+        row = df.iloc[i]
+        gaps = {name: row[f.replace("_time", "_s")] - best[f.replace("_time", "_s")]
+                for f, name in _BREAKDOWN.items()}
+        worst = max(gaps, key=gaps.get)
+        notes.append(f"+{row['step_time_s'] - best['step_time_s']:.3f} s; mostly "
+                     f"{worst} (+{gaps[worst]:.3f} s)")
+    df = df.copy()
+    df["vs_best"] = notes
     return df

@@ -129,12 +129,10 @@ def run_sweep(grid: Grid, evaluate: Callable, k: int = 10, devices=None,
     blocks = _Blocks(grid, devices, max_block)
     k = int(min(k, blocks.n_inner))
     lo, hi = np.log(secondary_bounds[0]), np.log(secondary_bounds[1])
-    edges = jnp.asarray(np.exp(np.linspace(lo, hi, PARETO_BINS + 1))[1:-1])
     inf = jnp.inf
 
-    def block_step(carry, outer, base, inner, position, valid):
+    def reduce_block(carry, obj, sec, reason, base, position, valid):
         top_v, top_i, hist, fv, fi, fs, nfeas = carry
-        obj, sec, reason = blocks.points(evaluate, outer, inner)
         flat = base + position
         ok = valid & (reason == 0)
         key = jnp.where(ok, obj, inf)
@@ -147,20 +145,28 @@ def run_sweep(grid: Grid, evaluate: Callable, k: int = 10, devices=None,
         hist = hist.at[jnp.where(valid, reason, n_reasons)].add(1, mode="drop")
         nfeas = nfeas + jnp.sum(ok)
         # binned Pareto candidates: the best objective in each secondary bin
-        b = jnp.searchsorted(edges, sec)
+        b = jnp.clip(((jnp.log(sec) - lo) / (hi - lo) * PARETO_BINS).astype(jnp.int32), 0,
+                     PARETO_BINS - 1)
         bmin = jnp.full((PARETO_BINS,), inf).at[b].min(key)
-        bidx = jnp.full((PARETO_BINS,), -1, jnp.int32).at[b].max(
-            jnp.where(ok & (key == bmin[b]), flat, -1))
+        # ties go to the smallest flat index, within and across blocks (order independent)
+        big = jnp.iinfo(jnp.int32).max
+        bidx = jnp.full((PARETO_BINS,), big, jnp.int32).at[b].min(
+            jnp.where(ok & (key == bmin[b]), flat, big))
+        bidx = jnp.where(bidx == big, -1, bidx)
         bsec = jnp.full((PARETO_BINS,), inf).at[b].min(jnp.where(flat == bidx[b], sec, inf))
-        better = bmin < fv
+        better = (bmin < fv) | ((bmin == fv) & (bidx >= 0) & ((fi < 0) | (bidx < fi)))
         fv = jnp.where(better, bmin, fv)
         fi = jnp.where(better, bidx, fi)
         fs = jnp.where(better, bsec, fs)
         return top_v, top_i, hist, fv, fi, fs, nfeas
 
     rep, shard = blocks.replicated, blocks.shard
-    step = jax.jit(block_step, in_shardings=(rep, rep, rep, shard, shard, shard),
-                   out_shardings=rep, donate_argnums=(0,))
+    # Two compiled functions: the model over a block (large, elementwise, parallel) and the
+    # reductions (small); fusing them makes XLA recompute / serialise the model.
+    points = jax.jit(lambda outer, inner: blocks.points(evaluate, outer, inner),
+                     in_shardings=(rep, shard), out_shardings=shard)
+    reduce = jax.jit(reduce_block, in_shardings=(rep, shard, shard, shard, rep, shard, shard),
+                     out_shardings=rep, donate_argnums=(0,))
     carry = (jnp.full((k,), inf), jnp.full((k,), -1, jnp.int32), jnp.zeros(n_reasons, jnp.int32),
              jnp.full((PARETO_BINS,), inf), jnp.full((PARETO_BINS,), -1, jnp.int32),
              jnp.full((PARETO_BINS,), inf), jnp.zeros((), jnp.int32))
@@ -168,8 +174,9 @@ def run_sweep(grid: Grid, evaluate: Callable, k: int = 10, devices=None,
     mine = range(jax.process_index(), blocks.n_outer, jax.process_count())
     bar = Progress(grid.size, label, enabled=progress)
     for n, i in enumerate(mine):
-        carry = step(carry, blocks.outer_values(i), jnp.int32(i * blocks.n_inner),
-                     blocks.inner_values, blocks.position, blocks.valid)
+        obj, sec, reason = points(blocks.outer_values(i), blocks.inner_values)
+        carry = reduce(carry, obj, sec, reason, jnp.int32(i * blocks.n_inner), blocks.position,
+                       blocks.valid)
         if progress and n % 8 == 7:
             jax.block_until_ready(carry)
             bar.update(min(grid.size, (i + 1) * blocks.n_inner))

@@ -1,0 +1,182 @@
+"""`diffperf search train|infer`: exhaustive plan search from the command line."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pandas as pd
+
+from . import presets
+from .hardware import precision_code
+
+
+def add_search_parser(sub) -> None:
+    p = sub.add_parser("search", help="exhaustive search for the best parallel plan",
+                       description="Search every plan of a grid on the device and rank them.")
+    kinds = p.add_subparsers(dest="search_kind", required=True)
+
+    t = kinds.add_parser("train", help="fastest training plans for a model on N GPUs")
+    t.add_argument("--model", default="gpt3-175b", help="model preset or HF config.json")
+    t.add_argument("--gpu", default="a100-sxm4-80gb")
+    t.add_argument("--system", default=None, help="system preset (default: the GPU's)")
+    t.add_argument("--gpus", type=int, default=1024)
+    t.add_argument("--global-batch", type=int, default=1536)
+    t.add_argument("--seq-len", type=int, default=None)
+    t.add_argument("--precision", action="append", default=None,
+                   help="precision(s) to search (repeatable; default tf32 and bf16, plus fp8 / "
+                        "fp4 where the GPU has them)")
+    t.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    t.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=run_search_train)
+
+    i = kinds.add_parser("infer", help="best TP / batch for a latency target; Pareto front")
+    i.add_argument("--model", default="llama2-70b")
+    i.add_argument("--gpu", default="h100-sxm5-80gb")
+    i.add_argument("--input", type=int, default=2048, help="prompt tokens")
+    i.add_argument("--output", type=int, default=256, help="generated tokens")
+    i.add_argument("--latency", type=float, default=None,
+                   help="end-to-end latency target per request, s (default: none)")
+    i.add_argument("--tpot", type=float, default=None, help="time-per-output-token target, s")
+    i.add_argument("--max-gpus", type=int, default=8, help="largest tp * pp (default 8)")
+    i.add_argument("--precision", default="bf16")
+    i.add_argument("--efficiency", default=None)
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=run_search_infer)
+
+
+def _efficiency(path):
+    return presets.default_efficiency() if path is None else presets.efficiency_from_json(path)
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return json.loads(df.to_json(orient="records")) if len(df) else []
+
+
+def run_search_train(args) -> int:
+    from .cli import _load_model
+    from .search import default_training_grid, search_training
+    model = _load_model(args.model, args.seq_len)
+    system = presets.system(args.system or args.gpu)
+    acc = system.accelerator
+    if args.precision:
+        codes = sorted({precision_code(p) for p in args.precision})
+    else:
+        codes = [c for c in (0, 1, 2, 3) if float(acc.peak_flops(c)) > 0]
+    grid = default_training_grid(model, args.gpus, args.global_batch, precisions=codes)
+    result = search_training(model, system, args.gpus, args.global_batch, grid=grid,
+                             efficiency=_efficiency(args.efficiency), top_k=args.top,
+                             progress=not args.json)
+    top, pareto = result["top"], result["pareto"]
+    if args.json:
+        print(json.dumps({"evaluated": result["evaluated"], "feasible": result["feasible"],
+                          "seconds": result["seconds"], "grid": repr(grid),
+                          "infeasible_by_reason": result["reasons"], "top": _records(top),
+                          "pareto_memory_vs_time": _records(pareto)}))
+        return 0
+    print(f"search: {args.model} on {args.gpus} x {args.gpu}, global batch {args.global_batch}")
+    print(f"  {grid}")
+    print(f"  evaluated {result['evaluated']:,} plans, {result['feasible']:,} feasible, in "
+          f"{result['seconds']:.2f} s (compilation included)")
+    for reason, count in sorted(result["reasons"].items(), key=lambda kv: -kv[1]):
+        print(f"    infeasible: {count:>12,}  {reason}")
+    if len(top) == 0:
+        print("  no feasible plan")
+        return 0
+    cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
+            "sequence_parallel", "flash_attention", "step_time_s", "mfu", "memory_gb", "vs_best"]
+    print("\nbest plans:")
+    print(top[[c for c in cols if c in top]].to_string(index=False, float_format="%.3f"))
+    if len(pareto):
+        print("\nPareto front, memory per GPU vs step time:")
+        print(pareto[["tp", "pp", "dp", "micro_batch", "recompute", "zero", "memory_gb",
+                      "step_time_s"]].to_string(index=False, float_format="%.2f"))
+    return 0
+
+
+def inference_candidates(max_gpus: int) -> dict[str, list]:
+    """The inference search grid: tp, pp (powers of two, tp * pp <= max_gpus) x batch."""
+    pow2 = [1, 2, 4, 8, 16, 32, 64]
+    batches = sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
+                      768, 1024, 1536, 2048})
+    return {"tp": [t for t in pow2 if t <= max_gpus], "pp": [p for p in pow2 if p <= max_gpus],
+            "batch": batches}
+
+
+def search_inference(model, system, input_len: int, output_len: int, max_gpus: int = 8,
+                     precision: str = "bf16", efficiency=None) -> pd.DataFrame:
+    """Every (tp, pp, batch) of `inference_candidates` evaluated with vmap: a DataFrame with
+    latency, TPOT, throughput per GPU, memory and feasibility (only tp * pp <= max_gpus)."""
+    from .grid import Grid
+    from .inference import infer
+    from .inference_plan import InferencePlan
+    from .sweep import evaluate_all
+    eff = presets.default_efficiency() if efficiency is None else efficiency
+    grid = Grid(inference_candidates(max_gpus))
+    code = float(precision_code(precision))
+
+    def evaluate(v):
+        plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=input_len,
+                             output_len=output_len, weight_precision=code,
+                             activation_precision=code, kv_precision=code)
+        r = infer(model, system, plan, eff)
+        return {"e2e_latency_s": r.e2e_latency, "ttft_s": r.ttft, "tpot_s": r.tpot,
+                "output_tok_s_per_gpu": r.output_tok_s_per_gpu,
+                "memory_gb": r.memory.total / 1e9, "feasible": r.feasible}
+
+    out = evaluate_all(grid, evaluate, progress=False)
+    df = pd.DataFrame(grid.decode_host(np.arange(grid.size))).astype(int)
+    for k, v in out.items():
+        df[k] = v
+    return df[df["tp"] * df["pp"] <= max_gpus].reset_index(drop=True)
+
+
+def run_search_infer(args) -> int:
+    from .cli import _load_model
+    t0 = time.perf_counter()
+    model = _load_model(args.model)
+    system = presets.system(args.gpu)
+    df = search_inference(model, system, args.input, args.output, args.max_gpus,
+                          args.precision, _efficiency(args.efficiency))
+    ok = df[df["feasible"]]
+    target = ok
+    if args.latency is not None:
+        target = target[target["e2e_latency_s"] <= args.latency]
+    if args.tpot is not None:
+        target = target[target["tpot_s"] <= args.tpot]
+    best = target.sort_values("output_tok_s_per_gpu", ascending=False).head(10)
+    front_idx = _latency_throughput_front(ok)
+    front = ok.iloc[front_idx]
+    seconds = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({"evaluated": int(len(df)), "feasible": int(len(ok)),
+                          "seconds": seconds, "best": _records(best),
+                          "pareto_latency_vs_throughput": _records(front)}))
+        return 0
+    print(f"search infer: {args.model} on {args.gpu}, {args.input} in / {args.output} out, "
+          f"{args.precision}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
+    cols = ["tp", "pp", "batch", "e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu",
+            "memory_gb"]
+    if len(best) == 0:
+        print("  no feasible plan meets the latency target")
+    else:
+        goal = []
+        if args.latency is not None:
+            goal.append(f"e2e <= {args.latency:g} s")
+        if args.tpot is not None:
+            goal.append(f"TPOT <= {args.tpot * 1e3:g} ms")
+        print(f"\nhighest throughput per GPU{' with ' + ', '.join(goal) if goal else ''}:")
+        print(best[cols].to_string(index=False, float_format="%.4g"))
+    print("\nPareto front, end-to-end latency vs output tokens/s per GPU:")
+    print(front[cols].to_string(index=False, float_format="%.4g"))
+    return 0
+
+
+def _latency_throughput_front(df: pd.DataFrame) -> np.ndarray:
+    """Positions of plans not dominated in (lower latency, higher throughput per GPU)."""
+    from .sweep import pareto_front
+    if len(df) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return pareto_front(-df["output_tok_s_per_gpu"].to_numpy(), df["e2e_latency_s"].to_numpy())

@@ -1,0 +1,219 @@
+"""Sweep engine and plan search: exhaustive search = brute force, blocked = unblocked,
+sharded = unsharded, infeasible plans never win."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import diffperf as dp
+from diffperf.grid import Grid
+from diffperf.search import REASON_GPUS, plan_from_values, search_training
+from diffperf.sweep import evaluate_all, pareto_front, run_sweep
+
+GPUS, GBS = 32, 64
+AXES = {"tp": [1, 2, 4, 8], "pp": [1, 2, 3, 4], "micro_batch": [1, 2, 4], "recompute": [0, 1, 2],
+        "zero": [0, 1, 3], "vp": [1, 2], "flash_attention": [0, 1]}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = dp.model("gpt-7.5b")
+    system = dp.system("a100-sxm4-40gb")  # 40 GB: many plans do not fit
+    return model, system, dp.Efficiency(), Grid(AXES)
+
+
+def _evaluate(model, system, eff):
+    def evaluate(values):
+        r = dp.train_step(model, system, plan_from_values(values, GPUS, GBS), eff)
+        reason = jnp.where(jnp.mod(GPUS, values["tp"] * values["pp"]) == 0, r.reason, REASON_GPUS)
+        return r.step_time, r.memory.total, reason
+    return evaluate
+
+
+@pytest.fixture(scope="module")
+def brute_force(setup):
+    """Every plan evaluated one at a time with the scalar API (a Python loop)."""
+    model, system, eff, grid = setup
+    step = jax.jit(lambda p: dp.train_step(model, system, p, eff))
+    rows = []
+    for combo in itertools.product(*AXES.values()):
+        v = dict(zip(AXES, combo))
+        if GPUS % (v["tp"] * v["pp"]):
+            rows.append((np.inf, np.nan, REASON_GPUS))
+            continue
+        r = step(plan_from_values({k: float(x) for k, x in v.items()}, GPUS, GBS))
+        rows.append((float(r.step_time) if bool(r.feasible) else np.inf, float(r.memory.total),
+                     int(r.reason)))
+    return np.array(rows)
+
+
+def test_grid_decode_matches_numpy(setup):
+    grid = setup[3]
+    flat = np.arange(grid.size)
+    host = grid.decode_host(flat)
+    dev = jax.jit(grid.decode)(jnp.asarray(flat, dtype=jnp.int32))
+    for name in grid.names:
+        np.testing.assert_array_equal(np.asarray(dev[name]), host[name])
+    # last axis fastest, like itertools.product
+    first = [dict(zip(AXES, c)) for c in itertools.islice(itertools.product(*AXES.values()), 5)]
+    for i, v in enumerate(first):
+        assert {k: host[k][i] for k in AXES} == v
+
+
+def test_grid_rejects_bad_axes():
+    with pytest.raises(ValueError, match="'tp' has no values"):
+        Grid({"tp": []})
+    with pytest.raises(ValueError, match="non-finite"):
+        Grid({"tp": [1, float("nan")]})
+
+
+def test_search_equals_brute_force(setup, brute_force):
+    model, system, eff, grid = setup
+    res = run_sweep(grid, _evaluate(model, system, eff), k=5, progress=False)
+    times = brute_force[:, 0]
+    order = np.argsort(times, kind="stable")[:5]
+    np.testing.assert_allclose(res.top_value, times[order], rtol=1e-6)
+    # the best plan is the brute-force argmin (ties broken by equal time)
+    assert times[res.top_index[0]] == pytest.approx(times.min(), rel=1e-6)
+    assert res.feasible == int(np.isfinite(times).sum())
+    hist = np.bincount(brute_force[:, 2].astype(int), minlength=res.reasons.size)
+    np.testing.assert_array_equal(res.reasons, hist)
+
+
+def test_infeasible_plans_never_win(setup):
+    model, system, eff, grid = setup
+    import equinox as eqx
+    small = eqx.tree_at(lambda s: s.accelerator.hbm_capacity, system, jnp.float32(16e9))
+
+    def raw(v):
+        r = dp.train_step(model, small, plan_from_values(v, GPUS, GBS), eff)
+        ok = jnp.mod(GPUS, v["tp"] * v["pp"]) == 0
+        return {"t": r.step_time, "reason": jnp.where(ok, r.reason, REASON_GPUS)}
+    out = evaluate_all(grid, raw, progress=False)
+    feasible_best = out["t"][out["reason"] == 0].min()
+    # with 16 GB, the fastest plans do not fit: they must not be chosen
+    assert (out["t"][out["reason"] == 10] < feasible_best).any()
+    res = run_sweep(grid, _evaluate(model, small, eff), k=10, progress=False)
+    chosen = res.top_index[np.isfinite(res.top_value)]
+    assert chosen.size == 10 and (out["reason"][chosen] == 0).all()
+    assert res.top_value[0] == pytest.approx(feasible_best, rel=1e-6)
+
+
+def test_blocked_equals_unblocked(setup):
+    model, system, eff, grid = setup
+    f = _evaluate(model, system, eff)
+    big = run_sweep(grid, f, k=8, progress=False)
+    small = run_sweep(grid, f, k=8, progress=False, max_block=16)
+    np.testing.assert_array_equal(big.top_index, small.top_index)
+    np.testing.assert_allclose(big.top_value, small.top_value, rtol=1e-6)
+    np.testing.assert_array_equal(big.reasons, small.reasons)
+    np.testing.assert_array_equal(big.front_index, small.front_index)
+
+
+def test_pareto_front_is_not_dominated(setup, brute_force):
+    model, system, eff, grid = setup
+    res = run_sweep(grid, _evaluate(model, system, eff), k=3, progress=False,
+                    secondary_bounds=(1e9, 1e11))
+    ok = res.front_index >= 0
+    front = res.front_index[ok][pareto_front(res.front_value[ok], res.front_secondary[ok])]
+    t, mem = brute_force[:, 0], brute_force[:, 1]
+    for i in front:
+        dominated = (t < t[i]) & (mem < mem[i]) & np.isfinite(t)
+        # binned front: nothing is strictly better in both by more than one bin width (~7 %)
+        assert not np.any(dominated & (mem < mem[i] / 1.08)), i
+    # the overall fastest plan is on the front
+    assert np.argmin(t) in set(front) or t[front].min() == pytest.approx(t.min(), rel=1e-6)
+
+
+def test_pareto_front_helper():
+    v = np.array([5.0, 3.0, 4.0, 1.0, 2.0])
+    s = np.array([1.0, 2.0, 3.0, 4.0, 4.0])
+    assert pareto_front(v, s).tolist() == [0, 1, 3]
+
+
+def test_evaluate_all_equals_loop(setup):
+    model, system, eff, _ = setup
+    grid = Grid({"tp": [1, 2, 4], "micro_batch": [1, 2], "recompute": [0, 2]})
+
+    def f(v):
+        r = dp.train_step(model, system, plan_from_values(v, GPUS, GBS), eff)
+        return {"t": r.step_time, "m": r.memory.total}
+    out = evaluate_all(grid, f, progress=False, max_block=4)
+    values = grid.decode_host(np.arange(grid.size))
+    for i in range(grid.size):
+        want = f({k: jnp.float32(v[i]) for k, v in values.items()})
+        assert out["t"][i] == pytest.approx(float(want["t"]), rel=1e-5)
+        assert out["m"][i] == pytest.approx(float(want["m"]), rel=1e-5)
+
+
+def test_search_training_reports(setup):
+    model, system, eff, grid = setup
+    r = search_training(model, system, GPUS, GBS, grid=grid, efficiency=eff, top_k=3,
+                        progress=False)
+    assert r["evaluated"] == grid.size and 0 < r["feasible"] < grid.size
+    top = r["top"]
+    assert len(top) == 3 and top["feasible"].all()
+    assert list(top["step_time_s"]) == sorted(top["step_time_s"])
+    assert top["vs_best"].iloc[0] == "best" and "mostly" in top["vs_best"].iloc[1]
+    assert (top["tp"] * top["pp"] * top["dp"] * top["cp"] == GPUS).all()
+    assert "does not fit in HBM" in r["reasons"]
+
+
+_SHARDED = r"""
+import json, jax, numpy as np, diffperf as dp
+from diffperf.grid import Grid
+from diffperf.search import plan_from_values
+from diffperf.sweep import run_sweep
+m, s, e = dp.model("gpt-7.5b"), dp.system("a100-sxm4-40gb"), dp.Efficiency()
+grid = Grid({"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch": [1, 2, 4],
+             "recompute": [0, 1, 2], "zero": [0, 1, 3], "vp": [1, 2], "flash_attention": [0, 1]})
+def f(v):
+    r = dp.train_step(m, s, plan_from_values(v, 32, 64), e)
+    return r.step_time, r.memory.total, r.reason
+one = run_sweep(grid, f, k=6, progress=False, devices=jax.devices()[:1])
+four = run_sweep(grid, f, k=6, progress=False)
+print(json.dumps({"devices": jax.device_count(),
+                  "same_top": one.top_index.tolist() == four.top_index.tolist(),
+                  "max_rel": float(np.max(np.abs(one.top_value - four.top_value) / one.top_value)),
+                  "same_reasons": one.reasons.tolist() == four.reasons.tolist(),
+                  "same_front": one.front_index.tolist() == four.front_index.tolist()}))
+"""
+
+
+def test_sharded_equals_unsharded():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["devices"] == 4
+    assert r["same_top"] and r["same_reasons"] and r["same_front"]
+    assert r["max_rel"] < 1e-6
+
+
+def test_search_infer_meets_latency_target_and_front():
+    from diffperf._cli_search import _latency_throughput_front, search_inference
+    df = search_inference(dp.model("llama2-7b"), dp.system("h100-sxm5-80gb"), 512, 64,
+                          max_gpus=4)
+    ok = df[df["feasible"]]
+    assert len(ok) > 10 and (ok["tp"] * ok["pp"] <= 4).all()
+    target = 2.0
+    meets = ok[ok["e2e_latency_s"] <= target]
+    best = meets.sort_values("output_tok_s_per_gpu").iloc[-1]
+    assert best["e2e_latency_s"] <= target
+    # nothing meeting the target has more throughput per GPU
+    assert (meets["output_tok_s_per_gpu"] <= best["output_tok_s_per_gpu"] + 1e-9).all()
+    front = ok.iloc[_latency_throughput_front(ok)]
+    for _, p in front.iterrows():
+        better = ok[(ok["e2e_latency_s"] < p["e2e_latency_s"])
+                    & (ok["output_tok_s_per_gpu"] > p["output_tok_s_per_gpu"])]
+        assert better.empty
