@@ -42,18 +42,14 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
 
 
 @eqx.filter_jit
-def _infer_batch(models, systems, plans, eff):
-    return jax.vmap(lambda m, s, p: infer(m, s, p, eff))(models, systems, plans)
+def _infer_batch(models, systems, plans, effs):
+    return jax.vmap(lambda m, s, p, e: infer(m, s, p, e))(models, systems, plans, effs)
 
 
-def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency):
-    """Predict infer rows in one vmapped call.
-
-    **Returns:** `(predictions, failed)`: predictions is a list of `(row, {metric: predicted},
-    warning or None)` with metrics e2e_latency_s, ttft_s, tpot_s, output_tok_s_per_gpu; failed
-    a list of `{"id", "error"}` for rows that cannot be evaluated (invalid or infeasible plan).
-    A plan that only exceeds HBM capacity is predicted with a warning.
-    """
+def stacked_infer_specs(rows: list[BenchmarkRow]):
+    """Stack the `(Transformer, System, InferencePlan)` of every infer row with valid specs
+    (a `diffperf.validate.StackedRows`; invalid rows go to its `failed`)."""
+    from .validate import StackedRows
     ok, failed, specs = [], [], []
     for row in rows:
         try:
@@ -62,9 +58,29 @@ def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency):
         except ValueError as e:
             failed.append({"id": row.id, "error": str(e)})
     if not ok:
-        return [], failed
+        return StackedRows([], None, None, None, failed)
     models, systems, plans = (_stack([s[i] for s in specs]) for i in range(3))
-    rep = jax.device_get(_infer_batch(models, systems, plans, eff))
+    return StackedRows(ok, models, systems, plans, failed)
+
+
+def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
+    """Predict infer rows in one vmapped call.
+
+    `eff`: one `Efficiency` for every row, a `GpuEfficiency` (each row gets its GPU's factors)
+    or None (the shipped default, per GPU).
+
+    **Returns:** `(predictions, failed)`: predictions is a list of `(row, {metric: predicted},
+    warning or None)` with metrics e2e_latency_s, ttft_s, tpot_s, output_tok_s_per_gpu; failed
+    a list of `{"id", "error"}` for rows that cannot be evaluated (invalid or infeasible plan).
+    A plan that only exceeds HBM capacity is predicted with a warning.
+    """
+    from .validate import row_efficiencies
+    st = stacked_infer_specs(rows)
+    ok, failed = st.rows, list(st.failed)
+    if not ok:
+        return [], failed
+    models, systems, plans = st.models, st.systems, st.plans
+    rep = jax.device_get(_infer_batch(models, systems, plans, row_efficiencies(ok, eff)))
     out = []
     for i, row in enumerate(ok):
         reason = int(rep.reason[i])

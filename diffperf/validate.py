@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -12,7 +13,7 @@ import numpy as np
 from .data import BenchmarkRow, read_benchmarks, train_specs
 from .efficiency import Efficiency
 from .feasibility import explain
-from .presets import default_efficiency
+from .presets import efficiency_for
 from .training import model_flops_per_step, train_step
 
 
@@ -28,17 +29,29 @@ def causal_flops_convention(row: BenchmarkRow) -> bool:
 
 
 @eqx.filter_jit
-def _train_batch(models, systems, plans, eff, causal):
-    def one(m, s, p, c):
-        r = train_step(m, s, p, eff)
+def _train_batch(models, systems, plans, effs, causal):
+    def one(m, s, p, e, c):
+        r = train_step(m, s, p, e)
         mf = jnp.where(c, model_flops_per_step(m, p, causal_attention=True),
                        model_flops_per_step(m, p))
         return r, mf
-    return jax.vmap(one)(models, systems, plans, causal)
+    return jax.vmap(one)(models, systems, plans, effs, causal)
 
 
-def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency):
-    """Predictions for train rows: (list of (row, {metric: predicted}, warning)), failed list."""
+class StackedRows(NamedTuple):
+    """Specs of the evaluable rows of one kind, stacked along a leading row axis (built with
+    the float dtype in force when called: float64 under `jax_enable_x64`)."""
+
+    rows: list  # the BenchmarkRows that could be turned into specs, in order
+    models: object  # stacked Transformer
+    systems: object  # stacked System
+    plans: object  # stacked TrainingPlan / InferencePlan
+    failed: list  # [{"id", "error"}] of rows whose specs are invalid
+
+
+def stacked_train_specs(rows: list[BenchmarkRow]) -> StackedRows:
+    """Stack the `(Transformer, System, TrainingPlan)` of every train row that has valid specs
+    (the others go to `failed`). Models are None when no row is valid."""
     ok, failed, specs = [], [], []
     for row in rows:
         try:
@@ -47,10 +60,33 @@ def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency):
         except ValueError as e:
             failed.append({"id": row.id, "error": str(e)})
     if not ok:
-        return [], failed
+        return StackedRows([], None, None, None, failed)
     models, systems, plans = (stack([s[i] for s in specs]) for i in range(3))
+    return StackedRows(ok, models, systems, plans, failed)
+
+
+def row_efficiencies(rows: list[BenchmarkRow], efficiency: Efficiency | None):
+    """One `Efficiency` per row, stacked: each row's GPU factors (see `efficiency_for`)."""
+    cache = {}
+    for r in rows:
+        g = r.values["gpu"]
+        if g not in cache:
+            cache[g] = efficiency_for(efficiency, g)
+    return stack([cache[r.values["gpu"]] for r in rows])
+
+
+def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
+    """Predictions for train rows: (list of (row, {metric: predicted}, warning)), failed list.
+
+    `eff`: one `Efficiency` for every row, a `GpuEfficiency` (each row gets its GPU's factors)
+    or None (the shipped default, per GPU)."""
+    st = stacked_train_specs(rows)
+    ok, failed = st.rows, list(st.failed)
+    if not ok:
+        return [], failed
+    models, systems, plans = st.models, st.systems, st.plans
     causal = jnp.asarray([causal_flops_convention(r) for r in ok])
-    rep, mflops = _train_batch(models, systems, plans, eff, causal)
+    rep, mflops = _train_batch(models, systems, plans, row_efficiencies(ok, eff), causal)
     rep, mflops = jax.device_get((rep, mflops))
     out = []
     for i, row in enumerate(ok):
@@ -77,10 +113,14 @@ def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency):
 def validate(paths, efficiency: Efficiency | None = None) -> dict:
     """Predict every row of the CSV files in `paths` and compare with each measured column.
 
+    `efficiency`: an `Efficiency` used for every row, a `GpuEfficiency` (e.g. from
+    `efficiency_from_json` of a fitted file with `per_gpu` entries: each row uses its GPU's
+    factors), or None: the shipped calibration, per GPU.
+
     **Returns:** `{"rows": [...], "summary": {metric: {"n", "mape", "max_ape"}}, "failed": [...],
     "defaults": [...], "warnings": [...]}` as in benchmark-schema.md (APE in percent).
     """
-    eff = default_efficiency() if efficiency is None else efficiency
+    eff = efficiency
     if isinstance(paths, (str, Path)):
         paths = [paths]
     rows = [r for p in paths for r in read_benchmarks(p)]

@@ -7,6 +7,8 @@ import json
 from importlib import resources
 from pathlib import Path
 
+import equinox as eqx
+
 from ..efficiency import Efficiency
 from ..hardware import Accelerator, Network, System
 from ..model import Transformer
@@ -79,8 +81,92 @@ def model(name: str) -> Transformer:
     return Transformer(**{f: row[f] for f in _MODEL_FIELDS if f in row})
 
 
-def efficiency_from_json(path: str | Path) -> Efficiency:
-    """Load an `Efficiency` from a JSON file with a `factors` object (or a flat object)."""
+class GpuEfficiency(Efficiency):
+    """An `Efficiency` (the shared factors, usable anywhere an `Efficiency` is) that also carries
+    per-GPU-generation overrides, as written by `diffperf calibrate` (`"per_gpu"` in the JSON).
+
+    `for_gpu(name)` returns the shared factors merged with that GPU's overrides (a plain
+    `Efficiency`); GPUs without overrides get the shared factors. `diffperf validate` uses the
+    factors of each row's GPU when given a `GpuEfficiency`.
+    """
+
+    #: ((gpu id, ((field, value), ...)), ...): hashable, so it is static under jit.
+    per_gpu: tuple = eqx.field(static=True, default=())
+
+    def overrides(self, gpu: str | None) -> dict:
+        """The factors overridden for GPU `gpu` (empty for None or a GPU without overrides)."""
+        if gpu is None:
+            return {}
+        return dict(dict(self.per_gpu).get(str(gpu).lower(), ()))
+
+    def shared(self) -> Efficiency:
+        """The shared factors as a plain `Efficiency`."""
+        return Efficiency(**{f: getattr(self, f) for f in Efficiency.__dataclass_fields__})
+
+    def for_gpu(self, gpu: str | None) -> Efficiency:
+        """Shared factors merged with the overrides of `gpu` (None: the shared factors)."""
+        values = {f: getattr(self, f) for f in Efficiency.__dataclass_fields__}
+        values.update(self.overrides(gpu))
+        return Efficiency(**values)
+
+    @property
+    def gpus(self) -> list[str]:
+        """GPU ids that have overrides."""
+        return [g for g, _ in self.per_gpu]
+
+
+def efficiency_for(efficiency: Efficiency | None, gpu: str | None) -> Efficiency:
+    """The factors to use for GPU `gpu`: `efficiency`'s per-GPU entry if it is a
+    `GpuEfficiency`, `efficiency` itself if it is a plain `Efficiency`, the shipped default
+    (`default_efficiency(gpu)`) if None."""
+    if efficiency is None:
+        return default_efficiency(gpu)
+    if isinstance(efficiency, GpuEfficiency):
+        return efficiency.for_gpu(gpu)
+    return efficiency
+
+
+def _check_factors(path, factors: dict, where: str) -> dict:
+    if not isinstance(factors, dict):
+        raise ValueError(f"efficiency file {path}: {where} must be a JSON object")
+    known = set(Efficiency.__dataclass_fields__)
+    unknown = sorted(set(factors) - known)
+    if unknown:
+        raise ValueError(f"efficiency file {path}: unknown factors {unknown} in {where}; known: "
+                         f"{sorted(known)}")
+    for k, v in factors.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise ValueError(f"efficiency file {path}: {where}.{k} must be a number, got {v!r}")
+    return factors
+
+
+def _gpu_efficiency(data: dict, path) -> GpuEfficiency:
+    factors = _check_factors(path, data.get("factors", {}), "factors")
+    per_gpu = data.get("per_gpu", {}) or {}
+    if not isinstance(per_gpu, dict):
+        raise ValueError(f"efficiency file {path}: per_gpu must be a JSON object")
+    known_gpus = set(_table("gpus"))
+    entries = []
+    for g in sorted(per_gpu):
+        if g.lower() not in known_gpus:
+            raise ValueError(f"efficiency file {path}: per_gpu has unknown gpu {g!r}; known: "
+                             f"{', '.join(sorted(known_gpus))}")
+        over = _check_factors(path, per_gpu[g], f"per_gpu.{g}")
+        Efficiency(**{**factors, **over})  # validates the merged factors (ranges)
+        entries.append((g.lower(), tuple(sorted((k, float(v)) for k, v in over.items()))))
+    try:
+        return GpuEfficiency(**factors, per_gpu=tuple(entries))
+    except ValueError as e:
+        raise ValueError(f"efficiency file {path}: {e}") from None
+
+
+def efficiency_from_json(path: str | Path) -> GpuEfficiency:
+    """Load efficiency factors from a JSON file: `{"factors": {...}, "per_gpu": {gpu: {...}}}`
+    (as written by `diffperf calibrate`) or a flat `{factor: value}` object.
+
+    **Returns:** a `GpuEfficiency`: usable as a plain `Efficiency` (the shared factors);
+    `.for_gpu(name)` gives a GPU's factors (used per row by `diffperf validate`).
+    """
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -88,24 +174,34 @@ def efficiency_from_json(path: str | Path) -> Efficiency:
         raise ValueError(f"efficiency file {path} does not exist") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"efficiency file {path} is not valid JSON: {e}") from None
-    factors = data.get("factors", data)
-    known = set(Efficiency.__dataclass_fields__)
-    unknown = sorted(set(factors) - known)
-    if unknown:
-        raise ValueError(f"efficiency file {path}: unknown factors {unknown}; known: "
-                         f"{sorted(known)}")
-    return Efficiency(**factors)
+    if not isinstance(data, dict):
+        raise ValueError(f"efficiency file {path}: expected a JSON object")
+    if "factors" not in data and "per_gpu" not in data:
+        data = {"factors": data}
+    return _gpu_efficiency(data, path)
 
 
 @functools.cache
-def _default_efficiency_values() -> dict:
+def _default_efficiency_data() -> dict:
     ref = resources.files("diffperf.presets").joinpath("efficiency.json")
     if ref.is_file():
-        return json.loads(ref.read_text()).get("factors", {})
+        return json.loads(ref.read_text())
     return {}
 
 
-def default_efficiency() -> Efficiency:
-    """The efficiency factors the library uses by default (the shipped calibration, if any;
-    otherwise the physical defaults of `Efficiency()`)."""
-    return Efficiency(**_default_efficiency_values())
+@functools.cache
+def _default_gpu_efficiency() -> GpuEfficiency:
+    return _gpu_efficiency(_default_efficiency_data(), "diffperf/presets/efficiency.json")
+
+
+def default_efficiency(gpu: str | None = None) -> Efficiency:
+    """The efficiency factors the library uses by default: the shipped calibration
+    (`presets/efficiency.json`) if any, otherwise the physical defaults of `Efficiency()`.
+
+    With `gpu=None` this is a `GpuEfficiency` whose leaves are the shared factors (what
+    `train_step(..., efficiency=None)` uses) and which carries the per-GPU overrides; with a GPU
+    id it is a plain `Efficiency` with that GPU's fitted factors (the shared ones where that
+    GPU has no override).
+    """
+    table = _default_gpu_efficiency()
+    return table if gpu is None else table.for_gpu(gpu)

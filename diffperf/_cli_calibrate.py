@@ -1,0 +1,135 @@
+"""`diffperf calibrate`: fit the efficiency factors to benchmark CSVs (with progress on stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the `calibrate` sub-command on an argparse `subparsers` object."""
+    p = subparsers.add_parser(
+        "calibrate", help="fit the efficiency factors to benchmark measurements",
+        description="Fit the efficiency factors (matmul, attention, HBM, network fractions, "
+                    "overheads, overlaps) to measured rows with gradients (optax Adam then "
+                    "L-BFGS, float64), optionally cross-validate, and write a fitted JSON that "
+                    "`diffperf validate --efficiency FILE` and `--efficiency` of train / infer "
+                    "accept.")
+    p.add_argument("--data", action="append", default=None, metavar="CSV",
+                   help="benchmark CSV (repeatable; default: the shipped train and infer sets)")
+    p.add_argument("--out", required=True, help="fitted efficiency JSON to write")
+    p.add_argument("--cv", default="none", choices=["none", "kfold", "source", "loo"],
+                   help="cross-validation: k-fold over experiments, leave-one-source-out, "
+                        "leave-one-out on the IMEC points (default none)")
+    p.add_argument("--folds", type=int, default=5, help="k of --cv kfold (default 5)")
+    p.add_argument("--groups", default="gpu", choices=["gpu", "none"],
+                   help="per-GPU-generation factors (gpu, the default) or all shared (none)")
+    p.add_argument("--fields", default=None,
+                   help="comma-separated factors to fit (default: all but memory_reserve)")
+    p.add_argument("--steps", type=int, default=50, help="Adam steps before L-BFGS (default 50)")
+    p.add_argument("--lbfgs-steps", type=int, default=300,
+                   help="maximum L-BFGS iterations (default 300)")
+    p.add_argument("--prior-weight", type=float, default=None,
+                   help="weight of the prior toward the physical defaults")
+    p.add_argument("--balance", type=float, default=None,
+                   help="source balance exponent in [0, 1] (0: every cell weighs the same)")
+    p.add_argument("--no-uncertainty", action="store_true",
+                   help="skip the Laplace covariance (no prediction intervals from this file)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", action="store_true", help="print the fit summary as JSON")
+    p.set_defaults(func=run_calibrate)
+    return p
+
+
+class _Progress:
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, stage, step, total, loss):
+        if self.quiet:
+            return
+        t = time.perf_counter() - self.t0
+        if stage == "compile":
+            msg = f"[{t:5.1f} s] compiling the loss and its gradient (once per dataset)..."
+        else:
+            msg = f"[{t:5.1f} s] {stage} {step}/{total}  loss {loss:.6g}"
+        if self.tty:
+            print("\r" + msg.ljust(100), end="", file=sys.stderr, flush=True)
+        elif stage in ("compile",) or step == total or step % 50 == 1:
+            print(msg, file=sys.stderr, flush=True)
+
+    def done(self, msg):
+        if not self.quiet:
+            end = "\n"
+            print(("\r" if self.tty else "") + msg.ljust(100 if self.tty else 0), end=end,
+                  file=sys.stderr, flush=True)
+
+
+def run_calibrate(args) -> int:
+    from . import calibrate as C
+    from .calibrate_cv import cross_validate, summaries
+    C.enable_x64()
+    paths = args.data or [str(p) for p in C.default_data_paths()]
+    for p in paths:
+        if not Path(p).is_file():
+            raise ValueError(f"{p}: file not found")
+    out = Path(args.out)
+    if out.parent and not out.parent.exists():
+        raise ValueError(f"--out {out}: directory {out.parent} does not exist")
+    fields = None
+    if args.fields:
+        fields = [f.strip() for f in args.fields.split(",") if f.strip()]
+    grouping = None if args.groups == "gpu" else {}
+    kwargs = {}
+    if args.prior_weight is not None:
+        kwargs["prior_weight"] = args.prior_weight
+    if args.balance is not None:
+        if not 0.0 <= args.balance <= 1.0:
+            raise ValueError(f"--balance must lie in [0, 1], got {args.balance}")
+        kwargs["balance"] = args.balance
+    prog = _Progress(args.quiet)
+    command = "diffperf calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
+    fit = C.calibrate(paths, fields=fields, grouping=grouping, adam_steps=args.steps,
+                      lbfgs_steps=args.lbfgs_steps, uncertainty=not args.no_uncertainty,
+                      progress=prog, command=command, **kwargs)
+    prog.done(f"fit: loss {fit.loss:.6g}, {fit.metadata['n_cells']} measured values, "
+              f"{fit.par.size} parameters, {fit.metadata['fit_seconds']} s")
+    if args.cv != "none":
+        cv = cross_validate(fit.problem, args.cv, k=args.folds, adam_steps=args.steps,
+                            lbfgs_steps=args.lbfgs_steps, progress=prog)
+        prog.done(f"cross-validation ({args.cv}): {len(cv['folds'])} folds")
+        fit.cv = {args.cv: cv["summary"]}
+        fit.metadata["cv_mape"] = {args.cv: {k: v["mape"] for k, v in
+                                             cv["summary"]["metric"].items()}}
+    fit.save(out)
+    ins = summaries(fit.predictions)
+    if args.json:
+        print(json.dumps({"out": str(out), "loss": fit.loss, "in_sample": ins,
+                          "cv": fit.cv, "factors": fit.shared, "per_gpu": fit.per_gpu,
+                          "excluded": fit.excluded}, indent=1))
+        return 0
+    print(f"wrote {out} (loss {fit.loss:.5g}; use: diffperf validate --efficiency {out})")
+    print(format_table(ins, fit.cv.get(args.cv) if args.cv != "none" else None, args.cv))
+    if fit.excluded:
+        print(f"rows left out (structurally infeasible or invalid): "
+              f"{', '.join(e['id'] for e in fit.excluded)}")
+    return 0
+
+
+def format_table(ins: dict, cv: dict | None, cv_kind: str = "cv") -> str:
+    """Plain-text MAPE table per metric / source / GPU (in-sample and, if given, CV)."""
+    lines = []
+    for key in ("metric", "source", "gpu", "imec"):
+        lines.append(f"{'by ' + key:<32} {'n':>4} {'in-sample':>10}" + (
+            f" {cv_kind + ' CV':>12}" if cv else ""))
+        for name, s in ins[key].items():
+            row = f"  {name:<30} {s['n']:>4} {s['mape']:>9.1f}%"
+            if cv and name in cv.get(key, {}):
+                row += f" {cv[key][name]['mape']:>11.1f}%"
+            lines.append(row)
+    return "\n".join(lines)

@@ -1,0 +1,240 @@
+"""Calibration: synthetic recovery, loss gradient vs finite differences, determinism, CV folds,
+malformed-CSV errors, prediction intervals, the CLI.
+
+Everything that needs float64 runs in ONE subprocess (the library default stays float32 in the
+test process) that compiles the loss once and reports JSON; the tests assert on that report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_CSV = ROOT / "benchmarks_data" / "train_calibration.csv"
+INFER_CSV = ROOT / "benchmarks_data" / "infer_calibration.csv"
+
+#: The factors the synthetic data is generated from (perturbed from the physical defaults).
+TRUE = {"matmul_peak": 0.72, "attention": 0.45, "tp_overlap": 0.55, "kernel_overhead": 4e-6}
+START = {"matmul_peak": 0.85, "attention": 0.60, "tp_overlap": 0.2, "kernel_overhead": 2e-6}
+
+SCRIPT = textwrap.dedent(r'''
+    import json, sys
+    import numpy as np
+    import pandas as pd
+    from pathlib import Path
+    from diffperf import calibrate as C
+    from diffperf.calibrate_cv import folds, twin_key
+    from diffperf.data import BenchmarkError
+    from diffperf.efficiency import Efficiency
+    tmp, train_csv, true, start = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    out = {}
+
+    # Malformed CSV: the error names the file, the row and the column (before x64 is enabled).
+    df = pd.read_csv(train_csv, dtype=str, keep_default_na=False)
+    bad = df.head(5).copy(); bad.loc[2, "hidden"] = "wide"
+    bad_path = tmp / "bad.csv"; bad.to_csv(bad_path, index=False)
+    try:
+        C.calibrate(bad_path)
+        out["malformed"] = None
+    except BenchmarkError as e:
+        out["malformed"] = str(e)
+    import jax
+    out["x64_after_error"] = bool(jax.config.jax_enable_x64)
+
+    # Synthetic data: the model itself with the TRUE factors (float64) on 16 real train plans.
+    C.enable_x64()
+    from diffperf.validate import predict_train_rows
+    from diffperf.data import read_benchmarks
+    sel = df[df["id"].str.startswith(("imec-korthi", "narayanan21-t1", "nemo24.07"))].copy()
+    sel = sel[~sel["id"].str.endswith("-paper")].head(16).reset_index(drop=True)
+    src = tmp / "plans.csv"; sel.to_csv(src, index=False)
+    eff_true = Efficiency(**true)
+    preds, failed = predict_train_rows(read_benchmarks(src), eff_true)
+    step = {r.id: p["step_time_s"] for r, p, _ in preds}
+    for c in ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb"):
+        sel[c] = ""
+    sel["step_time_s"] = [repr(step[i]) for i in sel["id"]]
+    syn = tmp / "synthetic.csv"; sel.to_csv(syn, index=False)
+    fields = sorted(true)
+    fit = C.calibrate(syn, fields=fields, grouping={}, start=start, prior_weight=1e-12,
+                      group_prior_weight=1e-12, adam_steps=30, lbfgs_steps=200)
+    out["recovered"] = {f: fit.shared[f] for f in fields}
+    out["synthetic_loss"] = fit.loss
+    out["fit_seconds"] = fit.metadata["fit_seconds"]
+
+    # Refit with the same compiled problem and from scratch data: identical.
+    fit2 = C.calibrate(problem=fit.problem, fields=fields, start=start, adam_steps=30,
+                       lbfgs_steps=200)
+    out["refit_identical"] = bool(np.array_equal(fit.theta, fit2.theta)) and fit.loss == fit2.loss
+
+    # Gradient of the loss vs central finite differences (float64), at a non-optimal point.
+    pb = fit.problem
+    w_t, w_i = pb.base_weights()
+    theta = pb.par.theta_from(start)
+    (v, _), g = pb.vg(theta[None], w_t[None], w_i[None])
+    g = np.asarray(g[0])
+    fd = []
+    for j in range(theta.size):
+        h = 1e-6 * max(1.0, abs(theta[j]))
+        tp, tm = theta.copy(), theta.copy(); tp[j] += h; tm[j] -= h
+        (vp, _), _ = pb.vg(tp[None], w_t[None], w_i[None])
+        (vm, _), _ = pb.vg(tm[None], w_t[None], w_i[None])
+        fd.append((float(vp[0]) - float(vm[0])) / (2 * h))
+    out["grad"] = g.tolist(); out["grad_fd"] = fd
+
+    # Prediction interval from this fit (Laplace covariance + model error).
+    from diffperf.calibrate_uncertainty import prediction_interval
+    from diffperf.data import train_specs
+    m, s, p = train_specs(read_benchmarks(syn)[0])
+    from diffperf.training import train_step
+    pi = prediction_interval(lambda e: train_step(m, s, p, e).step_time, fit, 0.9)
+    out["interval"] = [pi.low, pi.value, pi.high, pi.format("s")]
+
+    # CV folds on the full shipped data never split a row from its -paper twin.
+    ds = C.build_dataset([train_csv, sys.argv[5]])
+    twins_ok, n_folds = True, {}
+    for kind in ("kfold", "source", "loo"):
+        fl = folds(ds, kind)
+        n_folds[kind] = len(fl)
+        ids = [r.id for r in ds.train_rows]
+        where = {}
+        for name, tt, _ in fl:
+            for i, flag in zip(ids, tt):
+                if flag:
+                    where.setdefault(twin_key(i), set()).add(name)
+        twins_ok &= all(len(v) == 1 for v in where.values())
+        twins_ok &= all(twin_key(i) in where for i in ids if i.endswith("-paper")) or kind == "loo"
+    out["twins_ok"] = twins_ok; out["n_folds"] = n_folds
+
+    # The CLI on the synthetic file, with k-fold CV.
+    from diffperf._cli_calibrate import add_calibrate_parser, run_calibrate
+    import argparse
+    ap = argparse.ArgumentParser(); sub = ap.add_subparsers()
+    add_calibrate_parser(sub)
+    fitted = tmp / "fitted.json"
+    args = ap.parse_args(["calibrate", "--data", str(syn), "--out", str(fitted), "--cv", "kfold",
+                          "--folds", "2", "--groups", "none", "--quiet",
+                          "--fields", ",".join(fields), "--steps", "10",
+                          "--prior-weight", "1e-12"])
+    run_calibrate(args)
+    out["cli_json"] = json.loads(fitted.read_text())
+    print("@@" + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("calib")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp), str(TRAIN_CSV), json.dumps(TRUE),
+         json.dumps(START), str(INFER_CSV)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")][-1]
+    out = json.loads(line[2:])
+    out["tmp"] = str(tmp)
+    return out
+
+
+def test_malformed_csv_names_file_row_column(report):
+    msg = report["malformed"]
+    assert msg is not None
+    assert "bad.csv" in msg and "row 3" in msg and "'hidden'" in msg
+    assert report["x64_after_error"] is False  # failed before switching to float64
+
+
+def test_synthetic_recovery_within_one_percent(report):
+    for f, v in TRUE.items():
+        got = report["recovered"][f]
+        assert abs(got - v) / v < 0.01, (f, got, v)
+    assert report["synthetic_loss"] < 1e-8
+
+
+def test_refit_is_identical(report):
+    assert report["refit_identical"]
+
+
+def test_loss_gradient_matches_finite_differences(report):
+    import numpy as np
+    g, fd = np.array(report["grad"]), np.array(report["grad_fd"])
+    assert np.all(np.isfinite(g))
+    assert np.allclose(g, fd, rtol=1e-4, atol=1e-8 * max(1.0, np.abs(g).max())), (g, fd)
+
+
+def test_prediction_interval_brackets_the_prediction(report):
+    low, value, high, text = report["interval"]
+    assert 0 < low < value < high
+    assert "90% interval" in text and text.endswith(" s)")
+
+
+def test_cv_keeps_paper_twins_together(report):
+    assert report["twins_ok"]
+    assert report["n_folds"]["kfold"] == 5
+    assert report["n_folds"]["loo"] == 11 + 22
+    assert report["n_folds"]["source"] >= 12
+
+
+def test_cli_writes_loadable_fit(report):
+    data = report["cli_json"]
+    assert set(data) >= {"factors", "per_gpu", "metadata", "uncertainty", "crossval"}
+    meta = data["metadata"]
+    assert len(meta["data_sha256"]) == 64 and "kfold" in meta["cv_mape"]
+    from diffperf.presets import efficiency_from_json
+    eff = efficiency_from_json(Path(report["tmp"]) / "fitted.json")
+    assert abs(float(eff.matmul_peak) - TRUE["matmul_peak"]) / TRUE["matmul_peak"] < 0.01
+
+
+def test_per_gpu_file_loads_and_validate_uses_row_gpu(tmp_path):
+    from diffperf.presets import GpuEfficiency, efficiency_from_json
+    from diffperf.validate import validate
+    f = tmp_path / "fit.json"
+    f.write_text(json.dumps({"factors": {"matmul_peak": 0.8},
+                             "per_gpu": {"h100-sxm5-80gb": {"matmul_peak": 0.4}}}))
+    eff = efficiency_from_json(f)
+    assert isinstance(eff, GpuEfficiency)
+    assert float(eff.matmul_peak) == pytest.approx(0.8)
+    assert float(eff.for_gpu("h100-sxm5-80gb").matmul_peak) == pytest.approx(0.4)
+    assert float(eff.for_gpu("a100-sxm4-80gb").matmul_peak) == pytest.approx(0.8)
+    # A much slower H100 only changes the H100 rows.
+    from diffperf.efficiency import Efficiency
+    base = validate(str(TRAIN_CSV), Efficiency(matmul_peak=0.8))
+    per = validate(str(TRAIN_CSV), eff)
+    b = {(r["id"], r["metric"]): r["predicted"] for r in base["rows"]}
+    gpu = {}
+    import pandas as pd
+    df = pd.read_csv(TRAIN_CSV)
+    gpu = dict(zip(df["id"], df["gpu"]))
+    for r in per["rows"]:
+        same = r["predicted"] == pytest.approx(b[(r["id"], r["metric"])], rel=1e-6)
+        assert same != (gpu[r["id"]] == "h100-sxm5-80gb"), r["id"]
+
+
+def test_bad_per_gpu_file_is_a_clear_error(tmp_path):
+    from diffperf.presets import efficiency_from_json
+    f = tmp_path / "fit.json"
+    f.write_text(json.dumps({"factors": {}, "per_gpu": {"tpu-v9": {"hbm": 0.5}}}))
+    with pytest.raises(ValueError, match="unknown gpu 'tpu-v9'"):
+        efficiency_from_json(f)
+    f.write_text(json.dumps({"factors": {}, "per_gpu": {"b200": {"hbm": 1.5}}}))
+    with pytest.raises(ValueError, match="hbm"):
+        efficiency_from_json(f)
+
+
+def test_default_efficiency_per_gpu():
+    import diffperf as dp
+    from diffperf.presets import default_efficiency
+    shared = default_efficiency()
+    assert isinstance(shared, dp.Efficiency)
+    for g in dp.gpu_names():
+        e = default_efficiency(g)
+        assert type(e) is dp.Efficiency
+        for f in ("matmul_peak", "hbm", "tp_overlap"):
+            assert 0 < float(getattr(e, f)) <= 1
