@@ -1,0 +1,348 @@
+"""`diffperf sensitivity | attribution | technology | codesign`: the system architect's questions
+(where does the speed-up come from, how does technology scaling move the bottleneck, where does
+the next mm^2 / W / $ buy the most, what is the best design under budgets)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+#: GPU presets that have a technology reference design.
+_REFERENCE_OF = {"a100-sxm4-80gb": "a100", "a100-sxm4-40gb": "a100", "dgx-a100": "a100",
+                 "a100": "a100", "h100-sxm5-80gb": "h100", "dgx-h100": "h100", "h100": "h100",
+                 "b200": "b200", "dgx-b200": "b200"}
+
+
+def _err(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def add_design_parsers(subparsers) -> None:
+    """Register the `sensitivity`, `attribution`, `technology` and `codesign` sub-commands."""
+    p = subparsers.add_parser(
+        "sensitivity", help="elasticities d log(time) / d log(parameter), ranked",
+        description="Elasticities of training step time or inference latency w.r.t. every "
+                    "hardware (Accelerator + Network) parameter and, with --technology, every "
+                    "technology / design / architecture parameter of the GPU's reference design, "
+                    "by one jax.grad.")
+    p.add_argument("--workload", choices=("train", "infer"), default="train")
+    p.add_argument("--model", default=None, help="model preset (default gpt3-175b / llama2-70b)")
+    p.add_argument("--gpu", default="a100-sxm4-80gb", help="GPU or system preset")
+    p.add_argument("--gpus", type=int, default=1024, help="training GPUs (default 1024)")
+    p.add_argument("--global-batch", type=int, default=1536, help="training global batch")
+    p.add_argument("--tp", type=int, default=8, help="inference tensor parallel (default 8)")
+    p.add_argument("--batch", type=int, default=1, help="inference batch (default 1)")
+    p.add_argument("--technology", action="store_true",
+                   help="also technology elasticities (a100 / h100 / b200 reference designs)")
+    p.add_argument("--top", type=int, default=0, help="show only the top N rows")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_sensitivity)
+
+    p = subparsers.add_parser(
+        "attribution", help="Shapley attribution of the A100 -> H100 -> B200 -> GB200 speed-up",
+        description="Decompose the training speed-up base -> target over precision, tensor "
+                    "FLOP/s, HBM bandwidth and capacity, NVLink bandwidth and domain, scale-out "
+                    "bandwidth and best plan (exact Shapley values over all 2^8 coalitions, vmapped).")
+    p.add_argument("--model", default="gpt3-175b")
+    p.add_argument("--base", default="dgx-a100", help="base system preset (default dgx-a100)")
+    p.add_argument("--targets", nargs="+", default=["dgx-h100", "dgx-b200", "gb200-nvl72"])
+    p.add_argument("--gpus", type=int, default=1024)
+    p.add_argument("--global-batch", type=int, default=1536)
+    p.add_argument("--precision", default="fp8", help="target plan precision (fp8 / fp4 / bf16)")
+    p.add_argument("--plot", default=None, help="save a bar chart (PNG)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_attribution)
+
+    p = subparsers.add_parser(
+        "technology", help="technology generator check and node exploration (12 nm -> 1 nm)",
+        description="Print the generated A100 / H100 / B200 against their datasheets, then "
+                    "training step time (GPT-3 175B) and inference latency (Llama-2 70B) across "
+                    "logic nodes with logic-only, memory-only, network-only and full scaling, "
+                    "with compute / memory / network / latency shares.")
+    p.add_argument("--nodes", type=float, nargs="+", default=None, help="nodes, nm")
+    p.add_argument("--arch", default="hopper", help="architecture held fixed (default hopper)")
+    p.add_argument("--references-only", action="store_true")
+    p.add_argument("--csv", default=None, help="write the node table to this CSV")
+    p.add_argument("--plot", default=None, help="save the node exploration plot (PNG)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_technology)
+
+    p = subparsers.add_parser(
+        "codesign", help="optimise die area split, HBM stacks and NVLink lanes under budgets",
+        description="Gradient-based (optax, projected Adam + penalties) co-design of a GPU at a "
+                    "technology point under area / power / perimeter / cost budgets for a "
+                    "training or inference workload (plan fixed). --compare-grid also runs a "
+                    "dense grid search over the same space.")
+    p.add_argument("--workload", choices=("train", "infer"), default="train")
+    p.add_argument("--node", type=float, default=3.0, help="logic node, nm (default 3)")
+    p.add_argument("--memory-gen", type=float, default=3.0,
+                   help="HBM generation index 0 HBM2 .. 5 HBM4e (default 3 = HBM3e)")
+    p.add_argument("--network-gen", type=float, default=3.0,
+                   help="network generation index 0 NVLink2 .. 5 NVLink7 (default 3 = NVLink5)")
+    p.add_argument("--arch", default="blackwell")
+    p.add_argument("--area", type=float, default=814.0, help="die area budget, mm^2")
+    p.add_argument("--power", type=float, default=700.0, help="power budget, W")
+    p.add_argument("--perimeter", type=float, default=114.0, help="IO perimeter budget, mm")
+    p.add_argument("--cost", type=float, default=4000.0, help="cost budget, USD")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--starts", type=int, default=4)
+    p.add_argument("--compare-grid", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_codesign)
+
+
+# ----------------------------------------------------------------------------- sensitivity
+
+
+def run_sensitivity(args) -> int:
+    from . import sensitivity as S
+    from .presets import model, system
+    try:
+        sys_ = system(args.gpu)
+        if args.workload == "train":
+            mdl = model(args.model or "gpt3-175b")
+            if args.gpus < 1 or args.global_batch < 1:
+                return _err("--gpus and --global-batch must be >= 1")
+            plan = S.best_training_plan(mdl, sys_, args.gpus, args.global_batch)
+        else:
+            from .inference_plan import InferencePlan
+            mdl = model(args.model or "llama2-70b")
+            plan = InferencePlan(tp=args.tp, batch=args.batch, input_len=128, output_len=128)
+        fn = S.workload_time(args.workload, mdl, plan)
+        value, el = S.hardware_elasticities(fn, sys_)
+        tech = None
+        if args.technology:
+            ref = _REFERENCE_OF.get(args.gpu.lower())
+            if ref is None:
+                return _err(f"--technology needs a GPU with a reference design: "
+                            f"{', '.join(sorted(_REFERENCE_OF))}")
+            tv, tech = S.technology_elasticities(fn, ref, float(sys_.network.nvlink_domain))
+    except ValueError as e:
+        return _err(str(e))
+    out = {"workload": args.workload, "time_s": value, "bottlenecks": S.bottlenecks(el),
+           "hardware": dict(S.ranked(el, args.top or None))}
+    if tech is not None:
+        out["technology_time_s"] = tv
+        out["technology"] = dict(S.ranked(tech, args.top or None))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    what = "step time" if args.workload == "train" else "e2e latency"
+    print(f"{args.workload}: {what} {value:.4g} s on {args.gpu}; elasticity = d log(time) / "
+          f"d log(parameter) (-0.5: +1 % parameter -> -0.5 % time)")
+    print("bottleneck shares: " + ", ".join(f"{k} {v:.1%}" for k, v in out["bottlenecks"].items()))
+    for title, table in (("hardware", out["hardware"]), ("technology", out.get("technology"))):
+        if table is None:
+            continue
+        print(f"\n{title} parameter{'':<28} elasticity")
+        for k, v in table.items():
+            print(f"  {k:<40} {v:+.4f}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- attribution
+
+
+def _attribution_rows(args):
+    from . import attribution as A
+    from .presets import model, system
+    mdl = model(args.model)
+    base = system(args.base)
+    results = {}
+    for tgt in args.targets:
+        results[tgt] = A.attribute(mdl, base, system(tgt), args.gpus, args.global_batch,
+                                   target_precision=args.precision)
+    return results
+
+
+def run_attribution(args) -> int:
+    from . import attribution as A
+    if args.gpus < 1 or args.global_batch < 1:
+        return _err("--gpus and --global-batch must be >= 1")
+    try:
+        results = _attribution_rows(args)
+    except ValueError as e:
+        return _err(str(e))
+    out = {t: {k: v for k, v in r.items() if k != "raw"} for t, r in results.items()}
+    if args.plot:
+        _plot_attribution(results, args)
+    if args.json:
+        print(json.dumps({"base": args.base, "model": args.model, "gpus": args.gpus,
+                          "global_batch": args.global_batch, "precision": args.precision,
+                          "targets": out,
+                          "claims": [{"source": s, "what": w, "ratio": r}
+                                     for s, w, r in A.CLAIMS]}, indent=2))
+        return 0
+    print(f"{args.model} training on {args.gpus} GPUs, global batch {args.global_batch}: "
+          f"{args.base} (bf16) -> target ({args.precision}); best of "
+          f"{next(iter(out.values()))['candidates_per_coalition']} candidate plans per "
+          f"coalition, 256 coalitions")
+    head = f"{'factor':<20}" + "".join(f"{t:>22}" for t in out)
+    print(head)
+    print(f"{'':<20}" + "".join(f"{'shapley x (alone x)':>22}" for _ in out))
+    for f in A.FACTORS:
+        cells = "".join(f"{r['factors'][f]['speedup']:>12.2f}x ({r['factors'][f]['alone']:5.2f}x)"
+                        for r in out.values())
+        print(f"{f:<20}{cells}")
+    print(f"{'total speed-up':<20}" + "".join(f"{r['speedup']:>21.2f}x" for r in out.values()))
+    print(f"{'step time base/tgt':<20}" + "".join(
+        f"{r['base_step_time']:>10.2f}s/{r['target_step_time']:.2f}s".rjust(22)
+        for r in out.values()))
+    print("\nShapley factors multiply to the total (log-speed-ups add up). Published claims:")
+    for s, w, r in A.CLAIMS:
+        print(f"  {r:>5.1f}x  {w}  [{s}]")
+    return 0
+
+
+def _plot_attribution(results, args) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .attribution import FACTORS
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    targets = list(results)
+    left = np.zeros(len(targets))
+    cmap = plt.get_cmap("tab10")
+    for i, f in enumerate(FACTORS):
+        w = np.array([results[t]["factors"][f]["shapley_log"] for t in targets]) / np.log(10)
+        ax.barh(targets, w, left=left, color=cmap(i), label=f)
+        left += w
+    for j, t in enumerate(targets):
+        ax.text(left[j] + 0.01, j, f"{results[t]['speedup']:.1f}x", va="center")
+    ax.set_xlabel("log10 speed-up over " + args.base + " (Shapley shares)")
+    ax.set_title(f"{args.model} training, {args.gpus} GPUs: where the speed-up comes from "
+                 f"({args.precision} on targets)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- technology
+
+
+def run_technology(args) -> int:
+    from . import technology as T
+    try:
+        refs = T.reference_table()
+        df = None
+        if not args.references_only:
+            if args.nodes is not None and any(n <= 0 for n in args.nodes):
+                return _err("--nodes must be positive (nm)")
+            T._arch_row(args.arch)
+            df = T.node_study(nodes=args.nodes, arch=args.arch)
+    except ValueError as e:
+        return _err(str(e))
+    if args.csv and df is not None:
+        df.to_csv(args.csv, index=False)
+    if args.plot and df is not None:
+        _plot_nodes(df, args.plot)
+    if args.json:
+        print(json.dumps({"references": refs,
+                          "nodes": None if df is None else df.to_dict(orient="records")},
+                         indent=2))
+        return 0
+    print("generated vs datasheet (ratios):")
+    for r in refs:
+        print(f"  {r['gpu']:<5} bf16 {r['flops_bf16'] / 1e12:7.1f} TFLOP/s ({r['flops_bf16_ratio']:.3f})"
+              f"  HBM {r['hbm_bandwidth'] / 1e12:5.2f} TB/s ({r['hbm_bandwidth_ratio']:.3f})"
+              f"  {r['hbm_capacity'] / 1e9:4.0f} GB ({r['hbm_capacity_ratio']:.3f})"
+              f"  NVLink {r['nvlink_bandwidth'] / 1e9:4.0f} GB/s ({r['nvlink_bandwidth_ratio']:.3f})"
+              f"  clock x{r['freq_scale']:.2f}, {r['power_w']:.0f} W, ${r['cost_usd']:,.0f}")
+    if df is None:
+        return 0
+    cols = ["scaling", "node_nm", "flops_bf16_tflops", "hbm_tb_s", "nvlink_gb_s", "train_step_s",
+            "train_compute", "train_memory", "train_network", "train_latency", "infer_tpot_ms",
+            "infer_compute", "infer_memory", "infer_network", "infer_latency", "train_plan"]
+    import pandas as pd
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print("\nnode exploration (shares = minus elasticities w.r.t. each resource's rates):")
+        print(df[cols].round(3).to_string(index=False))
+    return 0
+
+
+def _plot_nodes(df, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    for mode, g in df.groupby("scaling", sort=False):
+        axes[0, 0].plot(g["node_nm"], g["train_step_s"], "o-", label=mode)
+        axes[0, 1].plot(g["node_nm"], g["infer_tpot_ms"], "o-", label=mode)
+    for ax, title in ((axes[0, 0], "GPT-3 175B step time, 1,024 GPUs (s)"),
+                      (axes[0, 1], "Llama-2 70B decode TPOT, tp 8, batch 1 (ms)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.invert_xaxis()
+        ax.set_xlabel("logic node (nm)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    full = df[df["scaling"] == "full"]
+    x = np.arange(len(full))
+    for ax, pre, title in ((axes[1, 0], "train", "training bottleneck shares (full scaling)"),
+                           (axes[1, 1], "infer", "inference bottleneck shares (full scaling)")):
+        bottom = np.zeros(len(full))
+        for part in ("compute", "memory", "network", "latency"):
+            v = np.clip(full[f"{pre}_{part}"].to_numpy(), 0, None)
+            ax.bar(x, v, bottom=bottom, label=part)
+            bottom += v
+        ax.set_xticks(x, [f"{n:g}" for n in full["node_nm"]])
+        ax.set_xlabel("logic node (nm), memory / network generation of its year")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- codesign
+
+
+def run_codesign(args) -> int:
+    from . import codesign as C
+    try:
+        if args.steps < 1 or args.starts < 1:
+            return _err("--steps and --starts must be >= 1")
+        budgets = C.Budgets(area_mm2=args.area, power_w=args.power, perimeter_mm=args.perimeter,
+                            cost_usd=args.cost)
+        prob = C.default_problem(args.workload, args.node, args.memory_gen, args.network_gen,
+                                 args.arch, budgets)
+        grad = C.optimise(prob, steps=args.steps, starts=args.starts)
+        grid = C.grid_search(prob) if args.compare_grid else None
+    except ValueError as e:
+        return _err(str(e))
+    if not grad["feasible"]:
+        return _err("no design satisfies the budgets (try larger budgets)")
+    design = C.check_design(prob, grad["x"])
+    out = {"workload": args.workload,
+           "gradient": {"evaluations": grad["evaluations"], "objective": grad["objective"],
+                        "seconds": grad["seconds"], "design": design}}
+    if grid is not None:
+        out["grid"] = {"evaluations": grid["evaluations"], "objective": grid["objective"],
+                       "seconds": grid["seconds"],
+                       "design": C.check_design(prob, grid["x"]) if grid["feasible"] else None}
+        out["gap"] = grad["objective"] / grid["objective"] - 1.0
+        out["evaluation_ratio"] = grid["evaluations"] / grad["evaluations"]
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    d = design
+    print(f"co-design ({args.workload}, node {args.node:g} nm, {args.arch}); budgets: "
+          f"{args.area:g} mm^2, {args.power:g} W, {args.perimeter:g} mm, ${args.cost:,.0f}")
+    print(f"  gradient: time {grad['objective']:.4g} s after {grad['evaluations']} evaluations "
+          f"({grad['seconds']:.1f} s)")
+    print(f"  design: die {d['area_mm2']:.0f} mm^2 (compute {d['compute_mm2']:.0f}, SRAM "
+          f"{d['sram_mm2']:.0f}), {d['hbm_stacks']:.2f} HBM stacks, {d['nvlink_lanes']:.1f} "
+          f"NVLink lanes; {d['flops_bf16'] / 1e12:.0f} TFLOP/s (clock x{d['freq_scale']:.2f}), "
+          f"{d['hbm_bandwidth'] / 1e12:.2f} TB/s, {d['hbm_capacity'] / 1e9:.0f} GB; "
+          f"{d['power_w']:.0f} W, {d['shoreline_mm']:.0f} mm shoreline, ${d['cost_usd']:,.0f}")
+    if grid is not None:
+        print(f"  grid:     time {grid['objective']:.4g} s after {grid['evaluations']} evaluations "
+              f"({grid['seconds']:.1f} s); gradient/grid - 1 = {out['gap']:+.2%}, "
+              f"{out['evaluation_ratio']:.0f}x fewer evaluations")
+    return 0

@@ -1,0 +1,54 @@
+"""Shapley attribution of the A100 -> B200 speed-up: efficiency axiom and consistency."""
+
+import math
+
+import numpy as np
+import pytest
+
+from diffperf import attribution as A
+from diffperf.grid import Grid
+from diffperf.presets import model, system
+
+
+def test_shapley_of_an_additive_game_is_each_players_value():
+    F = 4
+    masks = np.array([[(i >> k) & 1 for k in range(F)] for i in range(2 ** F)], bool)
+    w = np.array([0.5, -0.2, 1.0, 0.0])
+    phi = A.shapley(masks, masks @ w)
+    assert np.allclose(phi, w)
+
+
+def test_shapley_splits_a_pure_interaction_equally():
+    masks = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], bool)
+    phi = A.shapley(masks, np.array([0.0, 0.0, 0.0, 1.0]))
+    assert np.allclose(phi, [0.5, 0.5])
+
+
+@pytest.fixture(scope="module")
+def a100_to_b200():
+    m = model("gpt3-175b")
+    grid = Grid({"tp": [4, 8], "pp": [8, 16], "vp": [1, 3], "micro_batch": [1],
+                 "recompute": [0, 1]})
+    return A.attribute(m, system("dgx-a100"), system("dgx-b200"), 1024, 1536,
+                       target_precision="fp8", grid=grid)
+
+
+def test_attribution_sums_to_total_log_speedup(a100_to_b200):
+    r = a100_to_b200
+    total = sum(f["shapley_log"] for f in r["factors"].values())
+    assert math.isclose(total, r["log_speedup"], rel_tol=1e-6, abs_tol=1e-9)
+    assert math.isclose(math.exp(r["log_speedup"]), r["speedup"], rel_tol=1e-6)
+    prod = np.prod([f["speedup"] for f in r["factors"].values()])
+    assert math.isclose(prod, r["speedup"], rel_tol=1e-5)
+
+
+def test_attribution_is_dominated_by_compute_and_precision(a100_to_b200):
+    f = a100_to_b200["factors"]
+    assert r_speed(a100_to_b200) > 3.0
+    assert f["tensor_flops"]["speedup"] > 2.0 and f["precision"]["speedup"] > 1.2
+    # the NVLink domain is 8 on both systems: a null player gets exactly zero
+    assert f["nvlink_domain"]["shapley_log"] == pytest.approx(0.0, abs=1e-9)
+
+
+def r_speed(r):
+    return r["speedup"]

@@ -1,0 +1,43 @@
+"""Co-design: never violates a budget; gradient within 1 % of a dense grid on a small case."""
+
+import numpy as np
+import pytest
+
+from diffperf import codesign as C
+
+
+def _assert_within(prob, x, budgets):
+    d = C.check_design(prob, x)
+    assert d["feasible"] and d["within_box"]
+    assert d["area_mm2"] <= budgets.area_mm2 + 1e-6
+    assert d["power_w"] <= budgets.power_w * (1 + 1e-6)
+    assert d["shoreline_mm"] <= budgets.perimeter_mm * (1 + 1e-6)
+    assert d["cost_usd"] <= budgets.cost_usd * (1 + 1e-6)
+    assert d["hbm_capacity"] > 0 and np.isfinite(d["time_s"])
+
+
+@pytest.mark.parametrize("budgets", [
+    C.Budgets(area_mm2=400.0, power_w=350.0, perimeter_mm=60.0, cost_usd=2500.0),
+], ids=["tight"])
+def test_codesign_never_violates_a_budget(budgets):
+    prob = C.default_problem("infer", node_nm=3.0, memory_index=3.0, network_index=3.0,
+                             budgets=budgets)
+    res = C.optimise(prob, steps=30, starts=2)
+    assert res["feasible"]
+    _assert_within(prob, res["x"], budgets)
+
+
+def test_gradient_within_one_percent_of_grid_with_100x_fewer_evaluations():
+    prob = C.default_problem("train", node_nm=3.0, memory_index=3.0, network_index=3.0)
+    grad = C.optimise(prob, steps=60, starts=3, lr=0.06)
+    grid = C.grid_search(prob, points_per_axis=(16, 6, 16, 12))
+    assert grid["evaluations"] >= 100 * grad["evaluations"]
+    assert grad["objective"] <= grid["objective"] * 1.01, (grad["objective"], grid["objective"])
+    _assert_within(prob, grad["x"], prob.budgets)  # default H100-class budgets
+
+
+def test_bad_budgets_raise():
+    with pytest.raises(ValueError, match="power_w"):
+        C.Budgets(area_mm2=800.0, power_w=-1.0, perimeter_mm=100.0, cost_usd=1000.0)
+    with pytest.raises(ValueError, match="workload"):
+        C.default_problem("serve")
