@@ -38,6 +38,8 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
     p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
     p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
+    p.add_argument("--interval", action="store_true",
+                   help="also print the 90%% prediction interval of the end-to-end latency")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", default=None, help="save a roofline plot to this file (matplotlib)")
     p.set_defaults(func=run_infer)
@@ -54,6 +56,8 @@ def _specs(args):
                          activation_precision=act, kv_precision=args.kv_precision or args.precision,
                          flash_attention=0 if args.no_flash else 1)
     eff = efficiency_from_json(args.efficiency) if args.efficiency else default_efficiency()
+    if hasattr(eff, "for_gpu"):
+        eff = eff.for_gpu(args.gpu)  # the GPU's calibrated factors, when the file has them
     return mdl, sys_, plan, eff
 
 
@@ -82,6 +86,10 @@ def _print(args, s: dict, table, capacity: float) -> None:
     print(f"  TTFT            {s['ttft_s'] * 1e3:10.2f} ms")
     print(f"  TPOT            {s['tpot_s'] * 1e3:10.2f} ms")
     print(f"  e2e latency     {s['e2e_latency_s']:10.3f} s")
+    if "e2e_latency_interval_s" in s:
+        iv = s["e2e_latency_interval_s"]
+        print(f"    90 % interval {iv['text']}" if "text" in iv else
+              f"    (no interval: {iv['error']})")
     print(f"  throughput      {s['throughput_tok_s']:10.1f} output tok/s "
           f"({s['output_tok_s_per_gpu']:.1f} per GPU)")
     print(f"  memory per GPU  {m['total']:10.1f} GB of {capacity / 1e9:.0f} GB (weights "
@@ -116,6 +124,15 @@ def run_infer(args) -> int:
         return 2
     capacity = float(sys_.accelerator.hbm_capacity)
     summary = _summary(rep)
+    if args.interval:
+        from .calibrate_uncertainty import prediction_interval
+        try:
+            iv = prediction_interval(lambda e: infer(mdl, sys_, plan, e).e2e_latency,
+                                     args.efficiency, 0.9, args.gpu, "infer")
+            summary["e2e_latency_interval_s"] = {"level": iv.level, "low": iv.low,
+                                                 "high": iv.high, "text": iv.format("s", 3)}
+        except ValueError as e:
+            summary["e2e_latency_interval_s"] = {"error": str(e)}
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
     if args.json:

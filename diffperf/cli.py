@@ -22,8 +22,10 @@ class CliError(Exception):
     """A user error: printed as `error: ...` with exit code 2, never a traceback."""
 
 
-def _load_efficiency(path):
-    return presets.default_efficiency() if path is None else presets.efficiency_from_json(path)
+def _load_efficiency(path, gpu=None):
+    """The shipped (or a fitted file's) efficiency, with `gpu`'s per-GPU factors if it has them."""
+    eff = presets.default_efficiency() if path is None else presets.efficiency_from_json(path)
+    return eff.for_gpu(gpu) if gpu and hasattr(eff, "for_gpu") else eff
 
 
 def _load_model(name_or_path: str, seq_len=None):
@@ -70,6 +72,9 @@ def _add_train(sub):
     p.add_argument("--overlap-tp", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--overlap-dp", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    p.add_argument("--interval", action="store_true",
+                   help="also print the 90%% prediction interval of the step time (calibration "
+                        "uncertainty + model error; a few seconds more)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_train)
 
@@ -97,7 +102,7 @@ def _train_inputs(args):
                         zero=args.zero, precision=args.precision,
                         flash_attention=int(args.flash_attention),
                         overlap_tp=int(args.overlap_tp), overlap_dp=int(args.overlap_dp))
-    return model, system, plan, _load_efficiency(args.efficiency)
+    return model, system, plan, _load_efficiency(args.efficiency, args.gpu)
 
 
 def training_summary(report, system) -> dict:
@@ -142,6 +147,10 @@ def _print_training(args, s: dict, plan) -> None:
           f"cp={args.cp} vp={args.vp} mb={args.micro_batch} gb={args.global_batch} "
           f"recompute={rc} zero={args.zero} {args.precision})")
     print(f"  step time            {s['step_time_s']:10.3f} s")
+    if "step_time_interval_s" in s:
+        iv = s["step_time_interval_s"]
+        print(f"    90 % interval      {iv['text']}" if "text" in iv else
+              f"    (no interval: {iv['error']})")
     for k, v in s["breakdown_s"].items():
         share = v / s["step_time_s"] * 100 if s["step_time_s"] > 0 else 0.0
         print(f"    {k:18s} {v:10.3f} s  {share:5.1f} %")
@@ -161,6 +170,15 @@ def run_train(args) -> int:
     model, system, plan, eff = _train_inputs(args)
     report = jax.jit(train_step)(model, system, plan, eff)
     s = training_summary(report, system)
+    if args.interval:
+        from .calibrate_uncertainty import prediction_interval
+        try:
+            iv = prediction_interval(lambda e: train_step(model, system, plan, e).step_time,
+                                     args.efficiency, 0.9, args.gpu, "train")
+            s["step_time_interval_s"] = {"level": iv.level, "low": iv.low, "high": iv.high,
+                                         "text": iv.format("s", 3)}
+        except ValueError as e:
+            s["step_time_interval_s"] = {"error": str(e)}
     if args.json:
         print(json.dumps(s, indent=2))
     else:

@@ -21,8 +21,11 @@ from .presets import default_efficiency
 from .sweep import pareto_front, run_sweep
 from .training import train_step
 
-#: Extra reason code used by searches: tp * pp * cp does not divide the GPU count.
+#: Extra reason codes used by searches: tp * pp * cp does not divide the GPU count; a setting
+#: has no effect (sequence parallelism or TP overlap at tp = 1, DP overlap or ZeRO without data
+#: parallelism, selective recomputation with flash attention): the simpler twin is kept.
 REASON_GPUS = 12
+REASON_DUPLICATE = 13
 PLAN_AXES = ("tp", "pp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
              "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision")
 
@@ -75,7 +78,19 @@ def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
 
 
 def _gpus_reason(reason, values, gpus):
-    per = values.get("tp", 1.0) * values.get("pp", 1.0) * values.get("cp", 1.0)
+    """Search-only reasons on top of the model's: the GPU count (12) and settings that have no
+    effect, so each distinct plan is counted and ranked once (13)."""
+    tp, pp, cp = (values.get(k, 1.0) for k in ("tp", "pp", "cp"))
+    per = tp * pp * cp
+    dp = gpus / per
+    no_effect = (
+        ((values.get("sequence_parallel", 0.0) > 0) & (tp == 1))
+        | ((values.get("overlap_tp", 0.0) > 0) & (tp == 1) & (cp == 1)
+           & (values.get("ep", 1.0) == 1))
+        | ((values.get("overlap_dp", 0.0) > 0) & (dp * cp == 1))
+        | ((values.get("zero", 0.0) > 0) & (dp * cp == 1))
+        | ((values.get("recompute", 0.0) == 1) & (values.get("flash_attention", 0.0) > 0)))
+    reason = jnp.where((reason == 0) & no_effect, REASON_DUPLICATE, reason)
     return jnp.where(jnp.mod(gpus, per) == 0, reason, REASON_GPUS)
 
 
@@ -113,7 +128,9 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     top = both.iloc[:top_idx.size].drop_duplicates(["step_time_s", "memory_gb"]).head(top_k)
     top = _explain_gaps(top.reset_index(drop=True))
     pareto = both.iloc[top_idx.size:].reset_index(drop=True)
-    reasons_all = dict(REASONS) | {REASON_GPUS: "tp * pp * cp does not divide the GPU count"}
+    reasons_all = dict(REASONS) | {
+        REASON_GPUS: "tp * pp * cp does not divide the GPU count",
+        REASON_DUPLICATE: "a setting has no effect (the simpler equivalent plan is kept)"}
     reasons = {reasons_all.get(i, str(i)): int(c) for i, c in enumerate(res.reasons)
                if c and i != 0}
     return {"evaluated": res.evaluated, "feasible": res.feasible,

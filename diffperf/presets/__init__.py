@@ -69,6 +69,9 @@ def system(name: str, nvlink_domain: int | None = None) -> System:
     key = str(name).lower()
     if key in _table("gpus") and key not in _table("systems"):
         key = _table("gpus")[key]["system"]
+    elif key not in _table("systems"):
+        raise ValueError(f"unknown gpu or system {name!r}; known GPUs: {', '.join(gpu_names())};"
+                         f" systems: {', '.join(system_names())}")
     row = dict(_lookup("systems", key))
     if nvlink_domain is not None:
         row["nvlink_domain"] = nvlink_domain

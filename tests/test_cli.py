@@ -1,0 +1,95 @@
+"""The command line: readable and JSON output, clear one-line errors, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffperf.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_train_json_breakdown_adds_up(capsys):
+    code, out, _ = run(capsys, "train", "--model", "gpt-7.5b", "--gpus", "32", "--tp", "4",
+                       "--pp", "2", "--vp", "1", "--global-batch", "64", "--json")
+    assert code == 0
+    s = json.loads(out)
+    assert s["num_gpus"] == 32 and s["feasible"]
+    assert sum(s["breakdown_s"].values()) == pytest.approx(s["step_time_s"], rel=1e-5)
+    assert 0 < s["mfu"] <= s["hfu"] < 1
+
+
+def test_train_interval_brackets_the_prediction(capsys):
+    code, out, _ = run(capsys, "train", "--model", "gpt-7.5b", "--gpus", "32", "--tp", "4",
+                       "--pp", "2", "--vp", "1", "--global-batch", "64", "--interval", "--json")
+    assert code == 0
+    s = json.loads(out)
+    iv = s["step_time_interval_s"]
+    assert iv["low"] < s["step_time_s"] < iv["high"]
+    assert "90% interval" in iv["text"]
+
+
+def test_train_readable_output(capsys):
+    code, out, _ = run(capsys, "train", "--model", "gpt-7.5b", "--gpus", "16", "--tp", "8",
+                       "--pp", "1", "--vp", "1", "--global-batch", "32")
+    assert code == 0
+    assert "step time" in out and "MFU / HFU" in out and "memory per GPU" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--gpus", "1000", "--tp", "8", "--pp", "8"], "not divisible by tp*pp*cp"),
+    (["train", "--gpu", "tpu-v9"], "unknown gpu or system 'tpu-v9'"),
+    (["train", "--model", "gpt-13b"], "unknown model 'gpt-13b'"),
+    (["train", "--dp", "3", "--gpus", "64", "--tp", "8", "--pp", "8"], "does not equal --gpus"),
+    (["validate", "--data", "no/such/file.csv"], "file not found"),
+    (["infer", "--model", "llama2-70b", "--gpu", "a100-sxm4-80gb", "--tp", "3"], "tp"),
+])
+def test_bad_input_is_one_clear_line(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.startswith("error: ") and needle in err
+    assert "Traceback" not in err
+
+
+def test_infeasible_plan_is_reported_not_raised(capsys):
+    code, out, _ = run(capsys, "train", "--model", "gpt-1t", "--gpus", "8", "--tp", "8",
+                       "--pp", "1", "--vp", "1", "--global-batch", "8", "--recompute", "none",
+                       "--json")
+    assert code == 0
+    s = json.loads(out)
+    assert not s["feasible"] and "does not fit in HBM" in s["reason"]
+
+
+def test_validate_json_on_a_small_file(capsys, tmp_path):
+    import pandas as pd
+    df = pd.read_csv("benchmarks_data/train_calibration.csv")
+    small = tmp_path / "small.csv"
+    df[df["id"].str.startswith("imec-korthi-175b")].to_csv(small, index=False)
+    code, out, _ = run(capsys, "validate", "--data", str(small), "--json")
+    assert code == 0
+    r = json.loads(out)
+    assert r["summary"]["step_time_s"]["n"] == 4 and not r["failed"]
+    assert {"id", "metric", "measured", "predicted", "ape"} <= set(r["rows"][0])
+
+
+def test_search_train_json(capsys):
+    code, out, _ = run(capsys, "search", "train", "--model", "gpt-1.7b", "--gpus", "8",
+                       "--global-batch", "32", "--precision", "bf16", "--top", "3", "--json")
+    assert code == 0
+    r = json.loads(out)
+    assert r["evaluated"] > 10_000 and 0 < r["feasible"] < r["evaluated"] and r["seconds"] > 0
+    times = [p["step_time_s"] for p in r["top"]]
+    assert times == sorted(times) and len(times) == 3
+
+
+def test_presets_lists_everything(capsys):
+    code, out, _ = run(capsys, "presets")
+    assert code == 0
+    for name in ("h100-sxm5-80gb", "gb200-nvl72", "llama3-405b", "mixtral-8x7b"):
+        assert name in out
