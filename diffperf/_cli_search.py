@@ -29,6 +29,10 @@ def add_search_parser(sub) -> None:
                         "fp4 where the GPU has them)")
     t.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
     t.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    t.add_argument("--out", default=None,
+                   help="also write the best plans and the Pareto front to FILE.csv or "
+                        "FILE.parquet (parquet needs pyarrow); the front goes to "
+                        "FILE-pareto.csv/.parquet")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=run_search_train)
 
@@ -70,6 +74,9 @@ def run_search_train(args) -> int:
                              efficiency=_efficiency(args.efficiency), top_k=args.top,
                              progress=not args.json)
     top, pareto = result["top"], result["pareto"]
+    if args.out:
+        write_table(top, args.out)
+        write_table(pareto, _suffixed(args.out, "-pareto"))
     if args.json:
         print(json.dumps({"evaluated": result["evaluated"], "feasible": result["feasible"],
                           "seconds": result["seconds"], "grid": repr(grid),
@@ -94,6 +101,25 @@ def run_search_train(args) -> int:
         print(pareto[["tp", "pp", "dp", "micro_batch", "recompute", "zero", "memory_gb",
                       "step_time_s"]].to_string(index=False, float_format="%.2f"))
     return 0
+
+
+def _suffixed(path: str, suffix: str) -> str:
+    from pathlib import Path
+    p = Path(path)
+    return str(p.with_name(p.stem + suffix + p.suffix))
+
+
+def write_table(df: pd.DataFrame, path: str) -> None:
+    """Write a result table as CSV or Parquet (by extension), with a clear error otherwise."""
+    if path.endswith(".parquet"):
+        try:
+            df.to_parquet(path, index=False)
+        except ImportError:
+            raise ValueError("writing parquet needs pyarrow: pip install pyarrow (or use .csv)")
+    elif path.endswith(".csv"):
+        df.to_csv(path, index=False)
+    else:
+        raise ValueError(f"--out {path!r}: use a .csv or .parquet file name")
 
 
 def inference_candidates(max_gpus: int) -> dict[str, list]:

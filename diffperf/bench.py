@@ -19,18 +19,34 @@ from .training import train_step
 CHUNK = 65536
 
 
-def random_plans(n: int, gpus: int = 1024, global_batch: int = 1536, seed: int = 0):
-    """`n` random plans for `gpus` GPUs as one batched TrainingPlan (tp*pp*dp = gpus)."""
+def random_plans(n: int, gpus: int = 1024, global_batch: int = 1536, seed: int = 0,
+                 layers: int = 96, heads: int = 96):
+    """`n` random structurally valid plans for `gpus` GPUs (tp*pp*dp = gpus, tp divides the
+    heads, dp*micro_batch divides the global batch, pp*vp <= layers, interleaving only with a
+    micro-batch count divisible by pp) as one batched TrainingPlan. Whether each fits in memory
+    is left to the model."""
     rng = np.random.default_rng(seed)
-    tp = rng.choice([1, 2, 4, 8], n)
-    pp = rng.choice([1, 2, 4, 8, 16, 32], n)
+    cols = {k: [] for k in ("tp", "pp", "mb", "vp")}
+    have = 0
+    while have < n:
+        m = 2 * (n - have) + 1024
+        tp = rng.choice([1, 2, 4, 8], m)
+        pp = rng.choice([1, 2, 4, 8, 16, 32], m)
+        mb = rng.choice([1, 2, 4, 8], m)
+        vp = rng.choice([1, 2, 3, 4], m)
+        dp = gpus / (tp * pp)
+        micro = global_batch / (dp * mb)
+        ok = ((heads % tp == 0) & (micro == np.round(micro)) & (micro >= 1) & (pp * vp <= layers)
+              & ((vp == 1) | ((pp > 1) & (np.mod(micro, pp) == 0))))
+        for k, v in (("tp", tp), ("pp", pp), ("mb", mb), ("vp", vp)):
+            cols[k].append(v[ok])
+        have += int(ok.sum())
+    tp, pp, mb, vp = (np.concatenate(cols[k])[:n] for k in ("tp", "pp", "mb", "vp"))
     return TrainingPlan(
-        tp=tp, pp=pp, dp=gpus / (tp * pp), cp=np.ones(n), ep=np.ones(n),
-        micro_batch=rng.choice([1, 2, 4, 8], n), global_batch=np.full(n, global_batch),
-        vp=rng.choice([1, 2, 3, 4], n), sequence_parallel=rng.integers(0, 2, n),
-        recompute=rng.integers(0, 3, n), zero=rng.integers(0, 4, n),
-        precision=np.ones(n), flash_attention=rng.integers(0, 2, n),
-        overlap_tp=np.ones(n), overlap_dp=np.ones(n))
+        tp=tp, pp=pp, dp=gpus / (tp * pp), cp=np.ones(n), ep=np.ones(n), micro_batch=mb,
+        global_batch=np.full(n, global_batch), vp=vp, sequence_parallel=rng.integers(0, 2, n),
+        recompute=rng.integers(0, 3, n), zero=rng.integers(0, 4, n), precision=np.ones(n),
+        flash_attention=rng.integers(0, 2, n), overlap_tp=np.ones(n), overlap_dp=np.ones(n))
 
 
 def _slice(tree, i, j):
@@ -107,9 +123,9 @@ def run_all(n: int = 1_000_000, log=print) -> dict:
     say = log or (lambda *a: None)
     say(f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} device(s)")
     sweep = sweep_rate(n)
-    say(f"training sweep: {sweep['configs']:,} random plans (GPT-3 175B, 1,024 A100) in "
+    say(f"training sweep: {sweep['configs']:,} random valid plans (GPT-3 175B, 1,024 A100) in "
         f"{sweep['seconds']:.3f} s = {sweep['evals_per_s'] / 1e6:.2f} M evaluations/s "
-        f"({sweep['feasible']:,} feasible)")
+        f"({sweep['feasible']:,} also fit in HBM)")
     g = gradient_cost()
     say(f"single configuration after jit: forward {g['single_forward_s'] * 1e6:.0f} us, "
         f"gradient w.r.t. {g['parameters']} hardware + efficiency parameters "

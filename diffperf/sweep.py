@@ -9,6 +9,7 @@ process then evaluates the chunks `process_index::process_count` on its local de
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -21,8 +22,21 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .grid import Grid
 
-#: Largest block of inner-axis combinations evaluated per compiled call.
+#: Largest block of inner-axis combinations evaluated per compiled call (the measured sweet
+#: spot on a 2-core CPU); `block_limit` lowers it when memory is short.
 MAX_BLOCK = 1 << 18
+#: Rough device memory per point in flight (inputs, intermediates of the model, outputs), B.
+BYTES_PER_POINT = 4096
+
+
+def block_limit(n_devices: int = 1, max_block: int = MAX_BLOCK) -> int:
+    """Points per compiled call: `max_block`, capped so that the block's intermediates
+    (`BYTES_PER_POINT` each) use at most a quarter of the currently available host memory."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return max_block
+    return int(max(1024 * n_devices, min(max_block, free // 4 // BYTES_PER_POINT)))
 #: Number of secondary-objective (memory) bins of the Pareto front, log-spaced.
 PARETO_BINS = 64
 
@@ -126,7 +140,7 @@ def run_sweep(grid: Grid, evaluate: Callable, k: int = 10, devices=None,
     """
     t0 = time.perf_counter()
     devices = list(jax.local_devices() if devices is None else devices)
-    blocks = _Blocks(grid, devices, max_block)
+    blocks = _Blocks(grid, devices, block_limit(len(devices), max_block))
     k = int(min(k, blocks.n_inner))
     lo, hi = np.log(secondary_bounds[0]), np.log(secondary_bounds[1])
     inf = jnp.inf
@@ -218,7 +232,7 @@ def evaluate_all(grid: Grid, evaluate: Callable, devices=None, progress: bool = 
     """Evaluate every point and return all outputs (a dict of host arrays, one entry per key of
     the dict `evaluate(values)` returns, in flat-index order). For grids that fit in memory."""
     devices = list(jax.local_devices() if devices is None else devices)
-    blocks = _Blocks(grid, devices, max_block)
+    blocks = _Blocks(grid, devices, block_limit(len(devices), max_block))
     rep, shard = blocks.replicated, blocks.shard
     f = jax.jit(lambda outer, inner: blocks.points(evaluate, outer, inner),
                 in_shardings=(rep, shard))
