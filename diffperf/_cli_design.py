@@ -4,7 +4,6 @@ the next mm^2 / W / $ buy the most, what is the best design under budgets)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 

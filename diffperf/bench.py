@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np

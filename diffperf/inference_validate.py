@@ -14,10 +14,6 @@ from .model import Transformer
 from .presets import system
 
 
-def _stack(trees):
-    return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *trees)
-
-
 def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
     """`(Transformer, System, InferencePlan)` of an infer row (raises ValueError if invalid).
 
@@ -49,18 +45,8 @@ def _infer_batch(models, systems, plans, effs):
 def stacked_infer_specs(rows: list[BenchmarkRow]):
     """Stack the `(Transformer, System, InferencePlan)` of every infer row with valid specs
     (a `diffperf.validate.StackedRows`; invalid rows go to its `failed`)."""
-    from .validate import StackedRows
-    ok, failed, specs = [], [], []
-    for row in rows:
-        try:
-            specs.append(infer_specs(row))
-            ok.append(row)
-        except ValueError as e:
-            failed.append({"id": row.id, "error": str(e)})
-    if not ok:
-        return StackedRows([], None, None, None, failed)
-    models, systems, plans = (_stack([s[i] for s in specs]) for i in range(3))
-    return StackedRows(ok, models, systems, plans, failed)
+    from .validate import stack_specs
+    return stack_specs(rows, infer_specs)
 
 
 def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):

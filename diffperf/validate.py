@@ -49,13 +49,13 @@ class StackedRows(NamedTuple):
     failed: list  # [{"id", "error"}] of rows whose specs are invalid
 
 
-def stacked_train_specs(rows: list[BenchmarkRow]) -> StackedRows:
-    """Stack the `(Transformer, System, TrainingPlan)` of every train row that has valid specs
-    (the others go to `failed`). Models are None when no row is valid."""
+def stack_specs(rows: list[BenchmarkRow], to_specs) -> StackedRows:
+    """Stack the `(Transformer, System, plan)` that `to_specs(row)` builds for every row (rows
+    whose specs raise ValueError go to `failed`). Models are None when no row is valid."""
     ok, failed, specs = [], [], []
     for row in rows:
         try:
-            specs.append(train_specs(row))
+            specs.append(to_specs(row))
             ok.append(row)
         except ValueError as e:
             failed.append({"id": row.id, "error": str(e)})
@@ -63,6 +63,11 @@ def stacked_train_specs(rows: list[BenchmarkRow]) -> StackedRows:
         return StackedRows([], None, None, None, failed)
     models, systems, plans = (stack([s[i] for s in specs]) for i in range(3))
     return StackedRows(ok, models, systems, plans, failed)
+
+
+def stacked_train_specs(rows: list[BenchmarkRow]) -> StackedRows:
+    """`stack_specs` of train rows (`(Transformer, System, TrainingPlan)`)."""
+    return stack_specs(rows, train_specs)
 
 
 def row_efficiencies(rows: list[BenchmarkRow], efficiency: Efficiency | None):

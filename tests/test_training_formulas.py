@@ -240,7 +240,7 @@ def test_first_stage_activation_total_gpt3(gpt3, eff, v):
     """Korthikanti Sec. 4.2.3 / 4.3: the first stage of 1F1B holds p micro-batches of L/p
     layers, i.e. L layers' worth (x (1 + (p-1)/(p v)) interleaved), plus the input-embedding
     dropout mask s b h p / t."""
-    h, a, L = 12288, 96, 96
+    h, L = 12288, 96
     p, t = 8, 8
     plan = dp.TrainingPlan(tp=t, pp=p, dp=1, micro_batch=1, global_batch=64, vp=v,
                            sequence_parallel=1, recompute="selective", flash_attention=0)
