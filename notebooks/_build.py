@@ -30,9 +30,11 @@ def build(src: Path) -> Path:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
-    for kind, body in cells(src.read_text()):
-        nb.cells.append(nbformat.v4.new_markdown_cell(body) if kind == "markdown"
-                        else nbformat.v4.new_code_cell(body))
+    for i, (kind, body) in enumerate(cells(src.read_text())):
+        cell = (nbformat.v4.new_markdown_cell(body) if kind == "markdown"
+                else nbformat.v4.new_code_cell(body))
+        cell["id"] = f"cell-{i}"  # deterministic: rebuilding an unchanged source changes nothing
+        nb.cells.append(cell)
     dst = HERE / (src.stem + ".ipynb")
     nbformat.write(nb, dst)
     return dst
