@@ -217,3 +217,54 @@ def test_search_infer_meets_latency_target_and_front():
         better = ok[(ok["e2e_latency_s"] < p["e2e_latency_s"])
                     & (ok["output_tok_s_per_gpu"] > p["output_tok_s_per_gpu"])]
         assert better.empty
+
+
+_MULTIHOST = r"""
+import json, sys
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+pid, port = int(sys.argv[1]), sys.argv[2]
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                           process_id=pid)
+""" + _SHARDED.split("one = run_sweep")[0] + r"""
+res = run_sweep(grid, f, k=6, progress=False, max_block=64)
+print(json.dumps({"procs": jax.process_count(), "top": res.top_index.tolist(),
+                  "reasons": res.reasons.tolist(), "front": res.front_index.tolist()}))
+"""
+
+
+def test_two_processes_with_jax_distributed_equal_one():
+    """The multi-host path (jax.distributed on loopback, CPU collectives over gloo): two
+    processes split the blocks, merge their reductions, and agree with a single process."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen([sys.executable, "-c", _MULTIHOST, str(i), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    for r in results:
+        assert r["procs"] == 2
+        assert r == results[0]
+    # the reference: one process, one device (from the sharded-test script's first sweep)
+    ref = _single_reference(env)
+    assert results[0]["top"] == ref["top"]
+    assert results[0]["reasons"] == ref["reasons"]
+    assert results[0]["front"] == ref["front"]
+
+
+def _single_reference(env) -> dict:
+    script = _SHARDED.split("one = run_sweep")[0] + r"""
+res = run_sweep(grid, f, k=6, progress=False)
+print(json.dumps({"top": res.top_index.tolist(), "reasons": res.reasons.tolist(),
+                  "front": res.front_index.tolist()}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
