@@ -51,8 +51,10 @@ _ACC_FACTOR = {"flops_fp32": "tensor_flops", "flops_bf16": "tensor_flops",
                "vector_flops": "tensor_flops", "l2_capacity": "tensor_flops",
                "l2_bandwidth": "tensor_flops", "num_sms": "tensor_flops",
                "hbm_bandwidth": "hbm_bandwidth", "hbm_capacity": "hbm_capacity"}
+# NVLink SHARP (in-switch reduction) comes with the NVLink / NVSwitch generation: it is part of
+# the "NVLink bandwidth" factor.
 _NET_FACTOR = {"nvlink_domain": "nvlink_domain", "nvlink_bandwidth": "nvlink_bandwidth",
-               "scaleout_bandwidth": "scaleout_bandwidth"}
+               "nvlink_sharp": "nvlink_bandwidth", "scaleout_bandwidth": "scaleout_bandwidth"}
 
 
 def candidate_plans(model: Transformer, gpus: int, global_batch: int) -> Grid:

@@ -34,12 +34,21 @@ def _fixed(n, eff: Efficiency):
     return jnp.where(n > 1, eff.collective_overhead, 0.0)
 
 
+def _in_domain_steps(net: Network, n_in, ring_steps):
+    """Hop latencies an in-domain collective pays: a ring's `ring_steps`, or with in-switch
+    reduction (NVLink SHARP) at most 2, independent of the group size."""
+    sharp = jnp.minimum(ring_steps, 2.0 * jnp.minimum(n_in - 1.0, 1.0))
+    return jnp.where(net.nvlink_sharp > 0, sharp, ring_steps)
+
+
 def all_reduce(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     """Hierarchical ring all-reduce of `size` bytes over `n` ranks: reduce-scatter in-domain,
-    all-reduce across domains on 1/n_in of the data, all-gather in-domain."""
+    all-reduce across domains on 1/n_in of the data, all-gather in-domain. With NVLink SHARP
+    the in-domain latency is two hops (the bandwidth term is kept at the ring's)."""
     n_in, n_out = tier_split(net, n, stride)
     bw_in, bw_out = _bw(net, eff)
-    t_in = 2 * (n_in - 1) / n_in * size / bw_in + 2 * (n_in - 1) * net.nvlink_latency
+    t_in = (2 * (n_in - 1) / n_in * size / bw_in
+            + _in_domain_steps(net, n_in, 2 * (n_in - 1)) * net.nvlink_latency)
     t_out = (2 * (n_out - 1) / n_out * size / n_in / bw_out
              + 2 * (n_out - 1) * net.scaleout_latency)
     return t_in + t_out + _fixed(n, eff)

@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._checks import as_float, check_integer, check_nonnegative, check_positive
+from ._checks import as_float, check_integer, check_nonnegative, check_positive, is_concrete
 
 def _F():
     return eqx.field(converter=as_float)
@@ -93,6 +93,9 @@ class Network(eqx.Module):
     - `nvlink_latency`: latency of one NVLink hop (one ring step), s.
     - `scaleout_bandwidth`: per-GPU, per-direction scale-out (InfiniBand / Ethernet) bandwidth, B/s.
     - `scaleout_latency`: latency of one scale-out hop (one ring step), s.
+    - `nvlink_sharp`: 1 if the NVLink switches reduce in the network (NVLink SHARP / NVLS,
+      third-generation NVSwitch and later: H100 systems on): an in-domain all-reduce then pays
+      two hop latencies whatever the group size, instead of a ring's 2 (n - 1).
     """
 
     nvlink_domain: jax.Array = _F()
@@ -100,9 +103,14 @@ class Network(eqx.Module):
     nvlink_latency: jax.Array = _F()
     scaleout_bandwidth: jax.Array = _F()
     scaleout_latency: jax.Array = _F()
+    nvlink_sharp: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         check_integer("Network", "nvlink_domain", self.nvlink_domain)
+        check_integer("Network", "nvlink_sharp", self.nvlink_sharp, minimum=0)
+        if is_concrete(self.nvlink_sharp) and bool(jnp.any(self.nvlink_sharp > 1)):
+            raise ValueError(f"Network.nvlink_sharp must be 0 or 1, got "
+                             f"{float(jnp.max(self.nvlink_sharp)):g}")
         for name in ("nvlink_bandwidth", "scaleout_bandwidth"):
             check_positive("Network", name, getattr(self, name))
         for name in ("nvlink_latency", "scaleout_latency"):

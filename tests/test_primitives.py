@@ -6,6 +6,7 @@ Expected values are the textbook formulas written out by hand.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -228,3 +229,26 @@ def test_gemm_time_scales_linearly_with_batch_when_large(a100):
 def test_unsupported_precision_gives_finite_time(a100):
     t = float(gemm_time(a100, dp.Efficiency(), 4096, 4096, 4096, 2))  # fp8 on an A100
     assert np.isfinite(t) and t > 1.0
+
+
+def test_nvlink_sharp_makes_small_all_reduce_latency_independent_of_group_size():
+    """In-switch reduction (NVLS): two hop latencies for any in-domain group, versus a ring's
+    2 (n - 1); the bandwidth term is the ring's either way."""
+    sharp = eqx.tree_at(lambda n: n.nvlink_sharp, NET, jnp.float32(1.0))
+    tiny = 16.0  # bytes: latency-bound
+    for n in (2, 4, 8):
+        ring = float(coll.all_reduce(NET, EFF, tiny, n, 1))
+        nvls = float(coll.all_reduce(sharp, EFF, tiny, n, 1))
+        bw = 2 * (n - 1) / n * tiny / BW_IN
+        close(ring, bw + 2 * (n - 1) * 2e-6 + OVH)
+        close(nvls, bw + 2 * 2e-6 + OVH)
+    # large messages: identical bandwidth term, so the same time up to the latency difference
+    big = 1e9
+    diff = float(coll.all_reduce(NET, EFF, big, 8, 1)) - float(coll.all_reduce(sharp, EFF, big, 8, 1))
+    close(diff, (14 - 2) * 2e-6, rtol=1e-3)
+
+
+def test_nvlink_sharp_must_be_a_flag():
+    with pytest.raises(ValueError, match="nvlink_sharp"):
+        dp.Network(nvlink_domain=8, nvlink_bandwidth=1e11, nvlink_latency=1e-6,
+                   scaleout_bandwidth=1e10, scaleout_latency=1e-6, nvlink_sharp=2)

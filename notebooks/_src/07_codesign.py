@@ -144,10 +144,11 @@ fig.savefig("figures/07_codesign.png", dpi=110)
 
 # %% [markdown]
 # **Finding.** GPT-3 175B training on 1,024 A100 (18.0 s per step) has an elasticity of -0.82
-# to bf16 FLOP/s and only -0.067 to -0.077 to each network parameter (84 % compute-, 14 %
+# to bf16 FLOP/s and only -0.07 to -0.08 to each network parameter (84 % compute-, 14 %
 # network-bound; technology: +1.31 per log nm of node, -0.86 to die area); batch-1 Llama-2 70B
-# decode on H100 (2.36 s) has -0.34 to HBM bandwidth and +0.24 / +0.17 to NVLink and launch
-# latency (66 % fixed latency). In co-design, projected Adam reaches 3.524 s in 400 evaluations,
-# within 0.11 % of the 119,232-point grid's 3.520 s (298x fewer evaluations, though on this CPU
-# its wall time, about 10 s with compilation, exceeds the vmapped grid's 2 s): full 814 mm^2 die,
-# no SRAM, 3.6 HBM stacks, 49 NVLink lanes, clock cut to 0.82x by the 700 W budget.
+# decode on 8 H100 (1.95 s) has -0.41 to HBM bandwidth and +0.21 to the kernel launch overhead
+# (59 % fixed latency; NVLink SHARP keeps the all-reduce latency small, +0.04). In co-design,
+# projected Adam reaches 3.525 s in 400 evaluations, as good as the 119,232-point grid's 3.526 s
+# (-0.03 %, 298x fewer evaluations, though on this CPU its wall time, about 8 s with compilation,
+# exceeds the vmapped grid's 2 s): full 814 mm^2 die, no SRAM, 3.9 HBM stacks, 49 NVLink lanes,
+# clock cut to 0.81x by the 700 W budget.
