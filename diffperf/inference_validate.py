@@ -60,7 +60,7 @@ def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
     a list of `{"id", "error"}` for rows that cannot be evaluated (invalid or infeasible plan).
     A plan that only exceeds HBM capacity is predicted with a warning.
     """
-    from .validate import row_efficiencies
+    from .validate import capacity_warning, row_efficiencies
     st = stacked_infer_specs(rows)
     ok, failed = st.rows, list(st.failed)
     if not ok:
@@ -77,9 +77,6 @@ def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
         pred = {"e2e_latency_s": float(rep.e2e_latency[i]), "ttft_s": float(rep.ttft[i]),
                 "tpot_s": float(rep.tpot[i]),
                 "output_tok_s_per_gpu": float(rep.output_tok_s_per_gpu[i])}
-        warning = None
-        if reason == 10:
-            warning = explain(10, float(rep.memory.total[i]),
-                              float(systems.accelerator.hbm_capacity[i]))
-        out.append((row, pred, warning))
+        out.append((row, pred, capacity_warning(reason, rep.memory.total[i],
+                                                systems.accelerator.hbm_capacity[i])))
     return out, failed

@@ -107,12 +107,15 @@ def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
             "model_tflops_per_gpu": float(mflops[i]) / step / n / 1e12,
             "peak_memory_gb": float(rep.memory.total[i]) / 1e9,
         }
-        warning = None
-        if reason == 10:
-            warning = explain(10, float(rep.memory.total[i]),
-                              float(systems.accelerator.hbm_capacity[i]))
-        out.append((row, pred, warning))
+        out.append((row, pred, capacity_warning(reason, rep.memory.total[i],
+                                                systems.accelerator.hbm_capacity[i])))
     return out, failed
+
+
+def capacity_warning(reason: int, memory_total, capacity) -> str | None:
+    """The warning of a row predicted not to fit in HBM (it ran in reality, so it is still
+    predicted, not failed); None otherwise."""
+    return explain(10, float(memory_total), float(capacity)) if reason == 10 else None
 
 
 def validate(paths, efficiency: Efficiency | None = None) -> dict:
