@@ -93,3 +93,12 @@ def test_presets_lists_everything(capsys):
     assert code == 0
     for name in ("h100-sxm5-80gb", "gb200-nvl72", "llama3-405b", "mixtral-8x7b"):
         assert name in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["search", "train", "--gpus", "0"], "--gpus must be >= 1, got 0"),
+    (["search", "infer", "--max-gpus", "0"], "--max-gpus must be >= 1, got 0"),
+])
+def test_search_rejects_non_positive_sizes(capsys, argv, needle):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and needle in err
