@@ -15,7 +15,7 @@ from .presets import (default_efficiency, efficiency_from_json, gpu, gpu_names, 
                       model_names, system, system_names)
 from .search import default_training_grid, search_training
 from .sweep import evaluate_all, pareto_front, run_sweep
-from .training import TrainingReport, model_flops_per_step, train_step
+from .training import TrainingReport, model_flops_per_step, predict_training, train_step
 from .training_memory import TrainingMemory, activation_bytes_per_layer, training_memory
 
 __version__ = "0.1.0"
@@ -25,9 +25,9 @@ __all__ = [
     "InferenceReport", "Network", "REASONS", "System", "TrainingMemory", "TrainingPlan",
     "TrainingReport", "Transformer", "activation_bytes_per_layer", "boundedness",
     "default_efficiency", "default_training_grid", "dram_scaling", "efficiency_from_json",
-    "evaluate_all", "experts_touched", "explain", "gpu", "gpu_names", "infer",
-    "inference_memory", "kv_cache_bytes_per_gpu", "matmul_efficiency", "max_batch", "model",
-    "model_flops_per_step", "model_names", "pareto_front", "precision_code", "roofline_plot",
+    "evaluate_all", "experts_touched", "explain", "gpu", "gpu_names", "infer", "inference_memory",
+    "kv_cache_bytes_per_gpu", "matmul_efficiency", "max_batch", "model", "model_flops_per_step",
+    "model_names", "pareto_front", "precision_code", "predict_training", "roofline_plot",
     "run_sweep", "search_training", "system", "system_names", "train_step", "training_memory",
     "transformer_from_hf_config", "weight_bytes_per_gpu",
 ]

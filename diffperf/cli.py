@@ -165,10 +165,9 @@ def _print_training(args, s: dict, plan) -> None:
 
 
 def run_train(args) -> int:
-    import jax
-    from .training import train_step
+    from .training import predict_training, train_step
     model, system, plan, eff = _train_inputs(args)
-    report = jax.jit(train_step)(model, system, plan, eff)
+    report = predict_training(model, system, plan, eff)  # ValueError for invalid plans
     s = training_summary(report, system)
     if args.interval:
         from .calibrate_uncertainty import prediction_interval

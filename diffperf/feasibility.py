@@ -66,3 +66,26 @@ def explain(reason: int, memory_total: float | None = None, capacity: float | No
     if reason == 9 and precision is not None:
         text += f" ({PRECISIONS.get(int(precision), precision)})"
     return text
+
+
+def describe_failure(reason: int, model: Transformer, plan) -> str:
+    """`explain(reason)` with the values of the fields involved (for error messages)."""
+    f = lambda x: f"{float(x):g}"  # noqa: E731
+    details = {
+        1: f"tp={f(plan.tp)}, heads={f(model.heads)}",
+        2: f"tp={f(plan.tp)}, kv_heads={f(model.kv_heads)}",
+        3: f"tp={f(plan.tp)}, ffn_hidden={f(model.ffn_hidden)}",
+        5: f"pp={f(getattr(plan, 'pp', 1))}, vp={f(getattr(plan, 'vp', 1))}, "
+           f"layers={f(model.layers)}",
+        7: f"cp={f(getattr(plan, 'cp', 1))}, seq_len={f(model.seq_len)}",
+        8: f"ep={f(getattr(plan, 'ep', 1))}, num_experts={f(model.num_experts)}",
+    }
+    if reason == 4 and hasattr(plan, "global_batch"):
+        details[4] = (f"dp={f(plan.dp)}, micro_batch={f(plan.micro_batch)}, "
+                      f"global_batch={f(plan.global_batch)}")
+    if reason == 6 and hasattr(plan, "global_batch"):
+        details[6] = (f"pp={f(plan.pp)}, vp={f(plan.vp)}, micro-batches="
+                      f"{f(plan.global_batch / (plan.dp * plan.micro_batch))}")
+    text = explain(reason, precision=getattr(plan, "precision", None))
+    return f"{text} ({details[reason]})" if reason in details else text
+

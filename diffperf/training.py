@@ -281,3 +281,22 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
         hfu=hflops / (step * n_gpus * peak), tokens_per_s=tokens / step,
         tokens_per_s_per_gpu=tokens / step / n_gpus, num_gpus=n_gpus,
         feasible=reason == 0, reason=reason)
+
+
+def predict_training(model: Transformer, system: System, plan: TrainingPlan,
+                     efficiency: Efficiency | None = None) -> TrainingReport:
+    """`train_step` for one configuration, checked: raises ValueError naming the fields and
+    values when the plan is structurally invalid (a plan that merely does not fit in HBM is
+    returned, with `fits` and `feasible` False)."""
+    from .feasibility import describe_failure
+    report = _jitted_train_step(model, system, plan, efficiency)
+    reason = int(jax.device_get(report.reason))
+    if reason not in (0, 10):
+        raise ValueError(f"infeasible plan: {describe_failure(reason, model, plan)}")
+    return report
+
+
+@jax.jit
+def _jitted_train_step(model, system, plan, efficiency):
+    return train_step(model, system, plan, efficiency)
+

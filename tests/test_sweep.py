@@ -268,3 +268,16 @@ print(json.dumps({"top": res.top_index.tolist(), "reasons": res.reasons.tolist()
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_default_efficiency_built_inside_a_trace_does_not_leak_into_later_jits():
+    """Regression: `train_step(..., efficiency=None)` builds the shipped efficiency while being
+    traced; a cached object from that trace used to break the next compiled sweep."""
+    from diffperf.search import default_training_grid
+    system = dp.system("a100-sxm4-80gb")
+    jax.jit(dp.train_step)(dp.model("gpt3-175b"), system,
+                           dp.TrainingPlan(tp=8, pp=1, dp=1, global_batch=8))
+    model = dp.model("gpt-1.7b")
+    grid = default_training_grid(model, 8, 32, precisions=(1,))
+    r = search_training(model, system, 8, 32, grid=grid, top_k=2, progress=False)
+    assert r["evaluated"] == grid.size and len(r["top"]) == 2

@@ -99,3 +99,16 @@ def test_degenerate_plans_stay_finite(step, gpt3, dgx_a100, eff, kw):
     _assert_all_finite(r, kw)
     assert not bool(r.feasible)
     assert int(r.reason) != 0
+
+
+def test_predict_training_raises_with_fields_and_values():
+    model = dp.model("gpt3-175b")
+    system = dp.system("a100-sxm4-80gb")
+    with pytest.raises(ValueError, match=r"tp does not divide heads \(tp=5, heads=96\)"):
+        dp.predict_training(model, system, dp.TrainingPlan(tp=5, pp=1, dp=1, global_batch=8))
+    with pytest.raises(ValueError, match=r"global_batch=100"):
+        dp.predict_training(model, system, dp.TrainingPlan(tp=8, pp=8, dp=3, global_batch=100))
+    # a valid plan that does not fit is predicted, not raised
+    r = dp.predict_training(model, system, dp.TrainingPlan(tp=1, pp=1, dp=1, global_batch=8,
+                                                           recompute="none"))
+    assert not bool(r.fits) and not bool(r.feasible) and float(r.step_time) > 0

@@ -192,9 +192,13 @@ def _default_efficiency_data() -> dict:
     return {}
 
 
-@functools.cache
 def _default_gpu_efficiency() -> GpuEfficiency:
-    return _gpu_efficiency(_default_efficiency_data(), "diffperf/presets/efficiency.json")
+    # Built afresh each call (only the parsed JSON is cached) and always as concrete arrays:
+    # `train_step(..., efficiency=None)` asks for it while being traced, and an object cached
+    # from inside one trace must never leak into another.
+    import jax
+    with jax.ensure_compile_time_eval():
+        return _gpu_efficiency(_default_efficiency_data(), "diffperf/presets/efficiency.json")
 
 
 def default_efficiency(gpu: str | None = None) -> Efficiency:
