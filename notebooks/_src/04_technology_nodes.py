@@ -132,6 +132,6 @@ print(f"full at 1 nm: training compute {fu['train_compute']:.0%}, network "
 # **Finding.** From 12 nm to 1 nm, logic-only scaling multiplies the FLOP/s by 16.6x but
 # training only by 4.7x (28.3 s to 6.1 s), because the 12 nm-era HBM2 and NVLink2 take over
 # (47 % memory-bound, 44 % network-bound at 1 nm); full scaling gives 12.8x (2.2 s) and stays
-# 81 % compute-bound. Batch-1 decode gains only 1.27x from memory-only scaling (27.9 to 21.9 ms)
-# and 2.1x from full scaling (13.4 ms), where 91 % of the time is fixed launch and all-reduce
+# 81 % compute-bound. Batch-1 decode gains only 1.27x from memory-only scaling (28.4 to 22.3 ms)
+# and 2.0x from full scaling (14.0 ms), where 91 % of the time is fixed launch and all-reduce
 # latency.
