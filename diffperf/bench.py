@@ -187,47 +187,41 @@ def sweep_scaling(devices=(1, 2, 4, 8), log=print) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------- search
-#: Megatron runs of the IMEC validation set: (id, model preset, gpus, global batch, plan).
-MEGATRON_RUNS = [
-    ("imec-korthi-22b-selsp", "gpt-22b", 8, 4,
-     dict(tp=8, pp=1, micro_batch=4, vp=1, sequence_parallel=1, recompute=1, zero=0)),
-    ("imec-korthi-175b-selsp", "gpt3-175b", 64, 64,
-     dict(tp=8, pp=8, micro_batch=1, vp=3, sequence_parallel=1, recompute=1, zero=0)),
-    ("imec-korthi-530b-selsp", "gpt-530b", 280, 280,
-     dict(tp=8, pp=35, micro_batch=1, vp=3, sequence_parallel=1, recompute=1, zero=0)),
-    ("imec-korthi-1t-selsp", "gpt-1t", 512, 512,
-     dict(tp=8, pp=64, micro_batch=1, vp=1, sequence_parallel=1, recompute=1, zero=0)),
-    ("imec-selene-310b", "gpt-310b", 1920, 2160,
-     dict(tp=8, pp=16, micro_batch=1, vp=1, sequence_parallel=0, recompute=2, zero=0)),
-    ("imec-selene-530b", "gpt-530b", 2520, 2520,
-     dict(tp=8, pp=35, micro_batch=1, vp=1, sequence_parallel=0, recompute=2, zero=0)),
-    ("imec-selene-1t", "gpt-1t", 3072, 3072,
-     dict(tp=8, pp=64, micro_batch=1, vp=1, sequence_parallel=0, recompute=2, zero=0)),
-]
+#: The Megatron runs of the IMEC validation set compared with the search (their plans are read
+#: from the benchmark CSV, not restated here).
+MEGATRON_IDS = ("imec-korthi-22b-selsp", "imec-korthi-175b-selsp", "imec-korthi-530b-selsp",
+                "imec-korthi-1t-selsp", "imec-selene-310b", "imec-selene-530b", "imec-selene-1t")
 
 
-def megatron_comparison(log=print) -> list[dict]:
-    """For each Megatron run of the validation set: the predicted step time of the plan Megatron
-    used and of the best plan an exhaustive search finds (same GPUs, batch and 16-bit
-    precision; the search may also pick flash attention, ZeRO, other TP / PP / VP)."""
+def _plan_text(plan) -> str:
+    v = {k: int(round(float(getattr(plan, k)))) for k in ("tp", "pp", "dp", "vp", "micro_batch",
+                                                           "recompute")}
+    return (f"tp{v['tp']} pp{v['pp']} dp{v['dp']} vp{v['vp']} mb{v['micro_batch']} "
+            f"{['none', 'selective', 'full'][v['recompute']]}")
+
+
+def megatron_comparison(log=print, data=None) -> list[dict]:
+    """For each Megatron run of the validation set (`MEGATRON_IDS` in
+    benchmarks_data/train_calibration.csv): the predicted step time of the plan Megatron used
+    and of the best plan an exhaustive search finds (same GPUs, batch and 16-bit precision; the
+    search may also pick flash attention, ZeRO, other TP / PP / VP)."""
+    from .cli import BENCHMARKS
+    from .data import read_benchmarks, train_specs
     from .search import default_training_grid, search_training
     say = log or (lambda *a: None)
-    s = system("a100-sxm4-80gb")
     eff = default_efficiency()
+    by_id = {r.id: r for r in read_benchmarks(data or BENCHMARKS / "train_calibration.csv")}
     rows = []
-    for rid, name, gpus, gbs, used in MEGATRON_RUNS:
-        m = model(name)
-        dp_ = gpus // (used["tp"] * used["pp"])
-        plan = TrainingPlan(dp=dp_, global_batch=gbs, flash_attention=0, precision=1, **used)
+    for rid in MEGATRON_IDS:
+        m, s, plan = train_specs(by_id[rid])
+        gpus, gbs = int(round(float(plan.num_gpus))), int(round(float(plan.global_batch)))
         theirs = train_step(m, s, plan, eff)
         grid = default_training_grid(m, gpus, gbs, precisions=(1,))
         r = search_training(m, s, gpus, gbs, grid=grid, efficiency=eff, top_k=1,
                             progress=False)
         best = r["top"].iloc[0]
-        row = {"id": rid, "model": name, "gpus": gpus, "global_batch": gbs,
-               "megatron_plan": f"tp{used['tp']} pp{used['pp']} dp{dp_} vp{used['vp']} "
-                                f"mb{used['micro_batch']} "
-                                f"{['none', 'selective', 'full'][used['recompute']]}",
+        row = {"id": rid, "gpus": gpus, "global_batch": gbs,
+               "megatron_plan": _plan_text(plan),
                "megatron_predicted_s": float(theirs.step_time),
                "megatron_feasible": bool(theirs.feasible),
                "best_plan": f"tp{best['tp']} pp{best['pp']} dp{best['dp']} vp{best['vp']} "

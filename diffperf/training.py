@@ -100,12 +100,17 @@ class _Layer(eqx.Module):
     comm: jax.Array  # exposed TP + CP + EP communication (forward, backward, recompute)
 
 
+def _activation_bytes(precision) -> jax.Array:
+    """Bytes per activation element: 16 bit even in fp8 / fp4 recipes, 4 in fp32 training."""
+    return jnp.maximum(bytes_per_element(precision), 2.0)
+
+
 def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
                  eff: Efficiency) -> _Layer:
     acc, net = system.accelerator, system.network
     p = plan.precision
     t, cp, ep = plan.tp, plan.cp, plan.ep
-    ab = jnp.maximum(bytes_per_element(p), 2.0)  # activations move in 16 bit (fp32 in fp32)
+    ab = _activation_bytes(p)
     s = model.seq_len / cp  # local query tokens per sequence
     seq = model.seq_len  # keys each query attends to (the full sequence)
     tokens = plan.micro_batch * s
@@ -186,7 +191,7 @@ def _head_time(model: Transformer, plan: TrainingPlan, system: System,
     micro-batch, forward + backward, s."""
     acc = system.accelerator
     p = plan.precision
-    ab = jnp.maximum(bytes_per_element(p), 2.0)
+    ab = _activation_bytes(p)
     tokens = plan.micro_batch * model.seq_len / plan.cp
     v_local = model.vocab / plan.tp
     head = 3.0 * gemm_time(acc, eff, tokens, v_local, model.hidden, jnp.minimum(p, 1.0),
@@ -235,7 +240,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
 
     # Pipeline: one activation send per chunk boundary per micro-batch, each way (Megatron's
     # scatter-gather splits it over the TP group); on the critical path (v m + p - 1) times.
-    ab = jnp.maximum(bytes_per_element(plan.precision), 2.0)
+    ab = _activation_bytes(plan.precision)
     # Consecutive stages are tp*cp*dp ranks apart: the pipeline stays on NVLink only if all pp
     # stages fit in one domain; otherwise some boundary (the critical one) crosses the fabric.
     p2p = coll.send_recv(net, eff, plan.micro_batch * model.seq_len / plan.cp * model.hidden
