@@ -174,6 +174,12 @@ def main(argv=None) -> int:
         "",
         _table("kind", ins, cvs, "kind"),
         "",
+        "One error per benchmark row (a row's errors averaged over the columns it measures; "
+        "NeMo / Megatron-Bridge rows give tokens/s and model TFLOP/s, which are one "
+        "measurement):",
+        "",
+        _table("kind (rows)", ins, cvs, "kind_rows"),
+        "",
         "## Fitted factors",
         "",
         "| factor | shared | " + " | ".join(fit.per_gpu) + " |",

@@ -129,9 +129,23 @@ def imec_subsets(preds: list[dict]) -> dict:
     return out
 
 
+def row_summary(preds: list[dict]) -> dict:
+    """MAPE per kind with one error per benchmark row (the mean over the columns it measures:
+    a NeMo row's tokens/s and model TFLOP/s are one measurement, not two)."""
+    per_row: dict = {}
+    for p in preds:
+        per_row.setdefault((p["kind"], p["id"]), []).append(p["ape"])
+    out: dict = {}
+    for (kind, _), apes in per_row.items():
+        out.setdefault(kind, []).append(float(np.mean(apes)))
+    return {k: {"n": len(v), "mape": float(np.mean(v)), "max_ape": float(np.max(v))}
+            for k, v in sorted(out.items())}
+
+
 def summaries(preds: list[dict]) -> dict:
-    """MAPE per metric, per GPU, per source, per kind, and on the IMEC subsets."""
+    """MAPE per metric, per GPU, per source, per kind (per value and per row), and on the
+    IMEC subsets."""
     from .calibrate import mape_summary
     return {"metric": mape_summary(preds), "gpu": mape_summary(preds, "gpu"),
             "source": mape_summary(preds, "source"), "kind": mape_summary(preds, "kind"),
-            "imec": imec_subsets(preds)}
+            "kind_rows": row_summary(preds), "imec": imec_subsets(preds)}

@@ -55,12 +55,15 @@ def all_reduce(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
 
 
 def all_gather(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
-    """Hierarchical ring all-gather producing `size` bytes on every rank (each holds size/n)."""
+    """Ring all-gather producing `size` bytes on every rank (each holds size/n). Bandwidth as
+    the hierarchical ring (each domain's NICs carry 1/n_in of the data each); latency as NCCL's
+    flat ring over all n ranks (n - 1 steps, each as slow as a fabric hop once the ring leaves
+    the domain): NCCL has no tree for all-gather / reduce-scatter."""
     n_in, n_out = tier_split(net, n, stride)
     bw_in, bw_out = _bw(net, eff)
-    t_in = (n_in - 1) / n_in * size / bw_in + (n_in - 1) * net.nvlink_latency
-    t_out = (n_out - 1) / n_out * size / n_in / bw_out + (n_out - 1) * net.scaleout_latency
-    return t_in + t_out + _fixed(n, eff)
+    t_bw = (n_in - 1) / n_in * size / bw_in + (n_out - 1) / n_out * size / n_in / bw_out
+    t_lat = jnp.where(n_out > 1, (n - 1) * net.scaleout_latency, (n_in - 1) * net.nvlink_latency)
+    return t_bw + t_lat + _fixed(n, eff)
 
 
 def reduce_scatter(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:

@@ -179,8 +179,9 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     kv_bytes = 2.0 * plan.micro_batch * seq * kv * d * ab
     n_cp = jnp.where(plan.recompute == 2, 3.0, 2.0)
     cp_comm = n_cp * coll.all_gather(net, eff, kv_bytes, cp, t) * (1.0 - eff.cp_overlap)
-    # Expert parallel: dispatch + combine all-to-all per pass.
-    a2a = coll.all_to_all(net, eff, tokens * k_top * h * ab, ep, t * cp)
+    # Expert parallel: dispatch + combine all-to-all per pass. Megatron-core folds cp x dp into
+    # ep x expert-dp for the expert layers, so EP ranks sit tp apart (its 'tp-ep-dp-pp' order).
+    a2a = coll.all_to_all(net, eff, tokens * k_top * h * ab, ep, t)
     ep_comm = jnp.where(moe, n_tp * a2a, 0.0)
     return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm)
 
@@ -252,15 +253,26 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     n_params = params_per_gpu(model, plan)
     group = plan.dp * plan.cp
     grads = n_params * GRAD_BYTES
-    wts = n_params * 2.0
+    # Parameters are gathered in the compute precision's storage: 16 bit, or 8 bit in fp8 / fp4
+    # recipes (Megatron / NeMo keep fp8 parameters), 32 bit in fp32 / tf32 training.
+    wts = n_params * jnp.maximum(bytes_per_element(plan.precision), 1.0)
     ar = coll.all_reduce(net, eff, grads, group, plan.tp)
     rs = coll.reduce_scatter(net, eff, grads, group, plan.tp)
     ag = coll.all_gather(net, eff, wts, group, plan.tp)
-    zero3_per_mb = jnp.where(plan.recompute == 2, 3.0, 2.0) * ag + rs
+    # ZeRO-3 / FSDP gathers and reduces one transformer layer at a time, per micro-batch.
+    units = layers_per_stage
+    zero3_per_mb = units * (
+        jnp.where(plan.recompute == 2, 3.0, 2.0) * coll.all_gather(net, eff, wts / units, group,
+                                                                   plan.tp)
+        + coll.reduce_scatter(net, eff, grads / units, group, plan.tp))
     dp_total = jnp.where(plan.zero >= 3, m * zero3_per_mb, jnp.where(plan.zero >= 1, rs + ag, ar))
-    # The reduction overlaps the backward pass of the last micro-batch (and, with a sharded
-    # optimizer, the parameter gather overlaps the next forward); ZeRO-3 prefetches all along.
-    last_mb = layers_per_stage * (layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))
+    # Gradients are reduced during the backward pass of the last micro-batch (and, with a sharded
+    # optimizer, parameters are gathered during the first forward); ZeRO-3 prefetches all along.
+    # With vp interleaved chunks, chunk c is done (vp - 1 - c) * pp chunk passes before the end of
+    # the cool-down, so the window is ((vp - 1) * pp + 1) / vp micro-batch passes of the stage.
+    window = jnp.minimum(((plan.vp - 1.0) * plan.pp + 1.0) / plan.vp, m)
+    last_mb = window * layers_per_stage * (
+        layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))
     hide = jnp.where(plan.zero >= 3, eff.zero3_overlap * compute,
                      plan.overlap_dp * eff.dp_overlap * last_mb)
     dp_comm = jnp.where(group > 1, exposed_after_overlap(dp_total, hide), 0.0)

@@ -266,3 +266,31 @@ def test_hf_config_errors(tmp_path):
     (tmp_path / "nolayers.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="num_hidden_layers"):
         dp.transformer_from_hf_config(tmp_path / "nolayers.json")
+
+
+def test_optional_overlap_flags(tmp_path):
+    """diffperf's extension columns overlap_tp / overlap_dp: absent or empty = 1 (current
+    Megatron-core / NeMo), 0 reaches the plan, anything else names file, row and column."""
+    rows = _rows(3)
+    rows[0].update(overlap_tp="0", overlap_dp="0")
+    rows[1].update(overlap_tp="", overlap_dp="1")
+    header = HEADER[:-1] + ["overlap_tp", "overlap_dp", "notes"]
+    parsed = read_benchmarks(_write(tmp_path / "flags.csv", rows, header))
+    plans = [train_specs(r)[2] for r in parsed]
+    assert [float(p.overlap_tp) for p in plans] == [0.0, 1.0, 1.0]
+    assert [float(p.overlap_dp) for p in plans] == [0.0, 1.0, 1.0]
+    no_cols = read_benchmarks(_write(tmp_path / "plain.csv", _rows(1)))
+    assert float(train_specs(no_cols[0])[2].overlap_tp) == 1.0
+    rows[2]["overlap_tp"] = "2"
+    _error(_write(tmp_path / "bad.csv", rows, header), "row 3", "overlap_tp")
+
+
+def test_shipped_2021_22_megatron_rows_do_not_overlap_communication():
+    """Megatron-LM as run by Narayanan 2021 / Korthikanti 2022 had no TP-communication overlap
+    and reduced gradients after the backward pass; the shipped CSV says so for those rows."""
+    rows = read_benchmarks(TRAIN_CSV)
+    old = [r for r in rows if r.id.startswith(("imec-", "narayanan21-", "korthikanti22-"))]
+    new = [r for r in rows if r.id.startswith(("nemo", "mbridge"))]
+    assert old and new
+    assert all(r.values["overlap_tp"] == 0 and r.values["overlap_dp"] == 0 for r in old)
+    assert all(r.values["overlap_tp"] == 1 and r.values["overlap_dp"] == 1 for r in new)

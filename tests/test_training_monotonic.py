@@ -219,3 +219,51 @@ def test_pipeline_spanning_two_nvlink_domains_pays_a_scaleout_hop(step, gpt22b, 
     pp_two = float(step(gpt22b, two_nodes, plan, eff).pp_comm_time)
     pp_one = float(step(gpt22b, one_domain, plan, eff).pp_comm_time)
     assert pp_two > pp_one, (pp_two, pp_one)
+
+
+def test_interleaving_widens_the_gradient_overlap_window(step, dgx_a100):
+    """Llama-2 7B, pp 4 x dp 4, 8 micro-batches: with vp interleaved chunks the reduction of
+    chunk c can start (vp - 1 - c) * pp chunk passes before the cool-down ends, so the window
+    grows from 1 micro-batch pass (vp 1) to ((vp - 1) pp + 1) / vp: more interleaving never
+    exposes more gradient communication, and vp 8 exposes clearly less than vp 1."""
+    model = dp.model("llama2-7b")
+    eff = dp.Efficiency(dp_overlap=1.0)
+    exposed = []
+    for vp in (1, 2, 4, 8):
+        plan = dp.TrainingPlan(tp=1, pp=4, dp=4, micro_batch=1, global_batch=32, vp=vp)
+        exposed.append(float(step(model, dgx_a100, plan, eff).dp_comm_time))
+    assert all(b <= a * (1 + RTOL) for a, b in zip(exposed, exposed[1:])), exposed
+    assert exposed[-1] < 0.8 * exposed[0], exposed
+
+
+def test_expert_parallel_ranks_sit_tensor_parallel_apart(step):
+    """Mixtral 8x7B with tp 2, cp 4, ep 4 on one 8-GPU node: Megatron-core folds cp x dp into
+    ep x expert-dp, so the 4 EP ranks are 2 apart and all-to-all stays on NVLink. The exposed
+    TP + CP + EP communication must not depend on the scale-out bandwidth."""
+    model = dp.model("mixtral-8x7b")
+    plan = dp.TrainingPlan(tp=2, cp=4, ep=4, dp=1, pp=1, micro_batch=1, global_batch=8,
+                           sequence_parallel=1)
+    base = dp.system("dgx-h100")
+    slow = _scaled(base, lambda s: s.network.scaleout_bandwidth, 0.01)
+    eff = dp.Efficiency()
+    t_base = float(step(model, base, plan, eff).tp_comm_time)
+    t_slow = float(step(model, slow, plan, eff).tp_comm_time)
+    assert t_base > 0
+    assert t_slow == pytest.approx(t_base, rel=1e-6), (t_base, t_slow)
+
+
+def test_zero3_gathers_and_reduces_one_layer_at_a_time(step, dgx_a100):
+    """ZeRO-3 / FSDP over 16 ranks on two 8-GPU nodes with (near) infinite bandwidth: each
+    layer's 2 gathers + 1 reduce-scatter (no recompute) is a 16-rank NCCL ring of 15 fabric
+    steps plus one call overhead, for every one of the 32 layers of Llama-2 7B, per
+    micro-batch; nothing overlaps (zero3_overlap 0)."""
+    model = dp.model("llama2-7b")
+    net = dgx_a100.network
+    fast = eqx.tree_at(lambda s: (s.network.nvlink_bandwidth, s.network.scaleout_bandwidth),
+                       dgx_a100, (net.nvlink_bandwidth * 1e12, net.scaleout_bandwidth * 1e12))
+    eff = dp.Efficiency(zero3_overlap=0.0)
+    plan = dp.TrainingPlan(tp=1, pp=1, dp=16, micro_batch=1, global_batch=32, zero=3)
+    per_collective = 15 * float(net.scaleout_latency) + float(eff.collective_overhead)
+    want = 2 * 32 * 3 * per_collective  # 2 micro-batches x 32 layers x 3 collectives
+    got = float(step(model, fast, plan, eff).dp_comm_time)
+    assert got == pytest.approx(want, rel=2e-3), (got, want)
