@@ -21,8 +21,9 @@ TRAIN = ("seq_len", "dp", "cp", "ep", "vp", "sequence_parallel", "global_batch",
 INFER = ("batch", "input_len", "output_len")
 #: diffperf extension columns of train rows (optional; the schema lets other readers ignore them):
 #: 0/1 flags for overlapping TP communication with GEMMs and the gradient reduction with the
-#: backward pass. Empty or absent = 1 (what current Megatron-core / NeMo recipes do).
-TRAIN_OPTIONAL_FLAGS = ("overlap_tp", "overlap_dp")
+#: backward pass (empty or absent = 1, what current Megatron-core / NeMo recipes do), and for
+#: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units).
+TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_dp": 1.0, "zero3_per_matrix": 0.0}
 TRAIN_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb")
 INFER_METRICS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 #: Documented defaults for empty plan cells (benchmark-schema.md).
@@ -126,11 +127,11 @@ def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
                 if values[c] is None:
                     values[c] = d
                     defaults.append(c)
-            for c in TRAIN_OPTIONAL_FLAGS:
+            for c, default in TRAIN_OPTIONAL_FLAGS.items():
                 x = _number(path, i, c, rec.get(c, ""), required=False)
                 if x not in (None, 0.0, 1.0):
                     raise _err(path, i, c, f"must be 0 or 1, got {rec[c]!r}")
-                values[c] = 1.0 if x is None else x
+                values[c] = default if x is None else x
             if values["sequence_parallel"] is None:
                 values["sequence_parallel"] = 1 if values["tp"] > 1 else 0
                 defaults.append("sequence_parallel")
@@ -169,5 +170,6 @@ def train_specs(row: BenchmarkRow):
                         sequence_parallel=v["sequence_parallel"], recompute=v["recompute"],
                         zero=v["zero"], precision=v["precision"],
                         flash_attention=v["flash_attention"],
-                        overlap_tp=v.get("overlap_tp", 1), overlap_dp=v.get("overlap_dp", 1))
+                        overlap_tp=v.get("overlap_tp", 1), overlap_dp=v.get("overlap_dp", 1),
+                        zero3_per_matrix=v.get("zero3_per_matrix", 0))
     return model, sys_, plan

@@ -47,6 +47,9 @@ class TrainingPlan(eqx.Module):
     - `flash_attention`: 1 for a fused attention kernel that never writes the s x s scores.
     - `overlap_tp`: 1 to overlap TP communication with GEMMs (fraction `Efficiency.tp_overlap`).
     - `overlap_dp`: 1 to overlap the gradient reduction with the backward pass.
+    - `zero3_per_matrix`: ZeRO-3 collective granularity: 0 one transformer layer per gather /
+      reduce-scatter (FSDP units: PyTorch FSDP, Megatron-FSDP), 1 one per weight matrix
+      (DeepSpeed ZeRO-3 gathers parameter by parameter; biases and norms stay replicated).
     """
 
     tp: jax.Array = eqx.field(converter=as_float, default=1)
@@ -64,11 +67,13 @@ class TrainingPlan(eqx.Module):
     flash_attention: jax.Array = eqx.field(converter=as_float, default=1)
     overlap_tp: jax.Array = eqx.field(converter=as_float, default=1)
     overlap_dp: jax.Array = eqx.field(converter=as_float, default=1)
+    zero3_per_matrix: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):
             check_integer("TrainingPlan", name, getattr(self, name))
-        for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp"):
+        for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp",
+                     "zero3_per_matrix"):
             check_choice("TrainingPlan", name, getattr(self, name), {0: "off", 1: "on"})
         check_choice("TrainingPlan", "recompute", self.recompute, RECOMPUTE)
         check_choice("TrainingPlan", "zero", self.zero, ZERO)

@@ -52,7 +52,7 @@ SMOOTH_P = 8.0
 OTHER_FRAC = 0.15
 #: Per-hop latencies of the generated network (as in presets/systems.json), s.
 NVLINK_LATENCY = 2e-6
-SCALEOUT_LATENCY = 5e-6
+SCALEOUT_LATENCY = 14e-6
 #: Fixed kernel launch cost of generated accelerators (as in presets/gpus.json), s.
 LAUNCH_OVERHEAD = 3e-6
 #: Usable wafer diameter for the dies-per-wafer estimate, mm.

@@ -259,8 +259,10 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     ar = coll.all_reduce(net, eff, grads, group, plan.tp)
     rs = coll.reduce_scatter(net, eff, grads, group, plan.tp)
     ag = coll.all_gather(net, eff, wts, group, plan.tp)
-    # ZeRO-3 / FSDP gathers and reduces one transformer layer at a time, per micro-batch.
-    units = layers_per_stage
+    # ZeRO-3 / FSDP gathers and reduces one transformer layer at a time per micro-batch, or
+    # (DeepSpeed) one weight matrix at a time: each is an NCCL ring paying its own latency.
+    units = layers_per_stage * jnp.where(plan.zero3_per_matrix > 0, 2.0 + model.mlp_matrices,
+                                         1.0)
     zero3_per_mb = units * (
         jnp.where(plan.recompute == 2, 3.0, 2.0) * coll.all_gather(net, eff, wts / units, group,
                                                                    plan.tp)

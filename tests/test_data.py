@@ -294,3 +294,6 @@ def test_shipped_2021_22_megatron_rows_do_not_overlap_communication():
     assert old and new
     assert all(r.values["overlap_tp"] == 0 and r.values["overlap_dp"] == 0 for r in old)
     assert all(r.values["overlap_tp"] == 1 and r.values["overlap_dp"] == 1 for r in new)
+    deepspeed = [r for r in rows if r.values["zero3_per_matrix"] == 1]
+    assert {r.id for r in deepspeed} == {r.id for r in rows if "-zero3-" in r.id}
+    assert len(deepspeed) == 6

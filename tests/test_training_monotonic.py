@@ -267,3 +267,7 @@ def test_zero3_gathers_and_reduces_one_layer_at_a_time(step, dgx_a100):
     want = 2 * 32 * 3 * per_collective  # 2 micro-batches x 32 layers x 3 collectives
     got = float(step(model, fast, plan, eff).dp_comm_time)
     assert got == pytest.approx(want, rel=2e-3), (got, want)
+    # DeepSpeed-style ZeRO-3: one ring per weight matrix (q/k/v, out, and 3 SwiGLU matrices).
+    per_matrix = eqx.tree_at(lambda p: p.zero3_per_matrix, plan, 1.0)
+    got_m = float(step(model, fast, per_matrix, eff).dp_comm_time)
+    assert got_m == pytest.approx(5 * want, rel=2e-3), (got_m, 5 * want)
