@@ -73,3 +73,17 @@ def test_vmap_equals_python_loop(batch, step):
     # the batch is not degenerate: step times really differ across the 20 configurations
     assert len(set(np.round(np.log(np.asarray(batched.step_time)), 3))) >= 18
 
+
+
+def test_benchmark_plans_batch_every_plan_field():
+    """`diffperf bench core` vmaps over random plans: every TrainingPlan field (including ones
+    with defaults) must carry the batch axis, and a small rate measurement must run."""
+    import dataclasses
+
+    from diffperf import bench
+    plans = bench.random_plans(64)
+    for f in dataclasses.fields(plans):
+        leaf = getattr(plans, f.name)
+        assert np.shape(leaf) == (64,), (f.name, np.shape(leaf))
+    rate = bench.sweep_rate(2_000, repeats=1)
+    assert rate["configs"] == 2_000 and rate["evals_per_s"] > 0 and rate["feasible"] > 0
