@@ -133,10 +133,10 @@ print(f"calibrated, parameters   {ci.format('s', 4)}")
 
 # %% [markdown]
 # **Finding.** Over 307 published values, calibration cuts the MAPE of training step time from
-# 13.7 % to 10.3 %, of model TFLOP/s from 19.5 % to 10.0 % and of the 22 NVIDIA Llama-2 latency
-# points from 9.2 % to 4.0 % (4.2 % leave-one-out); held out, errors are 1-3 points higher (step
-# time 13.4 % leaving whole sources out, 12.7 % 5-fold). The largest errors remain in
-# TensorRT-LLM throughput (22.5 %) and TTFT (18.0 %). On IMEC's own 11 training values the
-# physical defaults are closer (4.2 %) than the fit (8.0 %; the fit matches the papers' printed
-# values for the same runs to 3.0 %). GPT-3 175B on 64 A100 is predicted at 13.99 s (90 %
-# interval 10.7-18.3 s) against 12.9 s measured (physical defaults: 12.70 s).
+# 9.9 % to 9.5 %, of model TFLOP/s from 20.7 % to 8.0 % and of the 22 NVIDIA Llama-2 latency
+# points from 9.2 % to 4.1 % (4.3 % leave-one-out); held out, errors are 0.5-1.5 points higher
+# (step time 10.9 % leaving whole sources out, 10.0 % 5-fold). The largest errors remain in
+# TensorRT-LLM throughput (22.5 %) and TTFT (18.5 %). On IMEC's own 11 training values the
+# physical defaults are closer (3.7 %) than the fit (8.1 %; the fit matches the papers' printed
+# values for the same runs to 3.0 %). GPT-3 175B on 64 A100 is predicted at 14.15 s (90 %
+# interval 11.5-17.5 s) against 12.9 s measured (physical defaults: 13.10 s).

@@ -97,9 +97,9 @@ for s, w, ratio in A.CLAIMS:
     print(f"claim {ratio:4.1f}x  {w}  [{s}]")
 
 # %% [markdown]
-# **Finding.** At an equal 1,024 GPUs, B200 trains GPT-3 175B 7.35x faster than A100 in fp8
-# (18.0 s to 2.45 s per step) and 10.7x in fp4 (1.68 s); GB200 NVL72 reaches 9.6x and H100 3.7x.
-# Tensor FLOP/s (4.07x) and precision (1.30x) give 83 % of the B200 log speed-up, the three
-# network factors together 1.21x, HBM under 1.07x. The paper's ~35x is a system-scale comparison
-# (more GPUs per system, fp4, best plans): the per-GPU ratio leaves 3.3x (fp4) to 4.8x (fp8) of
-# it to system scale.
+# **Finding.** At an equal 1,024 GPUs, B200 trains GPT-3 175B 8.1x faster than A100 in fp8
+# (16.85 s to 2.08 s per step) and 11.8x in fp4 (1.43 s); GB200 NVL72 reaches 9.5x and H100 3.7x.
+# Tensor FLOP/s (4.22x) and precision (1.27x) give 80 % of the B200 log speed-up, the three
+# network factors together 1.19x, HBM bandwidth and capacity 1.09x, the re-chosen plan 1.17x.
+# The paper's ~35x is a system-scale comparison (more GPUs per system, fp4, best plans): the
+# per-GPU ratio leaves 3.0x (fp4) to 4.3x (fp8) of it to system scale.

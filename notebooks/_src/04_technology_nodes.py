@@ -122,7 +122,7 @@ print(f"full at 1 nm: training compute {fu['train_compute']:.0%}, network "
       f"{fu['infer_latency']:.0%}")
 
 # %% [markdown]
-# Two details of the bars. Memory-only scaling turns batch-1 decode partly compute-bound (44 %
+# Two details of the bars. Memory-only scaling turns batch-1 decode partly compute-bound (42 %
 # at 1 nm): with the 12 nm datapath, GEMMs with one row run at a small fraction of peak (the
 # size-dependent matmul efficiency), so once HBM4e removes the weight-streaming time the
 # FLOP/s show. And the training shares under full scaling move with the best plan, which changes
@@ -130,8 +130,8 @@ print(f"full at 1 nm: training compute {fu['train_compute']:.0%}, network "
 
 # %% [markdown]
 # **Finding.** From 12 nm to 1 nm, logic-only scaling multiplies the FLOP/s by 16.6x but
-# training only by 4.7x (28.3 s to 6.1 s), because the 12 nm-era HBM2 and NVLink2 take over
-# (47 % memory-bound, 44 % network-bound at 1 nm); full scaling gives 12.8x (2.2 s) and stays
-# 81 % compute-bound. Batch-1 decode gains only 1.27x from memory-only scaling (28.4 to 22.3 ms)
-# and 2.0x from full scaling (14.0 ms), where 91 % of the time is fixed launch and all-reduce
+# training only by 4.7x (26.8 s to 5.7 s), because the 12 nm-era HBM2 and NVLink2 take over
+# (47 % memory-bound, 44 % network-bound at 1 nm); full scaling gives 13.3x (2.0 s) and stays
+# 91 % compute-bound. Batch-1 decode gains only 1.27x from memory-only scaling (28.2 to 22.2 ms)
+# and 2.0x from full scaling (14.0 ms), where 92 % of the time is fixed launch and all-reduce
 # latency.
