@@ -71,6 +71,9 @@ def _add_train(sub):
                    default=True, help="fused attention (default on)")
     p.add_argument("--overlap-tp", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--overlap-dp", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--zero3-per-matrix", action="store_true",
+                   help="with --zero 3: DeepSpeed-style gathers, one per weight matrix (default: "
+                        "FSDP-style, one per transformer layer)")
     p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     p.add_argument("--interval", action="store_true",
                    help="also print the 90%% prediction interval of the step time (calibration "
@@ -101,7 +104,8 @@ def _train_inputs(args):
                         vp=args.vp, sequence_parallel=int(sp), recompute=args.recompute,
                         zero=args.zero, precision=args.precision,
                         flash_attention=int(args.flash_attention),
-                        overlap_tp=int(args.overlap_tp), overlap_dp=int(args.overlap_dp))
+                        overlap_tp=int(args.overlap_tp), overlap_dp=int(args.overlap_dp),
+                        zero3_per_matrix=int(args.zero3_per_matrix))
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu)
 
 

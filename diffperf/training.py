@@ -271,7 +271,9 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # Gradients are reduced during the backward pass of the last micro-batch (and, with a sharded
     # optimizer, parameters are gathered during the first forward); ZeRO-3 prefetches all along.
     # With vp interleaved chunks, chunk c is done (vp - 1 - c) * pp chunk passes before the end of
-    # the cool-down, so the window is ((vp - 1) * pp + 1) / vp micro-batch passes of the stage.
+    # the cool-down, so the window is ((vp - 1) * pp + 1) / vp micro-batch passes of the stage
+    # (NeMo's communication-overlap guide: the DP communication is chunked per virtual stage and
+    # only about one chunk stays exposed).
     window = jnp.minimum(((plan.vp - 1.0) * plan.pp + 1.0) / plan.vp, m)
     last_mb = window * layers_per_stage * (
         layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))

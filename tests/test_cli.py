@@ -25,6 +25,18 @@ def test_train_json_breakdown_adds_up(capsys):
     assert 0 < s["mfu"] <= s["hfu"] < 1
 
 
+def test_train_zero3_per_matrix_pays_more_gathers(capsys):
+    """DeepSpeed-style ZeRO-3 (one gather per weight matrix) over 256 GPUs exposes more
+    data-parallel communication than FSDP-style per-layer gathers; compute is unchanged."""
+    base = ("train", "--model", "gpt-7.5b", "--gpus", "256", "--tp", "1", "--pp", "1", "--vp",
+            "1", "--zero", "3", "--global-batch", "256", "--json")
+    per_layer = json.loads(run(capsys, *base)[1])["breakdown_s"]
+    per_matrix = json.loads(run(capsys, *base, "--zero3-per-matrix")[1])["breakdown_s"]
+    assert per_matrix["compute"] == pytest.approx(per_layer["compute"], rel=1e-6)
+    dp_key = next(k for k in per_layer if k.startswith("dp_comm"))
+    assert per_matrix[dp_key] > per_layer[dp_key] > 0
+
+
 def test_train_interval_brackets_the_prediction(capsys):
     code, out, _ = run(capsys, "train", "--model", "gpt-7.5b", "--gpus", "32", "--tp", "4",
                        "--pp", "2", "--vp", "1", "--global-batch", "64", "--interval", "--json")
