@@ -29,7 +29,8 @@ class TrainingPlan(eqx.Module):
     """How one training job is parallelised and run.
 
     Ranks are ordered tensor-parallel innermost, then context, data, pipeline parallel outermost
-    (Megatron's order); experts are sharded over `ep` of the data-parallel ranks.
+    (Megatron's order); experts are sharded over `ep` of the data x context-parallel ranks,
+    which Megatron-core lays out tp apart for the expert layers.
 
     **Arguments:**
 
