@@ -24,6 +24,18 @@ sys.path.insert(0, str(ROOT))
 SETTINGS = {"balance": 1.0, "prior_weight": 1e-3, "group_prior_weight": 1e-2,
             "adam_steps": 50, "lbfgs_steps": 300}
 CV_KINDS = ("source", "kfold", "loo")
+#: Report tables: (section heading or None to continue the previous one, first-column title,
+#: summary key, note printed above the table).
+SECTIONS = (
+    ("IMEC validation points", "subset", "imec", None),
+    ("Per measured column", "column", "metric", None),
+    ("Per source", "source", "source", None),
+    ("Per GPU", "GPU", "gpu", None),
+    ("Per kind", "kind", "kind", None),
+    (None, "kind (rows)", "kind_rows",
+     "One error per benchmark row (a row's errors averaged over the columns it measures; "
+     "NeMo / Megatron-Bridge rows give tokens/s and model TFLOP/s, which are one measurement):"),
+)
 
 
 def _progress(stage, step, total, loss):
@@ -154,32 +166,11 @@ def main(argv=None) -> int:
         "over the IMEC experiments (each fold holds out one run and its paper twin; trained on "
         "everything else). MAPE in percent.",
         "",
-        "## IMEC validation points",
-        "",
-        _table("subset", ins, cvs, "imec"),
-        "",
-        "## Per measured column",
-        "",
-        _table("column", ins, cvs, "metric"),
-        "",
-        "## Per source",
-        "",
-        _table("source", ins, cvs, "source"),
-        "",
-        "## Per GPU",
-        "",
-        _table("GPU", ins, cvs, "gpu"),
-        "",
-        "## Per kind",
-        "",
-        _table("kind", ins, cvs, "kind"),
-        "",
-        "One error per benchmark row (a row's errors averaged over the columns it measures; "
-        "NeMo / Megatron-Bridge rows give tokens/s and model TFLOP/s, which are one "
-        "measurement):",
-        "",
-        _table("kind (rows)", ins, cvs, "kind_rows"),
-        "",
+    ]
+    for heading, title, key, note in SECTIONS:
+        lines += [f"## {heading}", ""] if heading else []
+        lines += ([note, ""] if note else []) + [_table(title, ins, cvs, key), ""]
+    lines += [
         "## Fitted factors",
         "",
         "| factor | shared | " + " | ".join(fit.per_gpu) + " |",
