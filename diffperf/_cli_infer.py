@@ -37,6 +37,9 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
                    help="GEMM input precision (default: --precision)")
     p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
     p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
+    p.add_argument("--per-head-decode", action="store_true",
+                   help="decode attention with one thread block per query head (TensorRT-LLM "
+                        "masked MHA) instead of a grouped GQA kernel")
     p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
     p.add_argument("--interval", action="store_true",
                    help="also print the 90%% prediction interval of the end-to-end latency")
@@ -54,7 +57,8 @@ def _specs(args):
     plan = InferencePlan(tp=args.tp, pp=args.pp, batch=args.batch, input_len=args.input,
                          output_len=args.output, weight_precision=args.precision,
                          activation_precision=act, kv_precision=args.kv_precision or args.precision,
-                         flash_attention=0 if args.no_flash else 1)
+                         flash_attention=0 if args.no_flash else 1,
+                         grouped_decode_attention=0 if args.per_head_decode else 1)
     eff = efficiency_from_json(args.efficiency) if args.efficiency else default_efficiency()
     if hasattr(eff, "for_gpu"):
         eff = eff.for_gpu(args.gpu)  # the GPU's calibrated factors, when the file has them

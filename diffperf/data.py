@@ -24,6 +24,10 @@ INFER = ("batch", "input_len", "output_len")
 #: backward pass (empty or absent = 1, what current Megatron-core / NeMo recipes do), and for
 #: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units).
 TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_dp": 1.0, "zero3_per_matrix": 0.0}
+#: diffperf extension column of infer rows: 0/1, whether decode attention runs a grouped
+#: tensor-core kernel (empty or absent = 1) or TensorRT-LLM's per-query-head masked MHA (0); see
+#: `InferencePlan.grouped_decode_attention`.
+INFER_OPTIONAL_FLAGS = {"grouped_decode_attention": 1.0}
 TRAIN_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb")
 INFER_METRICS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 #: Documented defaults for empty plan cells (benchmark-schema.md).
@@ -66,6 +70,17 @@ def _number(path, i, col, value, required=True):
     if not np.isfinite(x):
         raise _err(path, i, col, f"{value!r} is not a finite number")
     return x
+
+
+def _flags(path, i, rec, flags: dict[str, float]) -> dict[str, float]:
+    """Optional 0/1 extension columns of row `i`: their value, or the default when empty."""
+    out = {}
+    for c, default in flags.items():
+        x = _number(path, i, c, rec.get(c, ""), required=False)
+        if x not in (None, 0.0, 1.0):
+            raise _err(path, i, c, f"must be 0 or 1, got {rec[c]!r}")
+        out[c] = default if x is None else x
+    return out
 
 
 def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
@@ -127,11 +142,7 @@ def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
                 if values[c] is None:
                     values[c] = d
                     defaults.append(c)
-            for c, default in TRAIN_OPTIONAL_FLAGS.items():
-                x = _number(path, i, c, rec.get(c, ""), required=False)
-                if x not in (None, 0.0, 1.0):
-                    raise _err(path, i, c, f"must be 0 or 1, got {rec[c]!r}")
-                values[c] = default if x is None else x
+            values.update(_flags(path, i, rec, TRAIN_OPTIONAL_FLAGS))
             if values["sequence_parallel"] is None:
                 values["sequence_parallel"] = 1 if values["tp"] > 1 else 0
                 defaults.append("sequence_parallel")
@@ -139,6 +150,7 @@ def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
         else:
             for c in INFER:
                 values[c] = _number(path, i, c, rec[c])
+            values.update(_flags(path, i, rec, INFER_OPTIONAL_FLAGS))
             metrics = INFER_METRICS
         measured = {}
         for c in metrics:

@@ -37,6 +37,12 @@ class InferencePlan(eqx.Module):
       weight and activation precisions (e.g. fp4 weights with bf16 activations run bf16 math).
     - `kv_precision`: storage precision of the KV cache.
     - `flash_attention`: 1 for a fused prefill attention kernel that never writes the scores.
+    - `grouped_decode_attention`: 1 for a decode attention kernel that serves all the query heads
+      of a GQA group from one read of their KV head on tensor cores (FlashDecoding, FlashInfer,
+      TensorRT-LLM XQA); 0 for one CUDA-core thread block per query head (TensorRT-LLM's masked
+      MHA, which TensorRT-LLM <= 0.9 ran for multi-head attention and for every GQA group size
+      without an XQA kernel): a group's K/V are re-read per query head, partly from L2
+      (`Efficiency.kv_reread`).
     """
 
     tp: jax.Array = eqx.field(converter=as_float, default=1)
@@ -49,6 +55,7 @@ class InferencePlan(eqx.Module):
                                                 default=1)
     kv_precision: jax.Array = eqx.field(converter=_precision("kv_precision"), default=1)
     flash_attention: jax.Array = eqx.field(converter=as_float, default=1)
+    grouped_decode_attention: jax.Array = eqx.field(converter=as_float, default=1)
 
     def __check_init__(self):
         for name in ("tp", "pp", "batch", "input_len", "output_len"):
@@ -56,6 +63,8 @@ class InferencePlan(eqx.Module):
         for name in ("weight_precision", "activation_precision", "kv_precision"):
             check_choice("InferencePlan", name, getattr(self, name), PRECISIONS)
         check_choice("InferencePlan", "flash_attention", self.flash_attention, {0: "off", 1: "on"})
+        check_choice("InferencePlan", "grouped_decode_attention", self.grouped_decode_attention,
+                     {0: "off", 1: "on"})
 
     @property
     def num_gpus(self) -> jax.Array:

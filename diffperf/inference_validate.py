@@ -33,7 +33,8 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
     p = v["precision"]
     plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=v["input_len"],
                          output_len=v["output_len"], weight_precision=p,
-                         activation_precision=p, kv_precision=p)
+                         activation_precision=p, kv_precision=p,
+                         grouped_decode_attention=v.get("grouped_decode_attention", 1))
     return model, sys_, plan
 
 

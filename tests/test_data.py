@@ -310,6 +310,38 @@ def test_optional_overlap_flags(tmp_path):
     _error(_write(tmp_path / "bad.csv", rows, header), "row 3", "overlap_tp")
 
 
+def test_optional_decode_attention_flag(tmp_path):
+    """The infer extension column grouped_decode_attention: empty or absent = 1, 0 reaches the
+    plan, anything else names file, row and column."""
+    from diffperf.inference_validate import infer_specs
+    header = ["id", "kind", "source", "model", "layers", "hidden", "heads", "kv_heads",
+              "ffn_hidden", "vocab", "gated_mlp", "num_experts", "experts_per_token", "gpu",
+              "num_gpus", "gpus_per_node", "tp", "pp", "precision", "batch", "input_len",
+              "output_len", "ttft_s", "grouped_decode_attention", "notes"]
+    base = dict(kind="infer", source="s", model="Mistral-7B", layers=32, hidden=4096, heads=32,
+                kv_heads=8, ffn_hidden=14336, vocab=32000, gated_mlp=1, num_experts=1,
+                experts_per_token=1, gpu="h100-sxm5-80gb", num_gpus=1, gpus_per_node=8, tp=1,
+                pp=1, precision="fp8", batch=1, input_len=128, output_len=1, ttft_s=0.0065)
+    rows = [{**base, "id": f"i{k}", "grouped_decode_attention": v}
+            for k, v in enumerate(["0", "", "1"])]
+    parsed = read_benchmarks(_write(tmp_path / "inf.csv", rows, header))
+    assert [float(infer_specs(r)[2].grouped_decode_attention) for r in parsed] == [0.0, 1.0, 1.0]
+    rows[1]["grouped_decode_attention"] = "yes"
+    _error(_write(tmp_path / "bad.csv", rows, header), "row 2", "grouped_decode_attention")
+
+
+def test_shipped_trtllm09_rows_name_their_decode_kernel():
+    """TensorRT-LLM 0.9 shipped XQA kernels only for 8 query heads per KV head (head dim 128 /
+    256); every other model ran masked MHA. Only Llama-2-70B (64 / 8 heads) qualifies."""
+    rows = [r for r in read_benchmarks(ROOT / "benchmarks_data" / "infer_calibration.csv")
+            if r.id.startswith("trtllm090")]
+    assert rows
+    for r in rows:
+        v = r.values
+        xqa = v["heads"] / v["kv_heads"] == 8 and v["hidden"] / v["heads"] in (128, 256)
+        assert v["grouped_decode_attention"] == (1.0 if xqa else 0.0), r.id
+
+
 def test_shipped_2021_22_megatron_rows_do_not_overlap_communication():
     """Megatron-LM as run by Narayanan 2021 / Korthikanti 2022 had no TP-communication overlap
     and reduced gradients after the backward pass; the shipped CSV says so for those rows."""

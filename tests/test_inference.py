@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from diffperf.boundedness import bound_shares, boundedness, dram_scaling, roofline_plot
 from diffperf.efficiency import Efficiency
-from diffperf.inference import (experts_touched, infer, kv_cache_bytes_per_gpu,
+from diffperf.inference import (experts_touched, infer, inference_ops, kv_cache_bytes_per_gpu,
+                                kv_read_factor,
                                 weight_bytes_per_gpu)
 from diffperf.inference_plan import InferencePlan
 from diffperf.presets import model, system
@@ -68,6 +69,30 @@ def test_decode_is_weight_streaming_by_hand():
     # The smooth maximum of (~0 compute, memory) exceeds the memory time by 0.25 %.
     assert float(r.tpot) == pytest.approx(weights / bw, rel=0.01)
     assert float(r.e2e_latency) == pytest.approx(float(r.ttft + r.tpot), rel=1e-6)
+
+
+def test_per_head_decode_rereads_gqa_kv_by_hand():
+    """A per-query-head decode kernel (TensorRT-LLM masked MHA) re-reads a GQA group's K/V
+    once per extra query head, a fraction `kv_reread` of it from HBM: Mistral-7B at tp 1 has 32
+    query heads on 8 KV heads, so g = 4 and the KV traffic is 1 + 3 * 0.4 = 2.2 times its size;
+    a grouped kernel (XQA / FlashDecoding) reads it once; multi-head attention is unaffected."""
+    gqa, mha = model("mistral-7b"), model("llama2-7b")
+    eff = Efficiency(kv_reread=0.4)
+    plan = InferencePlan(batch=16, input_len=1000, output_len=200)
+    per_head = eqx.tree_at(lambda p: p.grouped_decode_attention, plan, jnp.asarray(0.0))
+    assert float(kv_read_factor(gqa, plan, eff)) == 1.0
+    assert float(kv_read_factor(gqa, per_head, eff)) == pytest.approx(2.2)
+    assert float(kv_read_factor(mha, per_head, eff)) == 1.0
+    s = system(H100)
+    read = lambda p: float(inference_ops(gqa, s, p, eff)["decode"]["attention"].bytes)
+    steps, context = 199, 1000 + 100  # sum of the 199 decode steps' contexts = steps * context
+    kv = 16 * steps * context * 2 * 32 * 8 * 128 * 2  # batch, tokens, K+V, layers, heads, d, B
+    assert read(plan) == pytest.approx(kv)
+    assert read(per_head) == pytest.approx(2.2 * kv)
+    # More L2 misses never make decode faster.
+    tpots = [float(infer(gqa, s, per_head, Efficiency(kv_reread=r)).tpot)
+             for r in (0.0, 0.3, 0.6, 1.0)]
+    assert tpots == sorted(tpots) and tpots[-1] > tpots[0]
 
 
 @pytest.mark.parametrize("gpu", [A100, H100, B200])
@@ -147,6 +172,7 @@ def test_reason_codes_and_fit():
 @pytest.mark.parametrize("kwargs, match", [
     ({"tp": 0}, "tp"), ({"batch": 1.5}, "batch"), ({"weight_precision": "fp5"}, "fp5"),
     ({"kv_precision": 7}, "kv_precision"), ({"flash_attention": 2}, "flash_attention"),
+    ({"grouped_decode_attention": 0.5}, "grouped_decode_attention"),
     ({"output_len": -1}, "output_len"),
 ])
 def test_invalid_plans_raise(kwargs, match):
@@ -237,6 +263,19 @@ def test_cli_runs(capsys, tmp_path):
             rc = e.code
         capsys.readouterr()
         assert rc in (0, 2)
+
+
+def test_cli_per_head_decode_is_slower_for_gqa(capsys):
+    """`--per-head-decode` (masked-MHA decode attention) re-reads GQA K/V: a slower TPOT."""
+    import json
+    from diffperf._cli_infer import run_infer
+    argv = ["infer", "--model", "llama2-70b", "--gpu", H100, "--tp", "4", "--batch", "64",
+            "--input", "2048", "--output", "512", "--json"]
+    tpot = []
+    for extra in ([], ["--per-head-decode"]):
+        assert run_infer(_cli_args(argv + extra)) == 0
+        tpot.append(json.loads(capsys.readouterr().out)["tpot_s"])
+    assert tpot[1] > 1.2 * tpot[0]
 
 
 @pytest.mark.parametrize("argv, match", [
