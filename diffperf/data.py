@@ -24,6 +24,9 @@ INFER = ("batch", "input_len", "output_len")
 #: backward pass (empty or absent = 1, what current Megatron-core / NeMo recipes do), and for
 #: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units).
 TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_dp": 1.0, "zero3_per_matrix": 0.0}
+#: diffperf extension column of rows of both kinds: 0/1, a parallel attention + MLP block
+#: (GPT-J, Falcon; empty or absent = 0, the sequential block); see `Transformer`.
+MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0}
 #: diffperf extension column of infer rows: 0/1, whether decode attention runs a grouped
 #: tensor-core kernel (empty or absent = 1) or TensorRT-LLM's per-query-head masked MHA (0); see
 #: `InferencePlan.grouped_decode_attention`.
@@ -126,6 +129,7 @@ def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
         values = {c: _number(path, i, c, rec[c]) for c in _REQUIRED_NUMBERS}
         values["gpu"] = rec["gpu"]
         values["precision"] = rec["precision"].lower()
+        values.update(_flags(path, i, rec, MODEL_OPTIONAL_FLAGS))
         defaults = []
         if kind == "train":
             for c in ("seq_len", "dp", "global_batch"):
@@ -175,7 +179,8 @@ def train_specs(row: BenchmarkRow):
     model = Transformer(layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
                         kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
                         seq_len=v["seq_len"], gated_mlp=v["gated_mlp"],
-                        num_experts=v["num_experts"], experts_per_token=v["experts_per_token"])
+                        num_experts=v["num_experts"], experts_per_token=v["experts_per_token"],
+                        parallel_attention=v.get("parallel_attention", 0))
     sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
     plan = TrainingPlan(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=v["cp"], ep=v["ep"],
                         micro_batch=v["micro_batch"], global_batch=v["global_batch"], vp=v["vp"],

@@ -42,7 +42,8 @@ from .model import Transformer
 from .roofline import bytes_per_element, peak_matmul_flops, smooth_max
 
 #: Element-wise kernels per layer and step (TensorRT-LLM style fusion): input RMSNorm,
-#: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add.
+#: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add (one
+#: fewer in a parallel attention + MLP block, which has a single residual add).
 ELEMENTWISE_KERNELS = 4.0
 #: Extra kernels per MoE layer: router softmax + top-k, token permute, un-permute + combine.
 MOE_KERNELS = 3.0
@@ -190,11 +191,15 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     th = tokens * x.h
     act = tokens * model.experts_per_token * x.f
     rope = tokens * (x.heads + x.kv) * x.d
-    nbytes = (2.0 * th * 2.0 * x.sb + 2.0 * th * 3.0 * x.sb  # 2 norms, 2 residual adds
+    # 2 norms; 2 residual adds (read 2, write 1) or, in a parallel block, one that reads the
+    # residual and both branch outputs.
+    residual = th * x.sb * (6.0 - 2.0 * model.parallel_attention)
+    nbytes = (2.0 * th * 2.0 * x.sb + residual
               + act * x.ab * (model.mlp_matrices)  # activation: read 1-2 inputs, write 1
               + rope * 2.0 * x.ab + tokens * 2.0 * x.kv * x.d * x.kb)  # RoPE, KV write
     flops = 2.0 * th * 5.0 + 2.0 * th + act * 8.0 + rope * 6.0
-    kernels = ELEMENTWISE_KERNELS + jnp.where(x.moe, MOE_KERNELS, 0.0)
+    kernels = (ELEMENTWISE_KERNELS - model.parallel_attention
+               + jnp.where(x.moe, MOE_KERNELS, 0.0))
     acc = system.accelerator
     return _compute(system, eff, flops, nbytes, acc.vector_flops * eff.vector, kernels)
 
@@ -260,7 +265,9 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
     per_layer["attention"] = attention
     per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens)
     msg = tokens * x.h * x.sb
-    per_layer["tp_allreduce"] = 2.0 * _network(coll.all_reduce(net, eff, msg, plan.tp), msg)
+    reductions = 2.0 - model.parallel_attention  # one per branch, or one per parallel block
+    per_layer["tp_allreduce"] = reductions * _network(coll.all_reduce(net, eff, msg, plan.tp),
+                                                      msg)
     ops.update({k: layers * v for k, v in per_layer.items()})
     ops["pp_send_recv"] = (plan.pp - 1.0) * _network(
         coll.send_recv(net, eff, msg, plan.tp), msg)

@@ -28,7 +28,8 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
     model = Transformer(layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
                         kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
                         seq_len=context, gated_mlp=v["gated_mlp"],
-                        num_experts=v["num_experts"], experts_per_token=v["experts_per_token"])
+                        num_experts=v["num_experts"], experts_per_token=v["experts_per_token"],
+                        parallel_attention=v.get("parallel_attention", 0))
     sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
     p = v["precision"]
     plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=v["input_len"],

@@ -30,6 +30,9 @@ class Transformer(eqx.Module):
     - `gated_mlp`: 1 for a SwiGLU-style 3-matrix MLP, 0 for a 2-matrix GeLU MLP.
     - `num_experts`: E experts per MoE layer (1 = dense).
     - `experts_per_token`: top-k experts each token is routed to (1 = dense).
+    - `parallel_attention`: 1 for a parallel block (GPT-J, GPT-NeoX, Falcon, PaLM) that adds the
+      attention and MLP outputs of the same normalised input to the residual in one step: one
+      tensor-parallel reduction per layer and pass instead of two; 0 for the sequential block.
     """
 
     layers: jax.Array = _F()
@@ -42,6 +45,7 @@ class Transformer(eqx.Module):
     gated_mlp: jax.Array = eqx.field(converter=as_float, default=0)
     num_experts: jax.Array = eqx.field(converter=as_float, default=1)
     experts_per_token: jax.Array = eqx.field(converter=as_float, default=1)
+    parallel_attention: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -49,6 +53,8 @@ class Transformer(eqx.Module):
             check_integer("Transformer", name, getattr(self, name))
         check_fraction("Transformer", "gated_mlp", self.gated_mlp)
         check_integer("Transformer", "gated_mlp", self.gated_mlp, minimum=0)
+        check_fraction("Transformer", "parallel_attention", self.parallel_attention)
+        check_integer("Transformer", "parallel_attention", self.parallel_attention, minimum=0)
         check_divides("Transformer", "heads", self.heads, "hidden", self.hidden)
         check_divides("Transformer", "kv_heads", self.kv_heads, "heads", self.heads)
         if self.is_concrete() and bool(jnp.any(self.experts_per_token > self.num_experts)):
@@ -123,6 +129,11 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> 
     model_type = str(cfg.get("model_type", "")).lower()
     gated = 1 if (act in ("silu", "swiglu", "swish") or model_type in ("llama", "mistral",
                                                                      "mixtral", "qwen2")) else 0
+    # Parallel attention + MLP: Falcon's `parallel_attn`, GPT-NeoX's `use_parallel_residual`
+    # (default true), GPT-J always.
+    parallel = bool(cfg.get("parallel_attn", False)
+                    or cfg.get("use_parallel_residual", model_type == "gpt_neox")
+                    or model_type == "gptj")
     return Transformer(
         layers=pick("num_hidden_layers", "n_layer", "num_layers"),
         hidden=hidden,
@@ -135,4 +146,5 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> 
         gated_mlp=gated,
         num_experts=pick("num_local_experts", "num_experts", "n_routed_experts", default=1),
         experts_per_token=pick("num_experts_per_tok", "moe_top_k", default=1),
+        parallel_attention=1 if parallel else 0,
     )

@@ -156,7 +156,10 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     sp_div = jnp.where(plan.sequence_parallel > 0, t, 1.0)
     norm_elems = tokens * h / sp_div
     act_elems = tokens * k_top * f / t
-    elem_bytes = norm_elems * (2 * 2 * ab + 2 * (3 * ab + 1)) + act_elems * ab * (
+    # Two bias-dropout-residual adds (read 2, write 1, 1-byte mask each); a parallel block has
+    # one that reads the residual and both branches.
+    residual_bytes = 6 * ab + 2 - 2 * ab * model.parallel_attention
+    elem_bytes = norm_elems * (2 * 2 * ab + residual_bytes) + act_elems * ab * (
         2.0 + model.gated_mlp)
     elem_flops = norm_elems * (2 * 8 + 2 * 3) + act_elems * 8
     elem_fwd = op_time(acc, eff, elem_flops, elem_bytes, kernels=5.0)
@@ -167,8 +170,10 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
                           jnp.where((plan.recompute == 1) & ~flash, attn_fwd, 0.0))
 
     # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather with SP) in the forward,
-    # 2 in the backward, 2 more when the whole forward is recomputed.
-    n_tp = jnp.where(plan.recompute == 2, 6.0, 4.0)
+    # 2 in the backward, 2 more when the whole forward is recomputed; half as many in a parallel
+    # attention + MLP block (one reduction of the summed branches per pass).
+    per_block = jnp.where(plan.recompute == 2, 6.0, 4.0)
+    n_tp = per_block * (1.0 - 0.5 * model.parallel_attention)
     msg = tokens * h * ab
     tp_one = jnp.where(plan.sequence_parallel > 0,
                        coll.reduce_scatter(net, eff, msg, t) + coll.all_gather(net, eff, msg, t),
@@ -182,7 +187,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # Expert parallel: dispatch + combine all-to-all per pass. Megatron-core folds cp x dp into
     # ep x expert-dp for the expert layers, so EP ranks sit tp apart (its 'tp-ep-dp-pp' order).
     a2a = coll.all_to_all(net, eff, tokens * k_top * h * ab, ep, t)
-    ep_comm = jnp.where(moe, n_tp * a2a, 0.0)
+    ep_comm = jnp.where(moe, per_block * a2a, 0.0)
     return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm)
 
 

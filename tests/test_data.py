@@ -281,6 +281,21 @@ def test_transformer_from_mixtral_hf_config(tmp_path):
     assert abs(active - 12.9e9) / 12.9e9 < 0.02
 
 
+@pytest.mark.parametrize("cfg, parallel", [
+    ({"model_type": "falcon", "parallel_attn": True, "new_decoder_architecture": True}, 1),
+    ({"model_type": "falcon", "parallel_attn": False}, 0),
+    ({"model_type": "gptj"}, 1),
+    ({"model_type": "gpt_neox"}, 1),  # use_parallel_residual defaults to true
+    ({"model_type": "gpt_neox", "use_parallel_residual": False}, 0),
+    ({"model_type": "llama"}, 0),
+])
+def test_hf_config_parallel_attention(tmp_path, cfg, parallel):
+    base = {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 4,
+            "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps({**base, **cfg}))
+    assert float(dp.transformer_from_hf_config(tmp_path).parallel_attention) == parallel
+
+
 def test_hf_config_errors(tmp_path):
     with pytest.raises(ValueError, match="config"):
         dp.transformer_from_hf_config(tmp_path / "missing")
@@ -328,6 +343,24 @@ def test_optional_decode_attention_flag(tmp_path):
     assert [float(infer_specs(r)[2].grouped_decode_attention) for r in parsed] == [0.0, 1.0, 1.0]
     rows[1]["grouped_decode_attention"] = "yes"
     _error(_write(tmp_path / "bad.csv", rows, header), "row 2", "grouped_decode_attention")
+
+
+def test_optional_parallel_attention_column(tmp_path):
+    """The model extension column parallel_attention (both kinds): empty or absent = 0."""
+    rows = _rows(3)
+    rows[0]["parallel_attention"] = "1"
+    rows[2]["parallel_attention"] = "0"
+    header = HEADER[:-1] + ["parallel_attention", "notes"]
+    parsed = read_benchmarks(_write(tmp_path / "par.csv", rows, header))
+    assert [float(train_specs(r)[0].parallel_attention) for r in parsed] == [1.0, 0.0, 0.0]
+    rows[1]["parallel_attention"] = "0.5"
+    _error(_write(tmp_path / "bad.csv", rows, header), "row 2", "parallel_attention")
+    infer_rows = read_benchmarks(ROOT / "benchmarks_data" / "infer_calibration.csv")
+    flagged = {r.values["parallel_attention"] == 1 for r in infer_rows
+               if r.id.startswith("trtllm090") and ("falcon" in r.id or "gpt-j" in r.id)}
+    others = {r.values["parallel_attention"] for r in infer_rows
+              if not ("falcon" in r.id or "gpt-j" in r.id)}
+    assert flagged == {True} and others == {0.0}
 
 
 def test_shipped_trtllm09_rows_name_their_decode_kernel():

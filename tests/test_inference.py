@@ -95,6 +95,27 @@ def test_per_head_decode_rereads_gqa_kv_by_hand():
     assert tpots == sorted(tpots) and tpots[-1] > tpots[0]
 
 
+def test_parallel_block_halves_tp_reductions_by_hand():
+    """A parallel attention + MLP block (Falcon, GPT-J) reduces the summed branches once per
+    layer: exactly half the all-reduce time of the sequential block, in both phases, and a
+    residual add that reads three tensors instead of two adds of two."""
+    seq = model("falcon-180b")
+    par = eqx.tree_at(lambda m: m.parallel_attention, seq, jnp.asarray(1.0))
+    seq = eqx.tree_at(lambda m: m.parallel_attention, seq, jnp.asarray(0.0))
+    s = system(H100)
+    plan = InferencePlan(tp=8, batch=4, input_len=512, output_len=64)
+    a, b = inference_ops(seq, s, plan, EFF), inference_ops(par, s, plan, EFF)
+    for phase, passes in (("prefill", 1), ("decode", 63)):  # decode sums its 63 steps
+        assert float(b[phase]["tp_allreduce"].network) == pytest.approx(
+            0.5 * float(a[phase]["tp_allreduce"].network))
+        assert float(b[phase]["elementwise"].kernels) == pytest.approx(
+            float(a[phase]["elementwise"].kernels) - 80 * passes)
+    tokens, h = 4 * 512, 14848
+    saved = float(a["prefill"]["elementwise"].bytes - b["prefill"]["elementwise"].bytes)
+    assert saved == pytest.approx(80 * tokens * h * 2 * 2)  # 80 layers, 2 elements of 2 B
+    assert float(infer(par, s, plan, EFF).e2e_latency) < float(infer(seq, s, plan, EFF).e2e_latency)
+
+
 @pytest.mark.parametrize("gpu", [A100, H100, B200])
 def test_llama70b_prefill_compute_bound_decode_memory_bound(gpu):
     plan = InferencePlan(tp=4, batch=8, input_len=2048, output_len=128)

@@ -79,6 +79,12 @@ def test_transformer_top_k_cannot_exceed_experts():
             "experts_per_token", "9", "8")
 
 
+@pytest.mark.parametrize("value", [2, 0.5, -1])
+def test_transformer_parallel_attention_is_a_flag(value):
+    _raises(lambda: dp.Transformer(**GPT, parallel_attention=value), "parallel_attention",
+            str(value))
+
+
 @pytest.mark.parametrize("field,value", [("hbm_bandwidth", 0.0), ("flops_bf16", -1.0),
                                          ("hbm_capacity", float("inf")), ("num_sms", 10.5),
                                          ("launch_overhead", -1e-6)])

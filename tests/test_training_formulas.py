@@ -269,3 +269,20 @@ def test_memory_total_is_sum_and_reserve(gpt3, eff):
     mem = training_memory(gpt3, plan, eff)
     parts = mem.weights + mem.gradients + mem.optimizer + mem.activations + eff.memory_reserve
     np.testing.assert_allclose(float(mem.total), float(parts), rtol=1e-6)
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+@pytest.mark.parametrize("sp", [0, 1])
+def test_parallel_block_halves_tp_communication(step, gpt22b, dgx_a100, eff, recompute, sp):
+    """A parallel attention + MLP block reduces the summed branches once per pass instead of
+    once per branch: exactly half the tensor-parallel communication, with and without sequence
+    parallelism and full recomputation, and a shorter step."""
+    import equinox as eqx
+    import jax.numpy as jnp
+    par = eqx.tree_at(lambda m: m.parallel_attention, gpt22b, jnp.asarray(1.0))
+    plan = dp.TrainingPlan(tp=8, pp=1, dp=1, micro_batch=1, global_batch=4,
+                           recompute=recompute, sequence_parallel=sp)
+    a, b = step(gpt22b, dgx_a100, plan, eff), step(par, dgx_a100, plan, eff)
+    assert float(a.tp_comm_time) > 0
+    assert float(b.tp_comm_time) == pytest.approx(0.5 * float(a.tp_comm_time), rel=1e-6)
+    assert float(b.step_time) < float(a.step_time)

@@ -19,7 +19,7 @@ _ACCEL_FIELDS = ("flops_fp32", "flops_bf16", "flops_fp8", "flops_fp4", "vector_f
 _NET_FIELDS = ("nvlink_domain", "nvlink_bandwidth", "nvlink_latency", "scaleout_bandwidth",
                "scaleout_latency", "nvlink_sharp")
 _MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
-                 "gated_mlp", "num_experts", "experts_per_token")
+                 "gated_mlp", "num_experts", "experts_per_token", "parallel_attention")
 
 
 @functools.cache
