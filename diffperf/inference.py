@@ -8,8 +8,8 @@ all-reduces, pipeline send/recv - and a phase's time is the sum of its operation
 
     t_op = smax(FLOPs / rate, HBM bytes / (BW_hbm * e_hbm)) + network + kernels * t_kernel
 
-with `smax` the smooth maximum of `diffperf.roofline`, and `t_kernel = launch_overhead +
-kernel_overhead` the fixed cost of one kernel. Definitions:
+with `smax` the smooth maximum of `diffperf.roofline` (its softer GEMM knee for GEMMs), and
+`t_kernel = launch_overhead + kernel_overhead` the fixed cost of one kernel. Definitions:
 
 - TTFT = prefill time (including the LM head of the last prompt token), as in NVIDIA's
   first-token-latency tables measured with `output_len = 1`.
@@ -39,7 +39,8 @@ from .efficiency import Efficiency, matmul_efficiency
 from .hardware import System
 from .inference_plan import InferencePlan
 from .model import Transformer
-from .roofline import bytes_per_element, peak_matmul_flops, smooth_max
+from .roofline import (GEMM_SHARPNESS, SHARPNESS, bytes_per_element, peak_matmul_flops,
+                       smooth_max)
 
 #: Element-wise kernels per layer and step (TensorRT-LLM style fusion): input RMSNorm,
 #: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add (one
@@ -82,12 +83,13 @@ class Cost(eqx.Module):
     network: jax.Array
     launch: jax.Array
     kernels: jax.Array
+    sharpness: float = eqx.field(static=True, default=SHARPNESS)  # knee of the smooth maximum
 
     @property
     def roofline(self) -> jax.Array:
         """Smooth maximum of the compute and memory times (exactly 0 for an absent op), s."""
-        return jnp.where(self.compute + self.memory > 0, smooth_max(self.compute, self.memory),
-                         0.0)
+        return jnp.where(self.compute + self.memory > 0,
+                         smooth_max(self.compute, self.memory, self.sharpness), 0.0)
 
     @property
     def time(self) -> jax.Array:
@@ -105,12 +107,14 @@ def _kernel_time(system: System, eff: Efficiency) -> jax.Array:
     return system.accelerator.launch_overhead + eff.kernel_overhead
 
 
-def _compute(system: System, eff: Efficiency, flops, nbytes, rate, kernels) -> Cost:
+def _compute(system: System, eff: Efficiency, flops, nbytes, rate, kernels,
+             sharpness: float = SHARPNESS) -> Cost:
     acc = system.accelerator
     zero = jnp.zeros_like(jnp.asarray(flops, dtype=jnp.result_type(float)))
     return Cost(flops=flops + zero, bytes=nbytes + zero, compute=flops / rate,
                 memory=nbytes / (acc.hbm_bandwidth * eff.hbm), network=zero,
-                launch=kernels * _kernel_time(system, eff), kernels=kernels + zero)
+                launch=kernels * _kernel_time(system, eff), kernels=kernels + zero,
+                sharpness=sharpness)
 
 
 def _network(time, nbytes) -> Cost:
@@ -128,7 +132,7 @@ def _gemm(system: System, eff: Efficiency, m, n, k, math, w_bytes, a_bytes, grou
     rate = (peak_matmul_flops(system.accelerator, math)
             * matmul_efficiency(eff, m, n, k, math))
     kernels = jnp.where(m <= SPLIT_K_MAX_M, 2.0, 1.0)
-    return _compute(system, eff, flops, nbytes, rate, kernels)
+    return _compute(system, eff, flops, nbytes, rate, kernels, GEMM_SHARPNESS)
 
 
 class _Dims(eqx.Module):

@@ -20,22 +20,30 @@ from .hardware import BYTES_PER_ELEMENT, Accelerator
 #: (kernels whose compute and memory times are equal reach neither roof); far from a tie the
 #: excess falls off as SHARPNESS**2 / 4 of the larger term.
 SHARPNESS = 0.1
+#: Knee of the smooth maximum for a GEMM's compute and operand-streaming times. A GEMM near its
+#: ridge point overlaps the two imperfectly (pipeline prologue and epilogue, few k-iterations
+#: per output tile): at a tie it takes 1.3x the larger term, 8.6 % more at a 2:1 ratio, 2.2 %
+#: more when purely compute- or memory-bound (that constant share is absorbed by the fitted
+#: `matmul_peak` / `hbm`). Chosen by leave-one-source-out cross-validation among 0.1 (the generic
+#: knee), 0.3 and 0.6: 0.3 cut the TensorRT-LLM first-token-latency error (prefill GEMMs at
+#: M = 128 sit at the ridge) without moving the training error (calibration/report.md).
+GEMM_SHARPNESS = 0.3
 #: GEMM output tile edge used for wave/tile quantisation and L2 operand traffic, elements.
 TILE = 128
 #: Effective operand reuse of a GEMM's L2 traffic (CTA-cluster tile edge), elements.
 L2_REUSE = 256
 
 
-def smooth_max(a: jax.Array, b: jax.Array) -> jax.Array:
+def smooth_max(a: jax.Array, b: jax.Array, sharpness: float = SHARPNESS) -> jax.Array:
     """Smooth maximum of two non-negative times.
 
-    `(a + b + sqrt((a - b)^2 + (k (a + b))^2)) / 2` with k = `SHARPNESS`: equals
+    `(a + b + sqrt((a - b)^2 + (k (a + b))^2)) / 2` with k = `sharpness`: equals
     `max(a, b) * (1 + k)` at a tie and `max(a, b) * (1 + O(k^2))` far from it. Cheap (one
     square root), scale-free, differentiable everywhere except at a = b = 0 (where the gradient
     is defined as that of max via the `+ tiny`).
     """
     s = a + b
-    return 0.5 * (s + jnp.sqrt((a - b) ** 2 + (SHARPNESS * s) ** 2 + 1e-30))
+    return 0.5 * (s + jnp.sqrt((a - b) ** 2 + (sharpness * s) ** 2 + 1e-30))
 
 
 def exposed_after_overlap(total: jax.Array, window: jax.Array) -> jax.Array:
@@ -71,7 +79,7 @@ def bytes_per_element(precision) -> jax.Array:
 
 
 def op_time(acc: Accelerator, eff: Efficiency, flops, hbm_bytes, l2_bytes=0.0, kernels=1.0,
-            flops_per_s=None) -> jax.Array:
+            flops_per_s=None, sharpness: float = SHARPNESS) -> jax.Array:
     """Time of a kernel (or fused group of `kernels` kernels) on one GPU, s.
 
     **Arguments:**
@@ -81,13 +89,14 @@ def op_time(acc: Accelerator, eff: Efficiency, flops, hbm_bytes, l2_bytes=0.0, k
     - `kernels`: kernel launches the op needs, count.
     - `flops_per_s`: achieved arithmetic rate, FLOP/s (default: the vector units at
       `eff.vector`, right for element-wise kernels).
+    - `sharpness`: knee of the smooth maximum of the compute and HBM times (`smooth_max`).
     """
     if flops_per_s is None:
         flops_per_s = acc.vector_flops * eff.vector
     t_compute = flops / flops_per_s
     t_hbm = hbm_bytes / (acc.hbm_bandwidth * eff.hbm)
     t_l2 = l2_bytes / (acc.l2_bandwidth * eff.l2)
-    t = smooth_max(smooth_max(t_compute, t_hbm), t_l2)
+    t = smooth_max(smooth_max(t_compute, t_hbm, sharpness), t_l2)
     return t + kernels * (acc.launch_overhead + eff.kernel_overhead)
 
 
@@ -132,4 +141,5 @@ def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
             * tile_efficiency(acc, m, n, batch))
     hbm = batch * (m * k * ab + k * n * b + m * n * ab)
     l2 = flops * b / L2_REUSE
-    return op_time(acc, eff, flops, hbm, l2, kernels=1.0, flops_per_s=rate)
+    return op_time(acc, eff, flops, hbm, l2, kernels=1.0, flops_per_s=rate,
+                   sharpness=GEMM_SHARPNESS)

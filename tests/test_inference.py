@@ -66,8 +66,10 @@ def test_decode_is_weight_streaming_by_hand():
     h, f, v, layers = 4096, 11008, 32000, 32
     weights = layers * (4 * h * h + 3 * h * f) * 2 + v * h * 2  # per step: layers + LM head
     bw = float(s.accelerator.hbm_bandwidth) * 0.8
-    # The smooth maximum of (~0 compute, memory) exceeds the memory time by 0.25 %.
-    assert float(r.tpot) == pytest.approx(weights / bw, rel=0.01)
+    # The GEMMs' smooth maximum of (~0 compute, memory) with knee k = 0.3 exceeds the memory
+    # time by (1 + sqrt(1 + k^2)) / 2 - 1 = 2.2 %.
+    knee = (1 + (1 + 0.3**2) ** 0.5) / 2
+    assert float(r.tpot) == pytest.approx(weights / bw * knee, rel=0.01)
     assert float(r.e2e_latency) == pytest.approx(float(r.ttft + r.tpot), rel=1e-6)
 
 
