@@ -56,7 +56,12 @@ def exposed_after_overlap(total: jax.Array, window: jax.Array) -> jax.Array:
     `k^2 total^2 / (4 window)` when the window is much longer.
     """
     x = total - window
-    soft = 0.5 * (x + jnp.sqrt(x * x + (SHARPNESS * total) ** 2 + 1e-30))
+    c2 = (SHARPNESS * total) ** 2 + 1e-30
+    # For a well-hidden transfer (x << 0) the direct form cancels catastrophically in float32;
+    # its conjugate c^2 / (2 (sqrt(x^2 + c^2) - x)) is the same value computed stably.
+    x_pos, x_neg = jnp.maximum(x, 0.0), jnp.minimum(x, 0.0)
+    soft = jnp.where(x >= 0, 0.5 * (x_pos + jnp.sqrt(x_pos * x_pos + c2)),
+                     0.5 * c2 / (jnp.sqrt(x_neg * x_neg + c2) - x_neg))
     return jnp.minimum(soft, total)
 
 

@@ -162,6 +162,17 @@ def test_exposed_after_overlap_bounded_and_monotone(total, a, b):
     assert e_lo >= max(total - lo, 0.0) * (1 - 1e-5)
 
 
+@pytest.mark.parametrize("window", [0.5, 3.0, 30.0, 3e3])
+def test_exposed_after_overlap_is_accurate_in_float32(window):
+    """A well-hidden transfer leaves a tiny exposed tail; float32 must get it to 1e-5 (the
+    direct (x + sqrt(x^2 + c^2)) / 2 loses it to cancellation), as vmap == loop requires."""
+    total, k = 1.0, SHARPNESS
+    x = total - window
+    want = min(0.5 * (x + np.sqrt(x * x + (k * total) ** 2)), total)  # float64 reference
+    got = float(exposed_after_overlap(jnp.float32(total), jnp.float32(window)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def test_exposed_after_overlap_limits():
     # no window: the whole transfer is exposed (within the smoothing)
     close(exposed_after_overlap(jnp.float32(2.0), jnp.float32(0.0)), 2.0, rtol=SHARPNESS**2)
