@@ -46,6 +46,9 @@ def add_search_parser(sub) -> None:
     i.add_argument("--tpot", type=float, default=None, help="time-per-output-token target, s")
     i.add_argument("--max-gpus", type=int, default=8, help="largest tp * pp (default 8)")
     i.add_argument("--precision", default="bf16")
+    i.add_argument("--per-head-decode", action="store_true",
+                   help="decode attention with one thread block per query head (TensorRT-LLM "
+                        "masked MHA) instead of a grouped GQA kernel")
     i.add_argument("--efficiency", default=None)
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=run_search_infer)
@@ -139,9 +142,11 @@ def inference_candidates(max_gpus: int) -> dict[str, list]:
 
 
 def search_inference(model, system, input_len: int, output_len: int, max_gpus: int = 8,
-                     precision: str = "bf16", efficiency=None) -> pd.DataFrame:
+                     precision: str = "bf16", efficiency=None,
+                     grouped_decode_attention: int = 1) -> pd.DataFrame:
     """Every (tp, pp, batch) of `inference_candidates` evaluated with vmap: a DataFrame with
-    latency, TPOT, throughput per GPU, memory and feasibility (only tp * pp <= max_gpus)."""
+    latency, TPOT, throughput per GPU, memory and feasibility (only tp * pp <= max_gpus).
+    `grouped_decode_attention=0` models a per-query-head decode kernel (`InferencePlan`)."""
     from .grid import Grid
     from .inference import infer
     from .inference_plan import InferencePlan
@@ -153,7 +158,8 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
     def evaluate(v):
         plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=input_len,
                              output_len=output_len, weight_precision=code,
-                             activation_precision=code, kv_precision=code)
+                             activation_precision=code, kv_precision=code,
+                             grouped_decode_attention=grouped_decode_attention)
         r = infer(model, system, plan, eff)
         return {"e2e_latency_s": r.e2e_latency, "ttft_s": r.ttft, "tpot_s": r.tpot,
                 "output_tok_s_per_gpu": r.output_tok_s_per_gpu,
@@ -173,7 +179,8 @@ def run_search_infer(args) -> int:
     model = _load_model(args.model)
     system = presets.system(args.gpu)
     df = search_inference(model, system, args.input, args.output, args.max_gpus,
-                          args.precision, _efficiency(args.efficiency))
+                          args.precision, _efficiency(args.efficiency),
+                          grouped_decode_attention=0 if args.per_head_decode else 1)
     ok = df[df["feasible"]]
     target = ok
     if args.latency is not None:
