@@ -43,9 +43,9 @@ class Efficiency(eqx.Module):
     - `pp_overlap`: fraction of pipeline send/recv time hidden behind compute, [0, 1].
     - `cp_overlap`: fraction of context-parallel KV exchange hidden behind attention, [0, 1].
     - `zero3_overlap`: fraction of ZeRO-3 parameter gathers hidden by prefetching, [0, 1].
-    - `kv_reread`: in a decode attention kernel that does not share K/V across the query heads
-      of a GQA group (one thread block per query head), the fraction of the repeated K/V reads
-      that miss L2 and go to HBM, [0, 1].
+    - `per_head_attention`: fraction of CUDA-core (vector) FP32 FLOP/s reached by a decode
+      attention kernel with one thread block per query head (TensorRT-LLM's masked MHA: K/V
+      dequantised, dot products, softmax and reductions in scalar FP32), (0, 1].
     - `memory_reserve`: per-GPU memory used by the CUDA context, NCCL buffers, workspace and
       fragmentation, B.
     """
@@ -66,14 +66,14 @@ class Efficiency(eqx.Module):
     pp_overlap: jax.Array = eqx.field(converter=as_float, default=0.0)
     cp_overlap: jax.Array = eqx.field(converter=as_float, default=0.8)
     zero3_overlap: jax.Array = eqx.field(converter=as_float, default=0.8)
-    kv_reread: jax.Array = eqx.field(converter=as_float, default=0.5)
+    per_head_attention: jax.Array = eqx.field(converter=as_float, default=0.15)
     memory_reserve: jax.Array = eqx.field(converter=as_float, default=2e9)
 
     def __check_init__(self):
-        for name in ("matmul_peak", "matmul_lowp", "attention", "vector", "hbm", "l2", "nvlink", "scaleout"):
+        for name in ("matmul_peak", "matmul_lowp", "attention", "vector", "hbm", "l2", "nvlink",
+                     "scaleout", "per_head_attention"):
             check_fraction("Efficiency", name, getattr(self, name), allow_zero=False)
-        for name in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "zero3_overlap",
-                     "kv_reread"):
+        for name in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "zero3_overlap"):
             check_fraction("Efficiency", name, getattr(self, name))
         check_positive("Efficiency", "matmul_size_scale", self.matmul_size_scale)
         for name in ("kernel_overhead", "collective_overhead", "memory_reserve"):

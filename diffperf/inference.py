@@ -232,28 +232,19 @@ def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
     return jax.tree.map(lambda a, c: jnp.where(plan.flash_attention > 0, a, c), flash, unfused)
 
 
-def kv_read_factor(model: Transformer, plan: InferencePlan, eff: Efficiency) -> jax.Array:
-    """HBM reads of the KV cache per decode step, as a multiple of its size: 1 for a grouped
-    kernel (`plan.grouped_decode_attention`), else 1 + (g - 1) * `eff.kv_reread` for a group
-    of g query heads per KV head (each query head's thread block re-reads the group's K/V; the
-    L2 serves the rest), dimensionless."""
-    x = _dims(model, plan)
-    group = x.heads / x.kv
-    return 1.0 + (1.0 - plan.grouped_decode_attention) * (group - 1.0) * eff.kv_reread
-
-
 def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
                       eff: Efficiency, x: _Dims, context) -> Cost:
     """One decode step's attention, one layer, attending over `context` cached tokens: reads
-    K and V of every cached token (`kv_read_factor` times); FLOPs 4 b a_local L d. Both are
-    proportional to `context`. A grouped kernel runs on tensor cores with the group's g query
-    heads as the M of its tile; a per-query-head kernel does its dot products on CUDA cores."""
+    K and V of every cached token once; FLOPs 4 b a_local L d. Both are proportional to
+    `context`. A grouped kernel runs on tensor cores with the group's g query heads as the M of
+    its tile; a per-query-head kernel (masked MHA) does scalar FP32 dot products on the CUDA
+    cores, g times as many per K/V byte, and its re-reads of a group's K/V hit L2."""
     b = plan.batch
     flops = 4.0 * b * x.heads * context * x.d
-    nbytes = b * context * 2.0 * x.kv * x.d * x.kb * kv_read_factor(model, plan, eff)
+    nbytes = b * context * 2.0 * x.kv * x.d * x.kb
     mean_context = plan.input_len + 0.5 * plan.output_len
     tensor = _attention_rate(system, eff, x, x.heads / x.kv, mean_context)
-    cuda_cores = system.accelerator.vector_flops * eff.vector
+    cuda_cores = system.accelerator.vector_flops * eff.per_head_attention
     rate = jnp.where(plan.grouped_decode_attention > 0, tensor, cuda_cores)
     return _compute(system, eff, flops, nbytes, rate, ATTENTION_KERNELS_FUSED)
 

@@ -41,8 +41,9 @@ class InferencePlan(eqx.Module):
       of a GQA group from one read of their KV head on tensor cores (FlashDecoding, FlashInfer,
       TensorRT-LLM XQA); 0 for one CUDA-core thread block per query head (TensorRT-LLM's masked
       MHA, which TensorRT-LLM <= 0.9 ran for multi-head attention and for every GQA group size
-      without an XQA kernel): a group's K/V are re-read per query head, partly from L2
-      (`Efficiency.kv_reread`).
+      without an XQA kernel): scalar FP32 dot products at `Efficiency.per_head_attention` of the
+      CUDA-core FLOP/s, g times the work per K/V byte for g query heads per KV head (the L2
+      serves a group's repeated K/V reads).
     """
 
     tp: jax.Array = eqx.field(converter=as_float, default=1)

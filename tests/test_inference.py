@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from diffperf.boundedness import bound_shares, boundedness, dram_scaling, roofline_plot
 from diffperf.efficiency import Efficiency
 from diffperf.inference import (experts_touched, infer, inference_ops, kv_cache_bytes_per_gpu,
-                                kv_read_factor,
                                 weight_bytes_per_gpu)
 from diffperf.inference_plan import InferencePlan
 from diffperf.presets import model, system
@@ -73,28 +72,34 @@ def test_decode_is_weight_streaming_by_hand():
     assert float(r.e2e_latency) == pytest.approx(float(r.ttft + r.tpot), rel=1e-6)
 
 
-def test_per_head_decode_rereads_gqa_kv_by_hand():
-    """A per-query-head decode kernel (TensorRT-LLM masked MHA) re-reads a GQA group's K/V
-    once per extra query head, a fraction `kv_reread` of it from HBM: Mistral-7B at tp 1 has 32
-    query heads on 8 KV heads, so g = 4 and the KV traffic is 1 + 3 * 0.4 = 2.2 times its size;
-    a grouped kernel (XQA / FlashDecoding) reads it once; multi-head attention is unaffected."""
-    gqa, mha = model("mistral-7b"), model("llama2-7b")
-    eff = Efficiency(kv_reread=0.4)
-    plan = InferencePlan(batch=16, input_len=1000, output_len=200)
+def test_per_head_decode_attention_by_hand():
+    """A per-query-head decode kernel (TensorRT-LLM masked MHA) reads the KV cache once, like a
+    grouped kernel, but does its 4 b a L d FLOPs in scalar FP32 at `per_head_attention` of the
+    CUDA-core FLOP/s: for Mistral-7B (32 query heads on 8 KV heads) with an FP8 KV cache that
+    is 8 FLOP per byte, compute-bound on an H100, so more HBM bandwidth (an H200) barely helps,
+    while the grouped kernel stays memory-bound."""
+    gqa = model("mistral-7b")
+    eff = Efficiency(per_head_attention=0.15)
+    plan = InferencePlan(batch=16, input_len=1000, output_len=200, weight_precision="fp8",
+                         activation_precision="fp8", kv_precision="fp8")
     per_head = eqx.tree_at(lambda p: p.grouped_decode_attention, plan, jnp.asarray(0.0))
-    assert float(kv_read_factor(gqa, plan, eff)) == 1.0
-    assert float(kv_read_factor(gqa, per_head, eff)) == pytest.approx(2.2)
-    assert float(kv_read_factor(mha, per_head, eff)) == 1.0
     s = system(H100)
-    read = lambda p: float(inference_ops(gqa, s, p, eff)["decode"]["attention"].bytes)
+    grouped_op = inference_ops(gqa, s, plan, eff)["decode"]["attention"]
+    per_head_op = inference_ops(gqa, s, per_head, eff)["decode"]["attention"]
     steps, context = 199, 1000 + 100  # sum of the 199 decode steps' contexts = steps * context
-    kv = 16 * steps * context * 2 * 32 * 8 * 128 * 2  # batch, tokens, K+V, layers, heads, d, B
-    assert read(plan) == pytest.approx(kv)
-    assert read(per_head) == pytest.approx(2.2 * kv)
-    # More L2 misses never make decode faster.
-    tpots = [float(infer(gqa, s, per_head, Efficiency(kv_reread=r)).tpot)
-             for r in (0.0, 0.3, 0.6, 1.0)]
-    assert tpots == sorted(tpots) and tpots[-1] > tpots[0]
+    kv = 16 * steps * context * 2 * 32 * 8 * 128 * 1  # batch, tokens, K+V, layers, heads, d, B
+    flops = 4 * 16 * 32 * steps * context * 128 * 32  # 4 b a L d, 32 layers
+    for op in (grouped_op, per_head_op):
+        assert float(op.bytes) == pytest.approx(kv)
+        assert float(op.flops) == pytest.approx(flops)
+    vector = float(s.accelerator.vector_flops)
+    assert float(per_head_op.compute) == pytest.approx(flops / (vector * 0.15))
+    assert float(per_head_op.compute) > 2 * float(per_head_op.memory)  # compute-bound
+    assert float(grouped_op.memory) > 1.5 * float(grouped_op.compute)  # memory-bound
+    # a more efficient kernel is never slower
+    tpots = [float(infer(gqa, s, per_head, Efficiency(per_head_attention=r)).tpot)
+             for r in (0.05, 0.1, 0.2, 0.5)]
+    assert tpots == sorted(tpots, reverse=True) and tpots[0] > tpots[-1]
 
 
 def test_parallel_block_halves_tp_reductions_by_hand():
@@ -288,12 +293,15 @@ def test_cli_runs(capsys, tmp_path):
         assert rc in (0, 2)
 
 
-def test_cli_per_head_decode_is_slower_for_gqa(capsys):
-    """`--per-head-decode` (masked-MHA decode attention) re-reads GQA K/V: a slower TPOT."""
+def test_cli_per_head_decode_is_slower_for_gqa(capsys, tmp_path):
+    """`--per-head-decode` (masked-MHA decode attention on the CUDA cores, 8 query heads per KV
+    head for Llama-2 70B) makes long-context decode slower than a grouped kernel."""
     import json
     from diffperf._cli_infer import run_infer
+    factors = tmp_path / "eff.json"
+    factors.write_text(json.dumps({"per_head_attention": 0.15}))  # the physical default
     argv = ["infer", "--model", "llama2-70b", "--gpu", H100, "--tp", "4", "--batch", "64",
-            "--input", "2048", "--output", "512", "--json"]
+            "--input", "2048", "--output", "512", "--json", "--efficiency", str(factors)]
     tpot = []
     for extra in ([], ["--per-head-decode"]):
         assert run_infer(_cli_args(argv + extra)) == 0

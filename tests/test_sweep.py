@@ -220,14 +220,15 @@ def test_search_infer_meets_latency_target_and_front():
 
 
 def test_search_infer_per_head_decode_is_slower_for_gqa():
-    """`search infer --per-head-decode`: a GQA model's decode re-reads K/V, so no plan gets
-    faster and the long-context ones get slower."""
+    """`search infer --per-head-decode`: a GQA model's decode attention runs on the CUDA cores
+    (physical default efficiencies), so no plan gets faster and large batches get slower."""
     from diffperf._cli_search import search_inference
     args = (dp.model("mistral-7b"), dp.system("h100-sxm5-80gb"), 2048, 256)
-    grouped = search_inference(*args, max_gpus=2)
-    per_head = search_inference(*args, max_gpus=2, grouped_decode_attention=0)
+    grouped = search_inference(*args, max_gpus=2, efficiency=dp.Efficiency())
+    per_head = search_inference(*args, max_gpus=2, efficiency=dp.Efficiency(),
+                                grouped_decode_attention=0)
     assert (per_head["tpot_s"] >= grouped["tpot_s"] * (1 - 1e-6)).all()
-    assert (per_head["tpot_s"] > 1.3 * grouped["tpot_s"]).any()
+    assert (per_head["tpot_s"] > 1.1 * grouped["tpot_s"]).any()
 
 
 _MULTIHOST = r"""
