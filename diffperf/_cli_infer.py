@@ -17,6 +17,13 @@ from .inference import infer
 from .inference_plan import InferencePlan
 
 
+def add_per_head_decode(parser) -> None:
+    """The `--per-head-decode` flag (shared by `infer` and `search infer`)."""
+    parser.add_argument("--per-head-decode", action="store_true",
+                        help="decode attention with one thread block per query head "
+                             "(TensorRT-LLM masked MHA) instead of a grouped GQA kernel")
+
+
 def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     """Register the `infer` sub-command on an argparse `subparsers` object."""
     p = subparsers.add_parser(
@@ -37,9 +44,7 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
                    help="GEMM input precision (default: --precision)")
     p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
     p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
-    p.add_argument("--per-head-decode", action="store_true",
-                   help="decode attention with one thread block per query head (TensorRT-LLM "
-                        "masked MHA) instead of a grouped GQA kernel")
+    add_per_head_decode(p)
     p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
     p.add_argument("--interval", action="store_true",
                    help="also print the 90%% prediction interval of the end-to-end latency")

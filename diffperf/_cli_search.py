@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from . import presets
+from ._cli_infer import add_per_head_decode
 from .hardware import precision_code
 
 
@@ -46,9 +47,7 @@ def add_search_parser(sub) -> None:
     i.add_argument("--tpot", type=float, default=None, help="time-per-output-token target, s")
     i.add_argument("--max-gpus", type=int, default=8, help="largest tp * pp (default 8)")
     i.add_argument("--precision", default="bf16")
-    i.add_argument("--per-head-decode", action="store_true",
-                   help="decode attention with one thread block per query head (TensorRT-LLM "
-                        "masked MHA) instead of a grouped GQA kernel")
+    add_per_head_decode(i)
     i.add_argument("--efficiency", default=None)
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=run_search_infer)

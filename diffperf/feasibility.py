@@ -88,4 +88,3 @@ def describe_failure(reason: int, model: Transformer, plan) -> str:
                       f"{f(plan.global_batch / (plan.dp * plan.micro_batch))}")
     text = explain(reason, precision=getattr(plan, "precision", None))
     return f"{text} ({details[reason]})" if reason in details else text
-
