@@ -45,8 +45,8 @@ def random_plans(n: int, gpus: int = 1024, global_batch: int = 1536, seed: int =
         tp=tp, pp=pp, dp=gpus / (tp * pp), cp=np.ones(n), ep=np.ones(n), micro_batch=mb,
         global_batch=np.full(n, global_batch), vp=vp, sequence_parallel=rng.integers(0, 2, n),
         recompute=rng.integers(0, 3, n), zero=rng.integers(0, 4, n), precision=np.ones(n),
-        flash_attention=rng.integers(0, 2, n), overlap_tp=np.ones(n), overlap_dp=np.ones(n),
-        zero3_per_matrix=np.zeros(n))
+        flash_attention=rng.integers(0, 2, n), overlap_tp=np.ones(n),
+        overlap_tp_backward=np.ones(n), overlap_dp=np.ones(n), zero3_per_matrix=np.zeros(n))
 
 
 def _slice(tree, i, j):

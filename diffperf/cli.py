@@ -70,6 +70,10 @@ def _add_train(sub):
     p.add_argument("--flash", dest="flash_attention", action=argparse.BooleanOptionalAction,
                    default=True, help="fused attention (default on)")
     p.add_argument("--overlap-tp", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--overlap-tp-backward", action=argparse.BooleanOptionalAction, default=True,
+                   help="reduce each column-parallel input gradient during its weight-gradient "
+                        "GEMM (Megatron's asynchronous TP all-reduce; --no-overlap-tp-backward "
+                        "for the 2021 Megatron-LM)")
     p.add_argument("--overlap-dp", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--zero3-per-matrix", action="store_true",
                    help="with --zero 3: DeepSpeed-style gathers, one per weight matrix (default: "
@@ -104,8 +108,9 @@ def _train_inputs(args):
                         vp=args.vp, sequence_parallel=int(sp), recompute=args.recompute,
                         zero=args.zero, precision=args.precision,
                         flash_attention=int(args.flash_attention),
-                        overlap_tp=int(args.overlap_tp), overlap_dp=int(args.overlap_dp),
-                        zero3_per_matrix=int(args.zero3_per_matrix))
+                        overlap_tp=int(args.overlap_tp),
+                        overlap_tp_backward=int(args.overlap_tp_backward),
+                        overlap_dp=int(args.overlap_dp), zero3_per_matrix=int(args.zero3_per_matrix))
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu)
 
 

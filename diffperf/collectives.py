@@ -41,6 +41,13 @@ def _in_domain_steps(net: Network, n_in, ring_steps):
     return jnp.where(net.nvlink_sharp > 0, sharp, ring_steps)
 
 
+def _ring_latency(net: Network, n, n_out):
+    """Latency of a pipelined ring of `n` ranks over `n_out` domains (n - 1 steps): a chunk
+    crosses the fabric n_out - 1 times and NVLink on the other steps (NCCL's ring latency
+    model, `src/graph/tuning.cc`)."""
+    return (n_out - 1.0) * net.scaleout_latency + (n - n_out) * net.nvlink_latency
+
+
 def all_reduce(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     """Hierarchical ring all-reduce of `size` bytes over `n` ranks: reduce-scatter in-domain,
     all-reduce across domains on 1/n_in of the data, all-gather in-domain. With NVLink SHARP
@@ -56,20 +63,29 @@ def all_reduce(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
 
 def all_gather(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     """Ring all-gather producing `size` bytes on every rank (each holds size/n). Bandwidth as
-    the hierarchical ring (each domain's NICs carry 1/n_in of the data each); latency as NCCL's
-    flat ring over all n ranks (n - 1 steps, each as slow as a fabric hop once the ring leaves
-    the domain): NCCL has no tree for all-gather / reduce-scatter."""
+    the hierarchical ring (each domain's NICs carry 1/n_in of the data each); latency of NCCL's
+    flat ring over all n ranks (`_ring_latency`): NCCL has no tree for all-gather /
+    reduce-scatter."""
     n_in, n_out = tier_split(net, n, stride)
     bw_in, bw_out = _bw(net, eff)
     t_bw = (n_in - 1) / n_in * size / bw_in + (n_out - 1) / n_out * size / n_in / bw_out
-    t_lat = jnp.where(n_out > 1, (n - 1) * net.scaleout_latency, (n_in - 1) * net.nvlink_latency)
-    return t_bw + t_lat + _fixed(n, eff)
+    return t_bw + _ring_latency(net, n, n_out) + _fixed(n, eff)
 
 
 def reduce_scatter(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     """Hierarchical ring reduce-scatter of `size` bytes (each rank ends with size/n reduced);
     the mirror image of `all_gather`, same cost."""
     return all_gather(net, eff, size, n, stride)
+
+
+def flat_ring_all_gather(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
+    """All-gather (or reduce-scatter) of `size` bytes as one flat ring that does not stripe
+    across a node's NICs: once the group leaves the NVLink domain every rank's (n - 1)/n of the
+    data crosses its own NIC, at the fabric's per-GPU bandwidth."""
+    n_in, n_out = tier_split(net, n, stride)
+    bw_in, bw_out = _bw(net, eff)
+    t_bw = (n - 1.0) / n * size / jnp.where(n_out > 1, bw_out, bw_in)
+    return t_bw + _ring_latency(net, n, n_out) + _fixed(n, eff)
 
 
 def all_to_all(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:

@@ -23,7 +23,8 @@ INFER = ("batch", "input_len", "output_len")
 #: 0/1 flags for overlapping TP communication with GEMMs and the gradient reduction with the
 #: backward pass (empty or absent = 1, what current Megatron-core / NeMo recipes do), and for
 #: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units).
-TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_dp": 1.0, "zero3_per_matrix": 0.0}
+TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_dp": 1.0,
+                        "zero3_per_matrix": 0.0}
 #: diffperf extension column of rows of both kinds: 0/1, a parallel attention + MLP block
 #: (GPT-J, Falcon; empty or absent = 0, the sequential block); see `Transformer`.
 MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0}
@@ -187,6 +188,8 @@ def train_specs(row: BenchmarkRow):
                         sequence_parallel=v["sequence_parallel"], recompute=v["recompute"],
                         zero=v["zero"], precision=v["precision"],
                         flash_attention=v["flash_attention"],
-                        overlap_tp=v.get("overlap_tp", 1), overlap_dp=v.get("overlap_dp", 1),
+                        overlap_tp=v.get("overlap_tp", 1),
+                        overlap_tp_backward=v.get("overlap_tp_backward", 1),
+                        overlap_dp=v.get("overlap_dp", 1),
                         zero3_per_matrix=v.get("zero3_per_matrix", 0))
     return model, sys_, plan

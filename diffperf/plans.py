@@ -47,6 +47,10 @@ class TrainingPlan(eqx.Module):
     - `precision`: GEMM precision code 0 fp32/tf32, 1 bf16/fp16, 2 fp8, 3 fp4; or the name.
     - `flash_attention`: 1 for a fused attention kernel that never writes the s x s scores.
     - `overlap_tp`: 1 to overlap TP communication with GEMMs (fraction `Efficiency.tp_overlap`).
+    - `overlap_tp_backward`: 1 to reduce each column-parallel layer's input gradient while its
+      weight-gradient GEMM runs (Megatron-LM's asynchronous TP all-reduce, used by Korthikanti
+      et al. 2022 and every later Megatron / NeMo); 0 for the 2021 Megatron-LM of Narayanan
+      et al., which reduced in line.
     - `overlap_dp`: 1 to overlap the gradient reduction with the backward pass.
     - `zero3_per_matrix`: ZeRO-3 collective granularity: 0 one transformer layer per gather /
       reduce-scatter (FSDP units: PyTorch FSDP, Megatron-FSDP), 1 one per weight matrix
@@ -67,14 +71,15 @@ class TrainingPlan(eqx.Module):
     precision: jax.Array = eqx.field(converter=_code(PRECISION_CODES, "precision"), default=1)
     flash_attention: jax.Array = eqx.field(converter=as_float, default=1)
     overlap_tp: jax.Array = eqx.field(converter=as_float, default=1)
+    overlap_tp_backward: jax.Array = eqx.field(converter=as_float, default=1)
     overlap_dp: jax.Array = eqx.field(converter=as_float, default=1)
     zero3_per_matrix: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):
             check_integer("TrainingPlan", name, getattr(self, name))
-        for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp",
-                     "zero3_per_matrix"):
+        for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_tp_backward",
+                     "overlap_dp", "zero3_per_matrix"):
             check_choice("TrainingPlan", name, getattr(self, name), {0: "off", 1: "on"})
         check_choice("TrainingPlan", "recompute", self.recompute, RECOMPUTE)
         check_choice("TrainingPlan", "zero", self.zero, ZERO)

@@ -202,7 +202,7 @@ def run_sweep(grid: Grid, evaluate: Callable, k: int = 10, devices=None,
         from jax.experimental.multihost_utils import process_allgather
         top_v, top_i, hist, fv, fi, fs, nfeas = (np.asarray(process_allgather(x)) for x in
                                                   (top_v, top_i, hist, fv, fi, fs, nfeas))
-        order = np.argsort(top_v.ravel())[:k]
+        order = np.lexsort((top_i.ravel(), top_v.ravel()))[:k]  # ties: smallest index first
         top_v, top_i = top_v.ravel()[order], top_i.ravel()[order]
         hist, nfeas = hist.sum(0), nfeas.sum()
         best = np.argmin(fv, axis=0)

@@ -124,10 +124,12 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
 
     # Weight GEMMs, forward. Each backward GEMM (data and weight gradient) is a permutation of
     # (m, n, k) with the same FLOPs and (symmetric) efficiency: backward = 2 x forward.
-    gemms = (gemm_time(acc, eff, tokens, (heads + 2 * kv) * d, h, p, act_bytes=ab)
+    qkv = gemm_time(acc, eff, tokens, (heads + 2 * kv) * d, h, p, act_bytes=ab)
+    mlp_up = gemm_time(acc, eff, expert_tokens, (model.mlp_matrices - 1.0) * f / t, h, p,
+                       batch=local_experts, act_bytes=ab)
+    gemms = (qkv
              + gemm_time(acc, eff, tokens, h, heads * d, p, act_bytes=ab)
-             + gemm_time(acc, eff, expert_tokens, (model.mlp_matrices - 1.0) * f / t, h, p,
-                         batch=local_experts, act_bytes=ab)
+             + mlp_up
              + gemm_time(acc, eff, expert_tokens, h, f / t, p, batch=local_experts, act_bytes=ab)
              + jnp.where(moe, gemm_time(acc, eff, tokens, model.num_experts, h, p, act_bytes=ab),
                          0.0))
@@ -172,13 +174,22 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather with SP) in the forward,
     # 2 in the backward, 2 more when the whole forward is recomputed; half as many in a parallel
     # attention + MLP block (one reduction of the summed branches per pass).
-    per_block = jnp.where(plan.recompute == 2, 6.0, 4.0)
-    n_tp = per_block * (1.0 - 0.5 * model.parallel_attention)
+    per_pass = 2.0 * (1.0 - 0.5 * model.parallel_attention)
+    n_forward = per_pass * jnp.where(plan.recompute == 2, 2.0, 1.0)
     msg = tokens * h * ab
-    tp_one = jnp.where(plan.sequence_parallel > 0,
-                       coll.reduce_scatter(net, eff, msg, t) + coll.all_gather(net, eff, msg, t),
-                       coll.all_reduce(net, eff, msg, t))
-    tp_comm = n_tp * tp_one * (1.0 - plan.overlap_tp * eff.tp_overlap)
+    sp = plan.sequence_parallel > 0
+    ar = coll.all_reduce(net, eff, msg, t)
+    rs = coll.reduce_scatter(net, eff, msg, t)
+    ag = coll.all_gather(net, eff, msg, t)
+    tp_one = jnp.where(sp, rs + ag, ar)
+    left = 1.0 - plan.overlap_tp * eff.tp_overlap  # what GEMM-collective overlap leaves exposed
+    # Backward: the reduction of a column-parallel layer's input gradient (all-reduce, or
+    # reduce-scatter with SP) can run while that layer's weight-gradient GEMM runs (Megatron's
+    # asynchronous all-reduce); SP's all-gather of the output gradient stays in line.
+    bwd_async = per_pass * jnp.where(sp, rs, ar) * left
+    bwd_async = jnp.where(plan.overlap_tp_backward > 0,
+                          exposed_after_overlap(bwd_async, qkv + mlp_up), bwd_async)
+    tp_comm = (n_forward * tp_one + per_pass * jnp.where(sp, ag, 0.0)) * left + bwd_async
     # Context parallel: all-gather K and V of the whole sequence (forward, recompute), reduce-
     # scatter their gradients (backward); largely hidden behind the attention core.
     kv_bytes = 2.0 * plan.micro_batch * seq * kv * d * ab
@@ -187,6 +198,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # Expert parallel: dispatch + combine all-to-all per pass. Megatron-core folds cp x dp into
     # ep x expert-dp for the expert layers, so EP ranks sit tp apart (its 'tp-ep-dp-pp' order).
     a2a = coll.all_to_all(net, eff, tokens * k_top * h * ab, ep, t)
+    per_block = jnp.where(plan.recompute == 2, 6.0, 4.0)
     ep_comm = jnp.where(moe, per_block * a2a, 0.0)
     return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm)
 
@@ -241,8 +253,11 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     compute = m * per_mb_compute
     recompute = m * layers_per_stage * layer.recompute
     tp_comm = m * per_mb_comm
-    stage = per_mb_compute + per_mb_comm  # one micro-batch through the slowest stage
-    bubble = (plan.pp - 1.0) / plan.vp * stage
+    # The last stage (LM head) is the slowest and sets the steady-state pace (m micro-batches
+    # above); filling and draining the pipeline passes the other pp - 1 stages, which carry only
+    # their layers.
+    bubble = (plan.pp - 1.0) / plan.vp * layers_per_stage * (
+        layer.forward + layer.backward + layer.recompute + layer.comm)
 
     # Pipeline: one activation send per chunk boundary per micro-batch, each way (Megatron's
     # scatter-gather splits it over the TP group); on the critical path (v m + p - 1) times.
@@ -268,10 +283,14 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # (DeepSpeed) one weight matrix at a time: each is an NCCL ring paying its own latency.
     units = layers_per_stage * jnp.where(plan.zero3_per_matrix > 0, 2.0 + model.mlp_matrices,
                                          1.0)
-    zero3_per_mb = units * (
-        jnp.where(plan.recompute == 2, 3.0, 2.0) * coll.all_gather(net, eff, wts / units, group,
-                                                                   plan.tp)
-        + coll.reduce_scatter(net, eff, grads / units, group, plan.tp))
+    # DeepSpeed's per-matrix collectives run in 16 bit (its communication dtype is the model's)
+    # and move every byte through the rank's own link (see `coll.flat_ring_all_gather`).
+    per_matrix = plan.zero3_per_matrix > 0
+    gather = jnp.where(per_matrix, coll.flat_ring_all_gather(net, eff, wts / units, group, plan.tp),
+                       coll.all_gather(net, eff, wts / units, group, plan.tp))
+    scatter = jnp.where(per_matrix, coll.flat_ring_all_gather(net, eff, wts / units, group, plan.tp),
+                        coll.reduce_scatter(net, eff, grads / units, group, plan.tp))
+    zero3_per_mb = units * (jnp.where(plan.recompute == 2, 3.0, 2.0) * gather + scatter)
     dp_total = jnp.where(plan.zero >= 3, m * zero3_per_mb, jnp.where(plan.zero >= 1, rs + ag, ar))
     # Gradients are reduced during the backward pass of the last micro-batch (and, with a sharded
     # optimizer, parameters are gathered during the first forward); ZeRO-3 prefetches all along.
@@ -286,9 +305,12 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
                      plan.overlap_dp * eff.dp_overlap * last_mb)
     dp_comm = jnp.where(group > 1, exposed_after_overlap(dp_total, hide), 0.0)
 
-    # Adam on the local shard: read grad, master, m, v (16 B), write master, m, v, 16-bit weight.
+    # Adam on the local shard: read grad, master, m, v (16 B), write master, m, v, 16-bit weight
+    # (14 B), after reading the fp32 gradients once more for the clipping norm (4 B); then the
+    # whole local fp32 gradient buffer is zeroed for the next step (4 B per parameter).
     shard = n_params / jnp.where(plan.zero >= 1, group, 1.0)
-    optimizer = op_time(acc, eff, 12.0 * shard, 30.0 * shard, kernels=4.0)
+    optimizer = op_time(acc, eff, 14.0 * shard, 34.0 * shard + GRAD_BYTES * n_params,
+                        kernels=6.0)
 
     step = compute + tp_comm + bubble + pp_comm + dp_comm + optimizer
     memory = training_memory(model, plan, eff)

@@ -54,17 +54,16 @@ def test_ring_all_gather_and_reduce_scatter_inside_one_domain(n):
 @pytest.mark.parametrize("n,stride", [(8, 1), (16, 2), (64, 8), (4, 16)])
 def test_all_reduce_is_reduce_scatter_plus_all_gather(n, stride):
     """A ring all-reduce moves the bytes of a reduce-scatter followed by an all-gather (one call
-    overhead). Across domains the all-reduce pays hierarchical latency (in-domain hops at NVLink
-    latency), while NCCL's all-gather / reduce-scatter are flat rings: n - 1 fabric steps each."""
+    overhead). Across domains the all-reduce pays hierarchical latency (2 (n_in - 1) NVLink and
+    2 (n_out - 1) fabric hops), while NCCL's all-gather / reduce-scatter are flat rings of n - 1
+    steps, n_out - 1 of them across the fabric and n - n_out over NVLink (NCCL's ring latency
+    model): the pair pays 2 (n - n_out - n_in + 1) more NVLink hops."""
     ar = coll.all_reduce(NET, EFF, SIZE, n, stride)
     rs_ag = coll.reduce_scatter(NET, EFF, SIZE, n, stride) + coll.all_gather(NET, EFF, SIZE, n,
                                                                               stride)
     n_in = min(8 / stride, n) if stride < 8 else 1
     n_out = n / n_in
-    if n_out == 1:
-        lat_gap = 0.0
-    else:
-        lat_gap = 2 * (n - 1) * 5e-6 - (2 * (n_in - 1) * 2e-6 + 2 * (n_out - 1) * 5e-6)
+    lat_gap = 2 * (n - n_out - n_in + 1) * 2e-6
     close(ar, rs_ag - OVH - lat_gap)
 
 
@@ -79,8 +78,9 @@ def test_group_with_stride_at_least_the_domain_uses_scaleout(n, stride):
 
 def test_all_gather_across_domains_is_a_flat_ring_in_latency():
     """16 ranks over two 8-GPU domains: hierarchical bytes (7/8 of the data over NVLink, half of
-    an eighth over each NIC) but 15 ring steps at fabric latency (NCCL has no all-gather tree)."""
-    want = 7 / 8 * SIZE / BW_IN + 1 / 2 * SIZE / 8 / BW_OUT + 15 * 5e-6 + OVH
+    an eighth over each NIC) and a flat ring's 15 steps of latency (NCCL has no all-gather
+    tree): a chunk crosses the fabric once and NVLink 14 times."""
+    want = 7 / 8 * SIZE / BW_IN + 1 / 2 * SIZE / 8 / BW_OUT + 5e-6 + 14 * 2e-6 + OVH
     close(coll.all_gather(NET, EFF, SIZE, 16, 1), want)
     close(coll.reduce_scatter(NET, EFF, SIZE, 16, 1), want)
 

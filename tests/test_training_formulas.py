@@ -276,13 +276,76 @@ def test_memory_total_is_sum_and_reserve(gpt3, eff):
 def test_parallel_block_halves_tp_communication(step, gpt22b, dgx_a100, eff, recompute, sp):
     """A parallel attention + MLP block reduces the summed branches once per pass instead of
     once per branch: exactly half the tensor-parallel communication, with and without sequence
-    parallelism and full recomputation, and a shorter step."""
+    parallelism and full recomputation, and a shorter step (collectives in line: the
+    asynchronous backward reduction hides a non-linear share)."""
     import equinox as eqx
     import jax.numpy as jnp
     par = eqx.tree_at(lambda m: m.parallel_attention, gpt22b, jnp.asarray(1.0))
     plan = dp.TrainingPlan(tp=8, pp=1, dp=1, micro_batch=1, global_batch=4,
-                           recompute=recompute, sequence_parallel=sp)
+                           recompute=recompute, sequence_parallel=sp, overlap_tp_backward=0)
     a, b = step(gpt22b, dgx_a100, plan, eff), step(par, dgx_a100, plan, eff)
     assert float(a.tp_comm_time) > 0
     assert float(b.tp_comm_time) == pytest.approx(0.5 * float(a.tp_comm_time), rel=1e-6)
     assert float(b.step_time) < float(a.step_time)
+
+
+def test_pipeline_bubble_is_the_other_stages_layers_not_the_lm_head(step, gpt22b, dgx_a100, eff):
+    """1F1B with the LM head on the last stage: that stage sets the pace of all m micro-batches
+    (m (L_stage + head)); filling and draining passes the other pp - 1 stages, which carry only
+    their layers: bubble = (pp - 1) / vp * L_stage, without the head."""
+    from diffperf.training import _head_time
+    plan = dp.TrainingPlan(tp=8, pp=4, dp=1, global_batch=16, vp=2, recompute="full",
+                           overlap_tp=0)
+    r = step(gpt22b, dgx_a100, plan, eff)
+    m = 16
+    head = float(_head_time(gpt22b, plan, dgx_a100, eff))
+    stage_layers = float(r.compute_time + r.tp_comm_time) / m - head
+    want = (4 - 1) / 2 * stage_layers
+    np.testing.assert_allclose(float(r.bubble_time), want, rtol=1e-5)
+    assert head > 0.0
+
+
+def test_async_backward_tp_reduction_hides_behind_weight_gradients(step, gpt3, dgx_a100, eff):
+    """Megatron's asynchronous TP all-reduce (Korthikanti 2022, Sec. 6.2): the input-gradient
+    reduction of each column-parallel layer runs during its weight-gradient GEMM. For GPT-3
+    175B at tp 8 (GEMMs of ~0.1 TFLOP per collective of 25 MB) the backward reductions all but
+    vanish: of the 4 per layer (no recompute) the 2 forward ones stay. With sequence
+    parallelism the backward all-gather of the output gradient stays in line too: 6 of 8
+    half-collectives remain (reduce-scatter and all-gather cost the same)."""
+    for sp, kept in ((0, 2 / 4), (1, 6 / 8)):
+        plan = dp.TrainingPlan(tp=8, pp=1, dp=1, global_batch=1, sequence_parallel=sp,
+                               overlap_tp=0, overlap_tp_backward=0)
+        inline = float(step(gpt3, dgx_a100, plan, eff).tp_comm_time)
+        hidden = float(step(gpt3, dgx_a100, eqx_set(plan, "overlap_tp_backward", 1.0),
+                            eff).tp_comm_time)
+        assert hidden == pytest.approx(kept * inline, rel=0.01), (sp, hidden / inline)
+        # compute is untouched
+        a = step(gpt3, dgx_a100, plan, eff)
+        b = step(gpt3, dgx_a100, eqx_set(plan, "overlap_tp_backward", 1.0), eff)
+        assert float(a.compute_time) == pytest.approx(float(b.compute_time), rel=1e-9)
+
+
+def eqx_set(plan, field, value):
+    import equinox as eqx
+    return eqx.tree_at(lambda p: getattr(p, field), plan, value)
+
+
+def test_deepspeed_per_matrix_collectives_move_every_byte_through_the_ranks_own_link():
+    """A flat ring that does not stripe over a node's NICs: (n - 1)/n of the bytes at the
+    per-GPU fabric bandwidth, plus NCCL's ring latency (n_out - 1 fabric and n - n_out NVLink
+    steps) and one call overhead. Per-GPU time is thus (nearly) independent of the group size,
+    the floor Narayanan 2021 Table 2 shows for DeepSpeed ZeRO-3 (175B: 66.7 s at 768 and
+    1,536 GPUs)."""
+    from diffperf import collectives as coll
+    net = dp.system("dgx-a100").network
+    e = dp.Efficiency()
+    size = 1e9
+    for n in (384.0, 1536.0):
+        n_out = n / 8
+        want = ((n - 1) / n * size / (float(net.scaleout_bandwidth) * float(e.scaleout))
+                + (n_out - 1) * float(net.scaleout_latency) + (n - n_out) * float(net.nvlink_latency)
+                + float(e.collective_overhead))
+        got = float(coll.flat_ring_all_gather(net, e, size, n))
+        assert got == pytest.approx(want, rel=1e-5)
+        # the striped (hierarchical) ring moves 1/8 of it over each NIC (plus NVLink time)
+        assert float(coll.all_gather(net, e, size, n)) < 0.3 * got

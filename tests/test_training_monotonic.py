@@ -254,16 +254,18 @@ def test_expert_parallel_ranks_sit_tensor_parallel_apart(step):
 
 def test_zero3_gathers_and_reduces_one_layer_at_a_time(step, dgx_a100):
     """ZeRO-3 / FSDP over 16 ranks on two 8-GPU nodes with (near) infinite bandwidth: each
-    layer's 2 gathers + 1 reduce-scatter (no recompute) is a 16-rank NCCL ring of 15 fabric
-    steps plus one call overhead, for every one of the 32 layers of Llama-2 7B, per
-    micro-batch; nothing overlaps (zero3_overlap 0)."""
+    layer's 2 gathers + 1 reduce-scatter (no recompute) is a 16-rank NCCL ring whose chunks
+    cross the fabric once and NVLink 14 times (NCCL's ring latency model), plus one call
+    overhead, for every one of the 32 layers of Llama-2 7B, per micro-batch; nothing overlaps
+    (zero3_overlap 0)."""
     model = dp.model("llama2-7b")
     net = dgx_a100.network
     fast = eqx.tree_at(lambda s: (s.network.nvlink_bandwidth, s.network.scaleout_bandwidth),
                        dgx_a100, (net.nvlink_bandwidth * 1e12, net.scaleout_bandwidth * 1e12))
     eff = dp.Efficiency(zero3_overlap=0.0)
     plan = dp.TrainingPlan(tp=1, pp=1, dp=16, micro_batch=1, global_batch=32, zero=3)
-    per_collective = 15 * float(net.scaleout_latency) + float(eff.collective_overhead)
+    per_collective = (float(net.scaleout_latency) + 14 * float(net.nvlink_latency)
+                      + float(eff.collective_overhead))
     want = 2 * 32 * 3 * per_collective  # 2 micro-batches x 32 layers x 3 collectives
     got = float(step(model, fast, plan, eff).dp_comm_time)
     assert got == pytest.approx(want, rel=2e-3), (got, want)
