@@ -61,31 +61,26 @@ def all_reduce(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     return t_in + t_out + _fixed(n, eff)
 
 
-def all_gather(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
+def all_gather(net: Network, eff: Efficiency, size, n, stride=1.0, striped=1.0) -> jax.Array:
     """Ring all-gather producing `size` bytes on every rank (each holds size/n). Bandwidth as
     the hierarchical ring (each domain's NICs carry 1/n_in of the data each); latency of NCCL's
     flat ring over all n ranks (`_ring_latency`): NCCL has no tree for all-gather /
-    reduce-scatter."""
+    reduce-scatter.
+
+    `striped = 0` models a flat ring that does not stripe over a domain's NICs: once the group
+    leaves the NVLink domain every rank's (n - 1)/n of the data crosses its own NIC (DeepSpeed's
+    2021 ZeRO-3 gathers; see `benchmarks_data/SOURCES.md`)."""
     n_in, n_out = tier_split(net, n, stride)
     bw_in, bw_out = _bw(net, eff)
     t_bw = (n_in - 1) / n_in * size / bw_in + (n_out - 1) / n_out * size / n_in / bw_out
-    return t_bw + _ring_latency(net, n, n_out) + _fixed(n, eff)
+    flat = (n - 1.0) / n * size / jnp.where(n_out > 1, bw_out, bw_in)
+    return jnp.where(striped > 0, t_bw, flat) + _ring_latency(net, n, n_out) + _fixed(n, eff)
 
 
-def reduce_scatter(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
+def reduce_scatter(net: Network, eff: Efficiency, size, n, stride=1.0, striped=1.0) -> jax.Array:
     """Hierarchical ring reduce-scatter of `size` bytes (each rank ends with size/n reduced);
     the mirror image of `all_gather`, same cost."""
-    return all_gather(net, eff, size, n, stride)
-
-
-def flat_ring_all_gather(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
-    """All-gather (or reduce-scatter) of `size` bytes as one flat ring that does not stripe
-    across a node's NICs: once the group leaves the NVLink domain every rank's (n - 1)/n of the
-    data crosses its own NIC, at the fabric's per-GPU bandwidth."""
-    n_in, n_out = tier_split(net, n, stride)
-    bw_in, bw_out = _bw(net, eff)
-    t_bw = (n - 1.0) / n * size / jnp.where(n_out > 1, bw_out, bw_in)
-    return t_bw + _ring_latency(net, n, n_out) + _fixed(n, eff)
+    return all_gather(net, eff, size, n, stride, striped)
 
 
 def all_to_all(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:

@@ -284,12 +284,12 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     units = layers_per_stage * jnp.where(plan.zero3_per_matrix > 0, 2.0 + model.mlp_matrices,
                                          1.0)
     # DeepSpeed's per-matrix collectives run in 16 bit (its communication dtype is the model's)
-    # and move every byte through the rank's own link (see `coll.flat_ring_all_gather`).
+    # as flat rings through each rank's own NIC (`striped = 0`, see `coll.all_gather`).
     per_matrix = plan.zero3_per_matrix > 0
-    gather = jnp.where(per_matrix, coll.flat_ring_all_gather(net, eff, wts / units, group, plan.tp),
-                       coll.all_gather(net, eff, wts / units, group, plan.tp))
-    scatter = jnp.where(per_matrix, coll.flat_ring_all_gather(net, eff, wts / units, group, plan.tp),
-                        coll.reduce_scatter(net, eff, grads / units, group, plan.tp))
+    striped = 1.0 - plan.zero3_per_matrix
+    gather = coll.all_gather(net, eff, wts / units, group, plan.tp, striped)
+    scatter = coll.reduce_scatter(net, eff, jnp.where(per_matrix, wts, grads) / units, group,
+                                  plan.tp, striped)
     zero3_per_mb = units * (jnp.where(plan.recompute == 2, 3.0, 2.0) * gather + scatter)
     dp_total = jnp.where(plan.zero >= 3, m * zero3_per_mb, jnp.where(plan.zero >= 1, rs + ag, ar))
     # Gradients are reduced during the backward pass of the last micro-batch (and, with a sharded
