@@ -133,10 +133,10 @@ print(f"calibrated, parameters   {ci.format('s', 4)}")
 
 # %% [markdown]
 # **Finding.** Over 307 published values, calibration cuts the MAPE of training step time from
-# 9.9 % to 9.5 %, of model TFLOP/s from 20.7 % to 8.0 % and of the 22 NVIDIA Llama-2 latency
-# points from 9.2 % to 4.1 % (4.3 % leave-one-out); held out, errors are 0.5-1.5 points higher
-# (step time 10.9 % leaving whole sources out, 10.0 % 5-fold). The largest errors remain in
-# TensorRT-LLM throughput (22.5 %) and TTFT (18.5 %). On IMEC's own 11 training values the
-# physical defaults are closer (3.7 %) than the fit (8.1 %; the fit matches the papers' printed
-# values for the same runs to 3.0 %). GPT-3 175B on 64 A100 is predicted at 14.15 s (90 %
-# interval 11.5-17.5 s) against 12.9 s measured (physical defaults: 13.10 s).
+# 6.6 % to 5.1 %, of model TFLOP/s from 19.8 % to 7.5 % and of the 22 NVIDIA Llama-2 latency
+# points from 7.6 % to 3.3 % (3.4 % leave-one-out); held out, errors are 0-1.5 points higher
+# (step time 5.6 % leaving whole sources out, 5.2 % 5-fold). The largest errors remain in
+# TensorRT-LLM throughput (13.5 %) and TTFT (16.9 %). On IMEC's own 11 training values the
+# physical defaults are closer (3.7 %) than the fit (6.3 %); on the papers' printed values for
+# the same runs the fit is closer (2.8 % against 5.3 %). GPT-3 175B on 64 A100 is predicted at
+# 13.98 s (90 % interval 11.9-16.5 s) against 12.9 s measured (physical defaults: 13.12 s).

@@ -97,9 +97,9 @@ for s, w, ratio in A.CLAIMS:
     print(f"claim {ratio:4.1f}x  {w}  [{s}]")
 
 # %% [markdown]
-# **Finding.** At an equal 1,024 GPUs, B200 trains GPT-3 175B 8.1x faster than A100 in fp8
-# (16.85 s to 2.08 s per step) and 11.8x in fp4 (1.43 s); GB200 NVL72 reaches 9.5x and H100 3.7x.
-# Tensor FLOP/s (4.22x) and precision (1.27x) give 80 % of the B200 log speed-up, the three
-# network factors together 1.19x, HBM bandwidth and capacity 1.09x, the re-chosen plan 1.17x.
+# **Finding.** At an equal 1,024 GPUs, B200 trains GPT-3 175B 8.2x faster than A100 in fp8
+# (16.77 s to 2.05 s per step) and 12.1x in fp4 (1.39 s); GB200 NVL72 reaches 9.7x and H100 3.7x.
+# Tensor FLOP/s (4.32x) and precision (1.29x) give 82 % of the B200 log speed-up, the three
+# network factors together 1.16x, HBM bandwidth and capacity 1.10x, the re-chosen plan 1.15x.
 # The paper's ~35x is a system-scale comparison (more GPUs per system, fp4, best plans): the
-# per-GPU ratio leaves 3.0x (fp4) to 4.3x (fp8) of it to system scale.
+# per-GPU ratio leaves 2.9x (fp4) to 4.3x (fp8) of it to system scale.

@@ -122,16 +122,16 @@ print(f"full at 1 nm: training compute {fu['train_compute']:.0%}, network "
       f"{fu['infer_latency']:.0%}")
 
 # %% [markdown]
-# Two details of the bars. Memory-only scaling turns batch-1 decode partly compute-bound (42 %
+# Two details of the bars. Memory-only scaling turns batch-1 decode partly compute-bound (40 %
 # at 1 nm): with the 12 nm datapath, GEMMs with one row run at a small fraction of peak (the
 # size-dependent matmul efficiency), so once HBM4e removes the weight-streaming time the
 # FLOP/s show. And the training shares under full scaling move with the best plan, which changes
-# along the way (pipeline depth 16 to 8 to 2-4).
+# along the way (pipeline depth 8 to 4 to 1-2).
 
 # %% [markdown]
 # **Finding.** From 12 nm to 1 nm, logic-only scaling multiplies the FLOP/s by 16.6x but
-# training only by 4.7x (26.8 s to 5.7 s), because the 12 nm-era HBM2 and NVLink2 take over
-# (47 % memory-bound, 44 % network-bound at 1 nm); full scaling gives 13.3x (2.0 s) and stays
-# 91 % compute-bound. Batch-1 decode gains only 1.27x from memory-only scaling (28.2 to 22.2 ms)
-# and 2.0x from full scaling (14.0 ms), where 92 % of the time is fixed launch and all-reduce
+# training only by 4.8x (26.6 s to 5.6 s), because the 12 nm-era HBM2 and NVLink2 take over
+# (36 % memory-bound, 49 % network-bound at 1 nm); full scaling gives 13.1x (2.0 s) and stays
+# 91 % compute-bound. Batch-1 decode gains only 1.39x from memory-only scaling (28.9 to 20.8 ms)
+# and 2.1x from full scaling (13.6 ms), where 91 % of the time is fixed launch and all-reduce
 # latency.
