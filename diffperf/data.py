@@ -20,8 +20,9 @@ TRAIN = ("seq_len", "dp", "cp", "ep", "vp", "sequence_parallel", "global_batch",
          "recompute", "zero", "flash_attention")
 INFER = ("batch", "input_len", "output_len")
 #: diffperf extension columns of train rows (optional; the schema lets other readers ignore them):
-#: 0/1 flags for overlapping TP communication with GEMMs and the gradient reduction with the
-#: backward pass (empty or absent = 1, what current Megatron-core / NeMo recipes do), and for
+#: 0/1 flags for overlapping TP communication with GEMMs, the backward TP reduction with the
+#: weight-gradient GEMMs and the gradient reduction with the backward pass (empty or absent = 1,
+#: what current Megatron-core / NeMo recipes do), and for
 #: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units).
 TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_dp": 1.0,
                         "zero3_per_matrix": 0.0}

@@ -260,9 +260,8 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
     per_layer["attention"] = attention
     per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens)
     msg = tokens * x.h * x.sb
-    reductions = 2.0 - model.parallel_attention  # one per branch, or one per parallel block
-    per_layer["tp_allreduce"] = reductions * _network(coll.all_reduce(net, eff, msg, plan.tp),
-                                                      msg)
+    per_layer["tp_allreduce"] = model.tp_reductions_per_pass * _network(
+        coll.all_reduce(net, eff, msg, plan.tp), msg)
     ops.update({k: layers * v for k, v in per_layer.items()})
     ops["pp_send_recv"] = (plan.pp - 1.0) * _network(
         coll.send_recv(net, eff, msg, plan.tp), msg)

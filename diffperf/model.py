@@ -75,6 +75,12 @@ class Transformer(eqx.Module):
         """Weight matrices per MLP (per expert): 3 for gated (SwiGLU), 2 otherwise."""
         return 2.0 + self.gated_mlp
 
+    @property
+    def tp_reductions_per_pass(self) -> jax.Array:
+        """Tensor-parallel reductions per layer and pass: one after attention and one after
+        the MLP, or one for the summed branches of a parallel attention + MLP block."""
+        return 2.0 - self.parallel_attention
+
     def layer_params(self) -> jax.Array:
         """Parameters of one transformer block (weights; biases and norms included), count."""
         h, f = self.hidden, self.ffn_hidden

@@ -54,7 +54,9 @@ class TrainingPlan(eqx.Module):
     - `overlap_dp`: 1 to overlap the gradient reduction with the backward pass.
     - `zero3_per_matrix`: ZeRO-3 collective granularity: 0 one transformer layer per gather /
       reduce-scatter (FSDP units: PyTorch FSDP, Megatron-FSDP), 1 one per weight matrix
-      (DeepSpeed ZeRO-3 gathers parameter by parameter; biases and norms stay replicated).
+      (DeepSpeed ZeRO-3 gathers parameter by parameter; biases and norms stay replicated). The
+      DeepSpeed collectives are modelled as its 2021 runs behaved: 16-bit gradients, flat rings
+      through each GPU's own NIC (`collectives.all_gather` with `striped = 0`).
     """
 
     tp: jax.Array = eqx.field(converter=as_float, default=1)

@@ -174,7 +174,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather with SP) in the forward,
     # 2 in the backward, 2 more when the whole forward is recomputed; half as many in a parallel
     # attention + MLP block (one reduction of the summed branches per pass).
-    per_pass = 2.0 * (1.0 - 0.5 * model.parallel_attention)
+    per_pass = model.tp_reductions_per_pass
     n_forward = per_pass * jnp.where(plan.recompute == 2, 2.0, 1.0)
     msg = tokens * h * ab
     sp = plan.sequence_parallel > 0
