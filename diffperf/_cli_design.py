@@ -111,6 +111,16 @@ def run_sensitivity(args) -> int:
             from .inference_plan import InferencePlan
             mdl = model(args.model or "llama2-70b")
             plan = InferencePlan(tp=args.tp, batch=args.batch, input_len=128, output_len=128)
+            from .feasibility import describe_failure, explain
+            from .inference import infer
+            rep = infer(mdl, sys_, plan)
+            reason = int(rep.reason)
+            if reason not in (0, 10):
+                return _err(f"infeasible plan: {describe_failure(reason, mdl, plan)}")
+            if reason == 10:
+                need, has = float(rep.memory.total), float(sys_.accelerator.hbm_capacity)
+                print(f"warning: {explain(10, need, has)} (elasticities computed anyway)",
+                      file=sys.stderr)
         fn = S.workload_time(args.workload, mdl, plan)
         value, el = S.hardware_elasticities(fn, sys_)
         tech = None

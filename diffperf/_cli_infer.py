@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .feasibility import explain
+from .feasibility import describe_failure, explain
 from .inference import infer
 from .inference_plan import InferencePlan
 
@@ -55,8 +55,9 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _specs(args):
-    from .presets import default_efficiency, efficiency_from_json, model, system
-    mdl = model(args.model)
+    from .cli import _load_model
+    from .presets import default_efficiency, efficiency_from_json, system
+    mdl = _load_model(args.model)
     sys_ = system(args.gpu)
     act = args.activation_precision or args.precision
     plan = InferencePlan(tp=args.tp, pp=args.pp, batch=args.batch, input_len=args.input,
@@ -97,7 +98,7 @@ def _print(args, s: dict, table, capacity: float) -> None:
     print(f"  e2e latency     {s['e2e_latency_s']:10.3f} s")
     if "e2e_latency_interval_s" in s:
         iv = s["e2e_latency_interval_s"]
-        print(f"    90 % interval {iv['text']}" if "text" in iv else
+        print(f"    prediction    {iv['text']}" if "text" in iv else
               f"    (no interval: {iv['error']})")
     print(f"  throughput      {s['throughput_tok_s']:10.1f} output tok/s "
           f"({s['output_tok_s_per_gpu']:.1f} per GPU)")
@@ -122,8 +123,9 @@ def run_infer(args) -> int:
         rep = jax.device_get(infer(mdl, sys_, plan, eff))  # eager: faster than compiling once
         reason = int(rep.reason)
         if reason not in (0, 10):
-            print(f"error: infeasible plan: {explain(reason, precision=int(plan.math_precision))}",
-                  file=sys.stderr)
+            text = (explain(reason, precision=int(plan.math_precision)) if reason == 9
+                    else describe_failure(reason, mdl, plan))
+            print(f"error: infeasible plan: {text}", file=sys.stderr)
             return 2
         table = boundedness(mdl, sys_, plan, eff)
         if args.plot:
@@ -144,6 +146,10 @@ def run_infer(args) -> int:
             summary["e2e_latency_interval_s"] = {"error": str(e)}
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
+    context = args.input + args.output
+    if context > float(mdl.seq_len):
+        print(f"warning: input + output = {context} tokens exceeds the model's context of "
+              f"{float(mdl.seq_len):g} tokens (predicted anyway)", file=sys.stderr)
     if args.json:
         summary["boundedness"] = json.loads(table.to_json(orient="records"))
         print(json.dumps(summary, indent=1))

@@ -12,14 +12,11 @@ import sys
 from pathlib import Path
 
 from . import presets
+from ._cli_checks import CliError, check_paths, check_values
 from .data import BenchmarkError
 
 #: The shipped benchmark data (present in a source checkout / editable install).
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks_data"
-
-
-class CliError(Exception):
-    """A user error: printed as `error: ...` with exit code 2, never a traceback."""
 
 
 def _load_efficiency(path, gpu=None):
@@ -158,7 +155,7 @@ def _print_training(args, s: dict, plan) -> None:
     print(f"  step time            {s['step_time_s']:10.3f} s")
     if "step_time_interval_s" in s:
         iv = s["step_time_interval_s"]
-        print(f"    90 % interval      {iv['text']}" if "text" in iv else
+        print(f"    prediction         {iv['text']}" if "text" in iv else
               f"    (no interval: {iv['error']})")
     for k, v in s["breakdown_s"].items():
         share = v / s["step_time_s"] * 100 if s["step_time_s"] > 0 else 0.0
@@ -171,6 +168,8 @@ def _print_training(args, s: dict, plan) -> None:
           f"{m['optimizer']:.1f}, activations {m['activations']:.1f}, reserved "
           f"{m['reserved']:.1f})")
     print(f"  feasible             {'yes' if s['feasible'] else 'NO: ' + s['reason']}")
+    if "note" in s:
+        print(f"  note: {s['note']}")
 
 
 def run_train(args) -> int:
@@ -178,6 +177,12 @@ def run_train(args) -> int:
     model, system, plan, eff = _train_inputs(args)
     report = predict_training(model, system, plan, eff)  # ValueError for invalid plans
     s = training_summary(report, system)
+    layers = float(model.layers)
+    if layers % (args.pp * args.vp):
+        s["note"] = (f"uneven layout: {layers:g} layers over pp*vp = {args.pp * args.vp} "
+                     f"stages/chunks ({layers / (args.pp * args.vp):.2f} each) needs a custom "
+                     f"pipeline layout; modelled as perfectly balanced (optimistic when the "
+                     f"per-GPU layer counts differ)")
     if args.interval:
         from .calibrate_uncertainty import prediction_interval
         try:
@@ -218,10 +223,13 @@ def run_validate(args) -> int:
     from .validate import validate
     paths = args.data or _default_data()
     result = validate(paths, _load_efficiency(args.efficiency))
+    if not result["rows"] and not result["failed"]:
+        raise CliError(f"no benchmark rows in {', '.join(map(str, paths))}")
+    status = 2 if not result["rows"] else 0  # every row failed: bad input
     if args.json:
         print(json.dumps({k: result[k] for k in ("rows", "summary", "failed")}
                          | {"defaults": result["defaults"], "warnings": result["warnings"]}))
-        return 0
+        return status
     if not args.summary:
         print(f"{'id':58s} {'metric':22s} {'measured':>11s} {'predicted':>11s} {'error':>7s}")
         for r in result["rows"]:
@@ -229,7 +237,7 @@ def run_validate(args) -> int:
                   f"{r['predicted']:11.4g} {r['ape']:6.1f}%")
         print()
     print_validation_summary(result, paths)
-    return 0
+    return status
 
 
 def print_validation_summary(result: dict, paths) -> None:
@@ -339,8 +347,18 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_values(args)
+        check_paths(args)
         return args.func(args) or 0
     except (CliError, BenchmarkError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader of our output went away (`diffperf train | head`): stop quietly.
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:  # unreadable / unwritable files named by the user
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -99,7 +99,7 @@ def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except FileNotFoundError:
         raise BenchmarkError(f"{path}: file not found") from None
-    except pd.errors.ParserError as e:
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise BenchmarkError(f"{path}: not a readable CSV ({e})") from None
     missing = [c for c in COMMON if c not in df.columns]
     if missing:

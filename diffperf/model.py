@@ -117,10 +117,17 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> 
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
 
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+
     def pick(*names, default=None):
         for n in names:
             if n in cfg and cfg[n] is not None:
-                return cfg[n]
+                v = cfg[n]
+                numeric = not isinstance(default, str)
+                if numeric and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    raise ValueError(f"{path}: field {n!r} must be a number, got {v!r}")
+                return v
         if default is not None:
             return default
         raise ValueError(f"{path}: none of the fields {names} is present")

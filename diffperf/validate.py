@@ -12,7 +12,7 @@ import numpy as np
 
 from .data import BenchmarkRow, read_benchmarks, train_specs
 from .efficiency import Efficiency
-from .feasibility import explain
+from .feasibility import describe_failure, explain
 from .presets import efficiency_for
 from .training import model_flops_per_step, train_step
 
@@ -97,7 +97,8 @@ def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
     for i, row in enumerate(ok):
         reason = int(rep.reason[i])
         if reason not in (0, 10):
-            failed.append({"id": row.id, "error": explain(reason)})
+            model, _, plan = train_specs(row)
+            failed.append({"id": row.id, "error": describe_failure(reason, model, plan)})
             continue
         n = float(rep.num_gpus[i])
         step = float(rep.step_time[i])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -59,8 +60,22 @@ def test_train_readable_output(capsys):
     (["train", "--gpu", "tpu-v9"], "unknown gpu or system 'tpu-v9'"),
     (["train", "--model", "gpt-13b"], "unknown model 'gpt-13b'"),
     (["train", "--dp", "3", "--gpus", "64", "--tp", "8", "--pp", "8"], "does not equal --gpus"),
-    (["validate", "--data", "no/such/file.csv"], "file not found"),
-    (["infer", "--model", "llama2-70b", "--gpu", "a100-sxm4-80gb", "--tp", "3"], "tp"),
+    (["validate", "--data", "no/such/file.csv"], "--data: no such file: no/such/file.csv"),
+    (["infer", "--model", "llama2-70b", "--gpu", "a100-sxm4-80gb", "--tp", "3"],
+     "tp does not divide heads (tp=3, heads=64)"),
+    (["train", "--tp", "0"], "--tp must be >= 1, got 0"),
+    (["train", "--gpus", "-64"], "--gpus must be >= 1, got -64"),
+    (["train", "--efficiency", "."], "--efficiency: not a file: ."),
+    (["search", "train", "--gpus", "8", "--out", "no/such/dir/best.csv"],
+     "--out: directory does not exist: no/such/dir"),
+    (["search", "infer", "--latency", "-1"], "--latency must be > 0, got -1.0"),
+    (["technology", "--nodes", "30"], "--nodes must lie in [1, 12] nm"),
+    (["codesign", "--memory-gen", "9"], "--memory-gen must lie in [0, 5], got 9"),
+    (["calibrate", "--data", "benchmarks_data/train_calibration.csv", "--out", "x.json",
+      "--prior-weight", "-1"], "--prior-weight must be >= 0, got -1.0"),
+    (["calibrate", "--data", "benchmarks_data/train_calibration.csv", "--out", "x.json",
+      "--cv", "kfold", "--folds", "1"], "--folds must be >= 2"),
+    (["sensitivity", "--workload", "infer", "--tp", "3"], "tp does not divide heads (tp=3"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -114,3 +129,35 @@ def test_presets_lists_everything(capsys):
 def test_search_rejects_non_positive_sizes(capsys, argv, needle):
     code, _, err = run(capsys, *argv)
     assert code == 2 and needle in err
+
+
+def test_validate_rejects_a_file_without_rows(capsys, tmp_path):
+    header = (Path(__file__).resolve().parent.parent / "benchmarks_data" /
+              "train_calibration.csv").read_text().splitlines()[0]
+    f = tmp_path / "header_only.csv"
+    f.write_text(header + "\n")
+    code, _, err = run(capsys, "validate", "--data", str(f))
+    assert code == 2 and err.startswith("error: no benchmark rows")
+
+
+def test_empty_efficiency_file_is_an_error(capsys, tmp_path):
+    f = tmp_path / "eff.json"
+    f.write_text("{}")
+    code, _, err = run(capsys, "train", "--efficiency", str(f))
+    assert code == 2 and "sets no factors" in err
+
+
+def test_hf_config_with_a_non_numeric_field_names_it(capsys, tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({"hidden_size": "abc", "num_attention_heads": 32,
+                             "num_hidden_layers": 32, "vocab_size": 32000}))
+    code, _, err = run(capsys, "train", "--model", str(f), "--gpus", "8", "--tp", "8",
+                       "--pp", "1", "--vp", "1", "--global-batch", "8")
+    assert code == 2 and "field 'hidden_size' must be a number, got 'abc'" in err
+
+
+def test_train_notes_an_uneven_pipeline_layout(capsys):
+    code, out, _ = run(capsys, "train", "--pp", "8", "--vp", "5")
+    assert code == 0 and "uneven layout: 96 layers over pp*vp = 40" in out
+    code, out, _ = run(capsys, "train")
+    assert code == 0 and "uneven layout" not in out

@@ -181,6 +181,9 @@ def efficiency_from_json(path: str | Path) -> GpuEfficiency:
         raise ValueError(f"efficiency file {path}: expected a JSON object")
     if "factors" not in data and "per_gpu" not in data:
         data = {"factors": data}
+    if not data.get("factors") and not data.get("per_gpu"):
+        raise ValueError(f"efficiency file {path} sets no factors (omit the file for the shipped "
+                         f"calibration; factors it does not set take the physical defaults)")
     return _gpu_efficiency(data, path)
 
 

@@ -1,0 +1,102 @@
+"""Up-front checks of command-line values and paths, so a bad value fails at once with a
+one-line error naming the option, never after minutes of work or with a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class CliError(Exception):
+    """A user error: printed as `error: ...` with exit code 2, never a traceback."""
+
+
+#: Options that count things: whole numbers >= 1 wherever a command has them.
+_AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
+                 "global_batch", "seq_len", "n", "batch", "input", "output", "max_gpus",
+                 "starts")
+#: Options that are physical budgets or targets: > 0.
+_POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")
+#: Iteration counts where 0 means "skip this stage".
+_NON_NEGATIVE = ("lbfgs_steps", "prior_weight")
+
+
+def _opt(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_values(args) -> None:
+    """Raise CliError naming the first option whose value is out of its range."""
+    get = lambda k: getattr(args, k, None)  # noqa: E731
+    for k in _AT_LEAST_ONE:
+        if get(k) is not None and get(k) < 1:
+            raise CliError(f"{_opt(k)} must be >= 1, got {get(k)}")
+    for k in _POSITIVE:
+        if get(k) is not None and not get(k) > 0:
+            raise CliError(f"{_opt(k)} must be > 0, got {get(k)}")
+    for k in _NON_NEGATIVE:
+        if get(k) is not None and get(k) < 0:
+            raise CliError(f"{_opt(k)} must be >= 0, got {get(k)}")
+    command = get("command")
+    if get("top") is not None:
+        # `sensitivity --top 0` (its default) means every row; elsewhere top counts plans.
+        low = 0 if command == "sensitivity" else 1
+        if get("top") < low:
+            raise CliError(f"--top must be >= {low}, got {get('top')}")
+    if get("steps") is not None:
+        low = 1 if command == "codesign" else 0
+        if get("steps") < low:
+            raise CliError(f"--steps must be >= {low}, got {get('steps')}")
+    if command == "calibrate" and get("cv") == "kfold" and get("folds") is not None \
+            and get("folds") < 2:
+        raise CliError(f"--folds must be >= 2 for k-fold cross-validation, got {get('folds')}")
+    _check_technology_ranges(args)
+
+
+def _check_technology_ranges(args) -> None:
+    """Logic nodes and memory / network generations must lie inside the technology tables
+    (outside them the tables would be silently clamped to their end rows)."""
+    nodes = getattr(args, "nodes", None) or []
+    node = getattr(args, "node", None)
+    mem, net = getattr(args, "memory_gen", None), getattr(args, "network_gen", None)
+    if not nodes and node is None and mem is None and net is None:
+        return
+    from .technology import tables
+    t = tables()
+    known = [float(r["node_nm"]) for r in t["logic"]["rows"]]
+    lo, hi = min(known), max(known)
+    for name, values in (("--nodes", nodes), ("--node", [] if node is None else [node])):
+        for v in values:
+            if not lo <= v <= hi:
+                raise CliError(f"{name} must lie in [{lo:g}, {hi:g}] nm (the technology "
+                               f"tables), got {v:g}")
+    for name, v, table in (("--memory-gen", mem, "memory"), ("--network-gen", net, "network")):
+        top = len(t[table]["rows"]) - 1
+        if v is not None and not 0 <= v <= top:
+            raise CliError(f"{name} must lie in [0, {top}], got {v:g}")
+
+
+#: Options naming files the command reads / writes.
+_INPUTS = ("efficiency", "data")
+_OUTPUTS = ("out", "plot", "csv")
+
+
+def check_paths(args) -> None:
+    """Inputs must be existing files; outputs must go to an existing directory (checked before
+    any work is done)."""
+    for k in _INPUTS:
+        values = getattr(args, k, None)
+        for v in ([values] if isinstance(values, str) else values or []):
+            p = Path(v)
+            if not p.exists():
+                raise CliError(f"{_opt(k)}: no such file: {v}")
+            if not p.is_file():
+                raise CliError(f"{_opt(k)}: not a file: {v}")
+    for k in _OUTPUTS:
+        v = getattr(args, k, None)
+        if not isinstance(v, str):
+            continue
+        p = Path(v)
+        if p.is_dir():
+            raise CliError(f"{_opt(k)}: is a directory, expected a file name: {v}")
+        if not p.resolve().parent.is_dir():
+            raise CliError(f"{_opt(k)}: directory does not exist: {p.parent}")
