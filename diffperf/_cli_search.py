@@ -34,6 +34,9 @@ def add_search_parser(sub) -> None:
                    help="also write the best plans and the Pareto front to FILE.csv or "
                         "FILE.parquet (parquet needs pyarrow); the front goes to "
                         "FILE-pareto.csv/.parquet")
+    t.add_argument("--uneven-layouts", action="store_true",
+                   help="also rank plans whose pp * vp does not divide the layer count (they "
+                        "need a custom pipeline layout; modelled as perfectly balanced)")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=run_search_train)
 
@@ -81,7 +84,7 @@ def run_search_train(args) -> int:
     grid = default_training_grid(model, args.gpus, args.global_batch, precisions=codes)
     result = search_training(model, system, args.gpus, args.global_batch, grid=grid,
                              efficiency=_efficiency(args.efficiency), top_k=args.top,
-                             progress=not args.json)
+                             progress=not args.json, even_layouts=not args.uneven_layouts)
     top, pareto = result["top"], result["pareto"]
     if args.out:
         write_table(top, args.out)
@@ -107,8 +110,8 @@ def run_search_train(args) -> int:
     print(top[[c for c in cols if c in top]].to_string(index=False, float_format="%.3f"))
     if len(pareto):
         print("\nPareto front, memory per GPU vs step time:")
-        print(pareto[["tp", "pp", "dp", "micro_batch", "recompute", "zero", "memory_gb",
-                      "step_time_s"]].to_string(index=False, float_format="%.2f"))
+        print(pareto[["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
+                      "memory_gb", "step_time_s"]].to_string(index=False, float_format="%.2f"))
     return 0
 
 

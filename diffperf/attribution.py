@@ -40,7 +40,7 @@ from .grid import Grid
 from .hardware import Accelerator, Network, System, precision_code
 from .model import Transformer
 from .presets import default_efficiency
-from .search import plan_from_values
+from .search import even_layout, plan_from_values
 from .training import train_step
 
 FACTORS = ("precision", "tensor_flops", "hbm_bandwidth", "hbm_capacity", "nvlink_bandwidth",
@@ -61,7 +61,8 @@ def candidate_plans(model: Transformer, gpus: int, global_batch: int) -> Grid:
     """The plan set searched per coalition: tp 1-8, pp 1-64 (powers of two), vp 1/2/3/4/6,
     micro-batch 1/2/4/8, recompute none / selective / full, ZeRO 1 with sequence parallelism,
     flash attention and both overlaps on (the choices that win for dense GPT training in the
-    full search), cp = 1. Precision is set per coalition."""
+    full search), cp = 1. Precision is set per coalition. Users of this set keep only even
+    layouts (`search.even_layout`: pp * vp divides the layer count)."""
     layers = int(np.asarray(model.layers))
     pow2 = [p for p in (1, 2, 4, 8, 16, 32, 64) if gpus % p == 0]
     return Grid({
@@ -120,8 +121,9 @@ def coalition_times(model: Transformer, base: System, target: System, gpus: int,
                       zero=jnp.ones(n_plans), sequence_parallel=jnp.ones(n_plans))
 
         def one(v):
-            r = train_step(model, system, plan_from_values(v, gpus, global_batch), eff)
-            return r.step_time, r.feasible
+            plan = plan_from_values(v, gpus, global_batch)
+            r = train_step(model, system, plan, eff)
+            return r.step_time, r.feasible & even_layout(model, plan)
         t, ok = jax.vmap(one)(values)
         return jnp.where(ok & jnp.isfinite(t), t, jnp.inf)
 

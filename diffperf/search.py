@@ -26,6 +26,9 @@ from .training import train_step
 #: parallelism, selective recomputation with flash attention): the simpler twin is kept.
 REASON_GPUS = 12
 REASON_DUPLICATE = 13
+#: Search-only reason: pp * vp does not divide the layer count, so the stages (or interleaved
+#: chunks) cannot all hold the same whole number of layers with Megatron's standard arguments.
+REASON_UNEVEN = 14
 PLAN_AXES = ("tp", "pp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
              "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision")
 
@@ -77,6 +80,14 @@ def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
     return TrainingPlan(dp=dp, global_batch=global_batch, **fields)
 
 
+def even_layout(model: Transformer, plan) -> jax.Array:
+    """True where every pipeline stage (every interleaved chunk) holds the same whole number of
+    layers: pp * vp divides the layer count. `train_step` models other layouts as perfectly
+    balanced (fractional layers per stage), which needs a custom pipeline layout in practice
+    and is optimistic when the per-GPU layer counts differ, so searches skip them by default."""
+    return jnp.mod(model.layers, plan.pp * plan.vp) == 0
+
+
 def _gpus_reason(reason, values, gpus):
     """Search-only reasons on top of the model's: the GPU count (12) and settings that have no
     effect, so each distinct plan is counted and ranked once (13)."""
@@ -97,8 +108,11 @@ def _gpus_reason(reason, values, gpus):
 def search_training(model: Transformer, system: System, gpus: int, global_batch: int,
                     grid: Grid | None = None, efficiency: Efficiency | None = None,
                     top_k: int = 10, devices=None,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, even_layouts: bool = True) -> dict:
     """Find the fastest feasible training plans.
+
+    `even_layouts` (default True): only plans whose pp * vp divides the layer count
+    (`even_layout`); False also ranks uneven layouts, modelled as perfectly balanced.
 
     **Returns:** a dict with `evaluated`, `feasible`, `seconds` (wall time, compilation
     included), `reasons` (infeasible counts by reason text), `top` (DataFrame of the best plans
@@ -113,7 +127,10 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     def evaluate(values):
         plan = plan_from_values(values, gpus, global_batch)
         r = train_step(model, system, plan, eff)
-        return r.step_time, r.memory.total, _gpus_reason(r.reason, values, gpus)
+        reason = _gpus_reason(r.reason, values, gpus)
+        if even_layouts:
+            reason = jnp.where((reason == 0) & ~even_layout(model, plan), REASON_UNEVEN, reason)
+        return r.step_time, r.memory.total, reason
 
     # Equivalent plans (e.g. selective recompute with flash attention = none) tie exactly:
     # keep 4x as many and drop the duplicates below.
@@ -130,7 +147,8 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     pareto = both.iloc[top_idx.size:].reset_index(drop=True)
     reasons_all = dict(REASONS) | {
         REASON_GPUS: "tp * pp * cp does not divide the GPU count",
-        REASON_DUPLICATE: "a setting has no effect (the simpler equivalent plan is kept)"}
+        REASON_DUPLICATE: "a setting has no effect (the simpler equivalent plan is kept)",
+        REASON_UNEVEN: "pp * vp does not divide the layer count (uneven layout)"}
     reasons = {reasons_all.get(i, str(i)): int(c) for i, c in enumerate(res.reasons)
                if c and i != 0}
     return {"evaluated": res.evaluated, "feasible": res.feasible,

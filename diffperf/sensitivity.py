@@ -52,7 +52,7 @@ def best_training_plan(model: Transformer, system: System, gpus: int, global_bat
     """Fastest feasible plan of `attribution.candidate_plans` on `system` (one vmapped call)."""
     from .attribution import candidate_plans
     from .hardware import precision_code
-    from .search import plan_from_values
+    from .search import even_layout, plan_from_values
     eff = default_efficiency() if efficiency is None else efficiency
     grid = candidate_plans(model, gpus, global_batch)
     values = grid.product(grid.names)
@@ -64,8 +64,9 @@ def best_training_plan(model: Transformer, system: System, gpus: int, global_bat
     @jax.jit
     def times(vals):
         def one(v):
-            r = train_step(model, system, plan_from_values(v, gpus, global_batch), eff)
-            return jnp.where(r.feasible, r.step_time, jnp.inf)
+            plan = plan_from_values(v, gpus, global_batch)
+            r = train_step(model, system, plan, eff)
+            return jnp.where(r.feasible & even_layout(model, plan), r.step_time, jnp.inf)
         return jax.vmap(one)(vals)
     t = np.asarray(times(values))
     if not np.isfinite(t).any():

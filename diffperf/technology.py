@@ -440,7 +440,7 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
     from .hardware import System
     from .inference import infer
     from .presets import default_efficiency, model
-    from .search import plan_from_values
+    from .search import even_layout, plan_from_values
     from .sensitivity import GROUPS, default_inference_plan
     from .training import train_step
 
@@ -474,8 +474,9 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
         def per_point(c):
             s = system_at(c)
             def one(v):
-                r = train_step(tm, s, plan_from_values(v, gpus, global_batch), eff)
-                return jnp.where(r.feasible, r.step_time, jnp.inf)
+                plan = plan_from_values(v, gpus, global_batch)
+                r = train_step(tm, s, plan, eff)
+                return jnp.where(r.feasible & even_layout(tm, plan), r.step_time, jnp.inf)
             return jnp.argmin(jax.vmap(one)(vals))
         return jax.lax.map(per_point, coords)
 

@@ -168,6 +168,25 @@ def test_search_training_reports(setup):
     assert "does not fit in HBM" in r["reasons"]
 
 
+def test_search_skips_uneven_pipeline_layouts_unless_asked():
+    """pp * vp must divide the layer count by default; with `even_layouts=False` exactly those
+    plans come back (the model itself treats them as perfectly balanced)."""
+    model, system = dp.model("gpt-7.5b"), dp.system("a100-sxm4-80gb")  # 36 layers
+    grid = Grid({"tp": [8], "pp": [1, 2, 4, 8], "vp": [1, 2, 3], "micro_batch": [1],
+                 "recompute": [1]})
+    even = search_training(model, system, 64, 64, grid=grid, top_k=12, progress=False)
+    loose = search_training(model, system, 64, 64, grid=grid, top_k=12, progress=False,
+                            even_layouts=False)
+    uneven = "pp * vp does not divide the layer count (uneven layout)"
+    # uneven: pp 8 with any vp, pp 4 with vp 2 (36 layers)
+    n_uneven = sum(1 for p in (1, 2, 4, 8) for v in (1, 2, 3) if 36 % (p * v))
+    assert even["reasons"].get(uneven) == n_uneven and uneven not in loose["reasons"]
+    assert loose["feasible"] - even["feasible"] == n_uneven
+    top = even["top"]
+    assert (36 % (top["pp"] * top["vp"]) == 0).all()
+    assert (36 % (loose["top"]["pp"] * loose["top"]["vp"]) != 0).any()
+
+
 _SHARDED = r"""
 import json, jax, numpy as np, diffperf as dp
 from diffperf.grid import Grid
