@@ -163,8 +163,11 @@ def _attribution_rows(args):
     base = system(args.base)
     results = {}
     for tgt in args.targets:
-        results[tgt] = A.attribute(mdl, base, system(tgt), args.gpus, args.global_batch,
-                                   target_precision=args.precision)
+        try:
+            results[tgt] = A.attribute(mdl, base, system(tgt), args.gpus, args.global_batch,
+                                       target_precision=args.precision)
+        except ValueError as e:
+            raise ValueError(f"target {tgt}: {e}") from None
     return results
 
 
@@ -271,7 +274,8 @@ def run_technology(args) -> int:
     import pandas as pd
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print("\nnode exploration (shares = minus elasticities w.r.t. each resource's rates):")
-        print(df[cols].round(3).to_string(index=False))
+        print(df[cols].astype({c: float for c in cols[1:-1]}).to_string(
+            index=False, float_format=lambda x: f"{x:.3f}"))
     return 0
 
 

@@ -70,7 +70,9 @@ def best_training_plan(model: Transformer, system: System, gpus: int, global_bat
         return jax.vmap(one)(vals)
     t = np.asarray(times(values))
     if not np.isfinite(t).any():
-        raise ValueError(f"no candidate plan is feasible for {gpus} GPUs")
+        raise ValueError(f"no candidate plan is feasible for {gpus} GPUs and global batch "
+                         f"{global_batch} (tp 1-8, pp powers of two, dp * micro-batch must "
+                         f"divide the global batch, the plan must fit in HBM)")
     i = int(np.argmin(t))
     pick = {k: float(np.asarray(v)[i]) for k, v in values.items()}
     return plan_from_values(pick, gpus, global_batch)
