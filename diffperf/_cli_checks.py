@@ -16,7 +16,7 @@ _AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "m
                  "starts")
 #: Options that are physical budgets or targets: > 0.
 _POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")
-#: Iteration counts where 0 means "skip this stage".
+#: Options where 0 is meaningful (no L-BFGS stage, no prior).
 _NON_NEGATIVE = ("lbfgs_steps", "prior_weight")
 
 

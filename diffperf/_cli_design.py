@@ -104,8 +104,6 @@ def run_sensitivity(args) -> int:
         sys_ = system(args.gpu)
         if args.workload == "train":
             mdl = model(args.model or "gpt3-175b")
-            if args.gpus < 1 or args.global_batch < 1:
-                return _err("--gpus and --global-batch must be >= 1")
             plan = S.best_training_plan(mdl, sys_, args.gpus, args.global_batch)
         else:
             from .inference_plan import InferencePlan
@@ -173,8 +171,6 @@ def _attribution_rows(args):
 
 def run_attribution(args) -> int:
     from . import attribution as A
-    if args.gpus < 1 or args.global_batch < 1:
-        return _err("--gpus and --global-batch must be >= 1")
     try:
         results = _attribution_rows(args)
     except ValueError as e:
@@ -244,8 +240,6 @@ def run_technology(args) -> int:
         refs = T.reference_table()
         df = None
         if not args.references_only:
-            if args.nodes is not None and any(n <= 0 for n in args.nodes):
-                return _err("--nodes must be positive (nm)")
             T._arch_row(args.arch)
             df = T.node_study(nodes=args.nodes, arch=args.arch)
     except ValueError as e:
@@ -319,8 +313,6 @@ def _plot_nodes(df, path) -> None:
 def run_codesign(args) -> int:
     from . import codesign as C
     try:
-        if args.steps < 1 or args.starts < 1:
-            return _err("--steps and --starts must be >= 1")
         budgets = C.Budgets(area_mm2=args.area, power_w=args.power, perimeter_mm=args.perimeter,
                             cost_usd=args.cost)
         prob = C.default_problem(args.workload, args.node, args.memory_gen, args.network_gen,

@@ -64,15 +64,8 @@ def _records(df: pd.DataFrame) -> list[dict]:
     return json.loads(df.to_json(orient="records")) if len(df) else []
 
 
-def _positive(**values) -> None:
-    for name, v in values.items():
-        if v is not None and v < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
-
-
 def run_search_train(args) -> int:
     from .cli import _load_model
-    _positive(gpus=args.gpus, global_batch=args.global_batch, top=args.top)
     from .search import default_training_grid, search_training
     model = _load_model(args.model, args.seq_len)
     system = presets.system(args.system or args.gpu)
@@ -176,7 +169,6 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
 
 def run_search_infer(args) -> int:
     from .cli import _load_model
-    _positive(max_gpus=args.max_gpus, input=args.input, output=args.output)
     t0 = time.perf_counter()
     model = _load_model(args.model)
     system = presets.system(args.gpu)

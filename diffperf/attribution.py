@@ -61,7 +61,7 @@ def candidate_plans(model: Transformer, gpus: int, global_batch: int) -> Grid:
     """The plan set searched per coalition: tp 1-8, pp 1-64 (powers of two), vp 1/2/3/4/6,
     micro-batch 1/2/4/8, recompute none / selective / full, ZeRO 1 with sequence parallelism,
     flash attention and both overlaps on (the choices that win for dense GPT training in the
-    full search), cp = 1. Precision is set per coalition. Users of this set keep only even
+    full search), cp = 1. Precision is set per coalition; `candidate_step_time` keeps only even
     layouts (`search.even_layout`: pp * vp divides the layer count)."""
     layers = int(np.asarray(model.layers))
     pow2 = [p for p in (1, 2, 4, 8, 16, 32, 64) if gpus % p == 0]
@@ -72,6 +72,16 @@ def candidate_plans(model: Transformer, gpus: int, global_batch: int) -> Grid:
         "micro_batch": [b for b in (1, 2, 4, 8) if global_batch % b == 0],
         "recompute": [0, 1, 2],
     })
+
+
+def candidate_step_time(model: Transformer, system: System, values: dict, gpus, global_batch,
+                        eff: Efficiency) -> jax.Array:
+    """Step time of the candidate plan given by grid `values`, or inf when it is infeasible or
+    its pipeline layout is uneven (`search.even_layout`), s. Works under jit / vmap."""
+    plan = plan_from_values(values, gpus, global_batch)
+    r = train_step(model, system, plan, eff)
+    ok = r.feasible & even_layout(model, plan) & jnp.isfinite(r.step_time)
+    return jnp.where(ok, r.step_time, jnp.inf)
 
 
 def _coalition_system(base: System, target: System, on: dict, prec_ratio) -> System:
@@ -120,12 +130,8 @@ def coalition_times(model: Transformer, base: System, target: System, gpus: int,
         values = dict(values, precision=jnp.full((n_plans,), precision, values["tp"].dtype),
                       zero=jnp.ones(n_plans), sequence_parallel=jnp.ones(n_plans))
 
-        def one(v):
-            plan = plan_from_values(v, gpus, global_batch)
-            r = train_step(model, system, plan, eff)
-            return r.step_time, r.feasible & even_layout(model, plan)
-        t, ok = jax.vmap(one)(values)
-        return jnp.where(ok & jnp.isfinite(t), t, jnp.inf)
+        return jax.vmap(lambda v: candidate_step_time(model, system, v, gpus, global_batch,
+                                                      eff))(values)
 
     @jax.jit
     def run(masks_j):

@@ -177,12 +177,12 @@ def run_train(args) -> int:
     model, system, plan, eff = _train_inputs(args)
     report = predict_training(model, system, plan, eff)  # ValueError for invalid plans
     s = training_summary(report, system)
-    layers = float(model.layers)
-    if layers % (args.pp * args.vp):
-        s["note"] = (f"uneven layout: {layers:g} layers over pp*vp = {args.pp * args.vp} "
-                     f"stages/chunks ({layers / (args.pp * args.vp):.2f} each) needs a custom "
-                     f"pipeline layout; modelled as perfectly balanced (optimistic when the "
-                     f"per-GPU layer counts differ)")
+    from .search import even_layout
+    if not bool(even_layout(model, plan)):
+        layers, chunks = float(model.layers), args.pp * args.vp
+        s["note"] = (f"uneven layout: {layers:g} layers over pp*vp = {chunks} stages/chunks "
+                     f"({layers / chunks:.2f} each) needs a custom pipeline layout; modelled as "
+                     f"perfectly balanced (optimistic when the per-GPU layer counts differ)")
     if args.interval:
         from .calibrate_uncertainty import prediction_interval
         try:

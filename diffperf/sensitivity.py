@@ -50,9 +50,9 @@ def best_training_plan(model: Transformer, system: System, gpus: int, global_bat
                        precision: str = "bf16", efficiency: Efficiency | None = None
                        ) -> TrainingPlan:
     """Fastest feasible plan of `attribution.candidate_plans` on `system` (one vmapped call)."""
-    from .attribution import candidate_plans
+    from .attribution import candidate_plans, candidate_step_time
     from .hardware import precision_code
-    from .search import even_layout, plan_from_values
+    from .search import plan_from_values
     eff = default_efficiency() if efficiency is None else efficiency
     grid = candidate_plans(model, gpus, global_batch)
     values = grid.product(grid.names)
@@ -63,11 +63,8 @@ def best_training_plan(model: Transformer, system: System, gpus: int, global_bat
 
     @jax.jit
     def times(vals):
-        def one(v):
-            plan = plan_from_values(v, gpus, global_batch)
-            r = train_step(model, system, plan, eff)
-            return jnp.where(r.feasible & even_layout(model, plan), r.step_time, jnp.inf)
-        return jax.vmap(one)(vals)
+        return jax.vmap(lambda v: candidate_step_time(model, system, v, gpus, global_batch,
+                                                      eff))(vals)
     t = np.asarray(times(values))
     if not np.isfinite(t).any():
         raise ValueError(f"no candidate plan is feasible for {gpus} GPUs and global batch "

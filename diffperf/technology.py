@@ -436,11 +436,11 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
     **Returns:** a pandas DataFrame, one row per (scaling, node)."""
     import pandas as pd
 
-    from .attribution import candidate_plans
+    from .attribution import candidate_plans, candidate_step_time
     from .hardware import System
     from .inference import infer
     from .presets import default_efficiency, model
-    from .search import even_layout, plan_from_values
+    from .search import plan_from_values
     from .sensitivity import GROUPS, default_inference_plan
     from .training import train_step
 
@@ -473,11 +473,8 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
     def best_plans(coords):
         def per_point(c):
             s = system_at(c)
-            def one(v):
-                plan = plan_from_values(v, gpus, global_batch)
-                r = train_step(tm, s, plan, eff)
-                return jnp.where(r.feasible & even_layout(tm, plan), r.step_time, jnp.inf)
-            return jnp.argmin(jax.vmap(one)(vals))
+            return jnp.argmin(jax.vmap(
+                lambda v: candidate_step_time(tm, s, v, gpus, global_batch, eff))(vals))
         return jax.lax.map(per_point, coords)
 
     idx = np.asarray(best_plans(coords))
