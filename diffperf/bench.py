@@ -46,7 +46,8 @@ def random_plans(n: int, gpus: int = 1024, global_batch: int = 1536, seed: int =
         global_batch=np.full(n, global_batch), vp=vp, sequence_parallel=rng.integers(0, 2, n),
         recompute=rng.integers(0, 3, n), zero=rng.integers(0, 4, n), precision=np.ones(n),
         flash_attention=rng.integers(0, 2, n), overlap_tp=np.ones(n),
-        overlap_tp_backward=np.ones(n), overlap_dp=np.ones(n), zero3_per_matrix=np.zeros(n))
+        overlap_tp_backward=np.ones(n), overlap_dp=np.ones(n), zero3_per_matrix=np.zeros(n),
+        recompute_layers=np.zeros(n), offload_layers=np.zeros(n), fp32_gradients=np.ones(n))
 
 
 def _slice(tree, i, j):

@@ -59,7 +59,17 @@ def _add_train(sub):
     p.add_argument("--global-batch", type=int, default=1536)
     p.add_argument("--seq-len", type=int, default=None, help="default: the model's")
     p.add_argument("--recompute", default="selective", choices=["none", "selective", "full"])
+    p.add_argument("--recompute-layers", type=int, default=0,
+                   help="layers per pipeline chunk fully recomputed, the rest follow --recompute "
+                        "(Megatron's --recompute-method block --recompute-num-layers; default 0)")
+    p.add_argument("--offload-layers", type=int, default=0,
+                   help="layers per pipeline chunk whose activations are offloaded to host "
+                        "memory (Megatron-core's cpu_offloading_num_layers; default 0)")
     p.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
+    p.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=True,
+                   help="fp32 gradient buffer and reduction (Megatron-LM's default); "
+                        "--no-fp32-gradients for 16-bit gradients as in NeMo / Megatron-Bridge "
+                        "performance recipes (grad_reduce_in_fp32=False)")
     p.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8",
                                                            "fp4"])
     p.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
@@ -107,7 +117,10 @@ def _train_inputs(args):
                         flash_attention=int(args.flash_attention),
                         overlap_tp=int(args.overlap_tp),
                         overlap_tp_backward=int(args.overlap_tp_backward),
-                        overlap_dp=int(args.overlap_dp), zero3_per_matrix=int(args.zero3_per_matrix))
+                        overlap_dp=int(args.overlap_dp), zero3_per_matrix=int(args.zero3_per_matrix),
+                        fp32_gradients=int(args.fp32_gradients),
+                        recompute_layers=args.recompute_layers,
+                        offload_layers=args.offload_layers)
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu)
 
 
@@ -128,6 +141,7 @@ def training_summary(report, system) -> dict:
             "dp_comm_exposed": float(r.dp_comm_time),
             "pipeline_bubble": float(r.bubble_time),
             "optimizer": float(r.optimizer_time),
+            "offload_exposed": float(r.offload_time),
         },
         "memory_gb": {
             "weights": float(mem.weights) / 1e9, "gradients": float(mem.gradients) / 1e9,
@@ -148,6 +162,10 @@ def training_summary(report, system) -> dict:
 def _print_training(args, s: dict, plan) -> None:
     import numpy as np
     rc = {0: "none", 1: "selective", 2: "full"}[int(np.asarray(plan.recompute))]
+    if args.recompute_layers and rc != "full":
+        rc += f" + {args.recompute_layers} full layers/chunk"
+    if args.offload_layers:
+        rc += f", offload {args.offload_layers} layers/chunk"
     print(f"diffperf train: {args.model} on {s['num_gpus']} x {args.gpu}  "
           f"(tp={args.tp} pp={args.pp} dp={s['num_gpus'] // (args.tp * args.pp * args.cp)} "
           f"cp={args.cp} vp={args.vp} mb={args.micro_batch} gb={args.global_batch} "

@@ -23,12 +23,18 @@ INFER = ("batch", "input_len", "output_len")
 #: 0/1 flags for overlapping TP communication with GEMMs, the backward TP reduction with the
 #: weight-gradient GEMMs and the gradient reduction with the backward pass (empty or absent = 1,
 #: what current Megatron-core / NeMo recipes do), and for
-#: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units).
+#: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units),
+#: and for fp32 gradient buffers (empty or absent = 1, Megatron-LM; 0 = 16-bit gradients).
 TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_dp": 1.0,
-                        "zero3_per_matrix": 0.0}
-#: diffperf extension column of rows of both kinds: 0/1, a parallel attention + MLP block
-#: (GPT-J, Falcon; empty or absent = 0, the sequential block); see `Transformer`.
-MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0}
+                        "zero3_per_matrix": 0.0, "fp32_gradients": 1.0}
+#: diffperf extension columns of rows of both kinds: 0/1, a parallel attention + MLP block
+#: (GPT-J, Falcon; empty or absent = 0, the sequential block), and whether training applies
+#: dropout (empty or absent = 1, Korthikanti's GPT; 0 for Llama-style models); see `Transformer`.
+MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0, "dropout": 1.0}
+#: diffperf extension columns of train rows holding layer counts (empty or absent = 0): layers
+#: per pipeline chunk fully recomputed (Megatron's block method) and with activations offloaded
+#: to host memory; see `TrainingPlan.recompute_layers` / `offload_layers`.
+TRAIN_OPTIONAL_COUNTS = {"recompute_layers": 0.0, "offload_layers": 0.0}
 #: diffperf extension column of infer rows: 0/1, whether decode attention runs a grouped
 #: tensor-core kernel (empty or absent = 1) or TensorRT-LLM's per-query-head masked MHA (0); see
 #: `InferencePlan.grouped_decode_attention`.
@@ -149,6 +155,11 @@ def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
                     values[c] = d
                     defaults.append(c)
             values.update(_flags(path, i, rec, TRAIN_OPTIONAL_FLAGS))
+            for c, default in TRAIN_OPTIONAL_COUNTS.items():
+                x = _number(path, i, c, rec.get(c, ""), required=False)
+                if x is not None and (x < 0 or x != round(x)):
+                    raise _err(path, i, c, f"must be a whole number >= 0, got {rec[c]!r}")
+                values[c] = default if x is None else x
             if values["sequence_parallel"] is None:
                 values["sequence_parallel"] = 1 if values["tp"] > 1 else 0
                 defaults.append("sequence_parallel")
@@ -182,7 +193,8 @@ def train_specs(row: BenchmarkRow):
                         kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
                         seq_len=v["seq_len"], gated_mlp=v["gated_mlp"],
                         num_experts=v["num_experts"], experts_per_token=v["experts_per_token"],
-                        parallel_attention=v.get("parallel_attention", 0))
+                        parallel_attention=v.get("parallel_attention", 0),
+                        dropout=v.get("dropout", 1))
     sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
     plan = TrainingPlan(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=v["cp"], ep=v["ep"],
                         micro_batch=v["micro_batch"], global_batch=v["global_batch"], vp=v["vp"],
@@ -192,5 +204,8 @@ def train_specs(row: BenchmarkRow):
                         overlap_tp=v.get("overlap_tp", 1),
                         overlap_tp_backward=v.get("overlap_tp_backward", 1),
                         overlap_dp=v.get("overlap_dp", 1),
-                        zero3_per_matrix=v.get("zero3_per_matrix", 0))
+                        zero3_per_matrix=v.get("zero3_per_matrix", 0),
+                        fp32_gradients=v.get("fp32_gradients", 1),
+                        recompute_layers=v.get("recompute_layers", 0),
+                        offload_layers=v.get("offload_layers", 0))
     return model, sys_, plan

@@ -364,11 +364,17 @@ def kv_cache_bytes_per_gpu(model: Transformer, plan: InferencePlan, batch=None) 
 
 
 def _activation_bytes_per_seq(model: Transformer, plan: InferencePlan) -> jax.Array:
-    """Peak transient activations per sequence (they scale with the batch), B."""
+    """Peak transient activations per sequence during prefill (they scale with the batch), B.
+
+    The residual stream and the normalised input stay live through a layer; on top of them the
+    attention part holds Q, K, V and the attention output, the MLP part its first GEMM's
+    output(s) and the activation output. The two parts are never live at once (the engine
+    reuses their buffers), so the peak takes the larger one."""
     x = _dims(model, plan)
     s = plan.input_len
-    per_token = (2.0 * x.h * x.sb + (x.heads + 2.0 * x.kv) * x.d * x.ab
-                 + model.experts_per_token * model.mlp_matrices * x.f * x.ab)
+    attention = ((x.heads + 2.0 * x.kv) * x.d + x.heads * x.d) * x.ab
+    mlp = model.experts_per_token * model.mlp_matrices * x.f * x.ab
+    per_token = 2.0 * x.h * x.sb + jnp.maximum(attention, mlp)
     scores = jnp.where(plan.flash_attention > 0, 0.0, x.heads * s * s * x.sb)
     return s * per_token + scores + x.vocab * 4.0
 

@@ -33,6 +33,10 @@ class Transformer(eqx.Module):
     - `parallel_attention`: 1 for a parallel block (GPT-J, GPT-NeoX, Falcon, PaLM) that adds the
       attention and MLP outputs of the same normalised input to the residual in one step: one
       tensor-parallel reduction per layer and pass instead of two; 0 for the sequential block.
+    - `dropout`: 1 if training applies dropout (GPT-2 / GPT-3 / Megatron GPT: attention and
+      hidden dropout, whose 1-byte masks are stored for the backward pass, Korthikanti et al.
+      2022); 0 for dropout-free models (Llama, Mistral, Mixtral, Nemotron-4, GPT-J, Falcon),
+      which store and write no masks. Affects training only.
     """
 
     layers: jax.Array = _F()
@@ -46,6 +50,7 @@ class Transformer(eqx.Module):
     num_experts: jax.Array = eqx.field(converter=as_float, default=1)
     experts_per_token: jax.Array = eqx.field(converter=as_float, default=1)
     parallel_attention: jax.Array = eqx.field(converter=as_float, default=0)
+    dropout: jax.Array = eqx.field(converter=as_float, default=1)
 
     def __check_init__(self):
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -55,6 +60,8 @@ class Transformer(eqx.Module):
         check_integer("Transformer", "gated_mlp", self.gated_mlp, minimum=0)
         check_fraction("Transformer", "parallel_attention", self.parallel_attention)
         check_integer("Transformer", "parallel_attention", self.parallel_attention, minimum=0)
+        check_fraction("Transformer", "dropout", self.dropout)
+        check_integer("Transformer", "dropout", self.dropout, minimum=0)
         check_divides("Transformer", "heads", self.heads, "hidden", self.hidden)
         check_divides("Transformer", "kv_heads", self.kv_heads, "heads", self.heads)
         if self.is_concrete() and bool(jnp.any(self.experts_per_token > self.num_experts)):
@@ -99,6 +106,12 @@ class Transformer(eqx.Module):
     def num_params(self) -> jax.Array:
         """Total parameters (untied input embedding and output head), count."""
         return self.layers * self.layer_params() + 2 * self.vocab * self.hidden
+
+
+#: Hugging Face config fields holding dropout probabilities (Llama / Mistral / Qwen2 / Falcon /
+#: GPT-NeoX / GPT-2 / GPT-J names).
+_DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "attn_pdrop", "resid_pdrop",
+                   "embd_pdrop", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob")
 
 
 def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> Transformer:
@@ -147,6 +160,11 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> 
     parallel = bool(cfg.get("parallel_attn", False)
                     or cfg.get("use_parallel_residual", model_type == "gpt_neox")
                     or model_type == "gptj")
+    # Dropout: on if any of the config's dropout probabilities is positive; configs that name
+    # none (older GPT-2 style files) keep the default (on).
+    rates = [cfg[k] for k in _DROPOUT_FIELDS if isinstance(cfg.get(k), (int, float))
+             and not isinstance(cfg.get(k), bool)]
+    dropout = (1 if any(r > 0 for r in rates) else 0) if rates else 1
     return Transformer(
         layers=pick("num_hidden_layers", "n_layer", "num_layers"),
         hidden=hidden,
@@ -160,4 +178,5 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> 
         num_experts=pick("num_local_experts", "num_experts", "n_routed_experts", default=1),
         experts_per_token=pick("num_experts_per_tok", "moe_top_k", default=1),
         parallel_attention=1 if parallel else 0,
+        dropout=dropout,
     )

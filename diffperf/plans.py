@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from ._checks import as_float, check_choice, check_integer
 from .hardware import PRECISION_CODES, PRECISIONS
@@ -52,6 +53,18 @@ class TrainingPlan(eqx.Module):
       et al. 2022 and every later Megatron / NeMo); 0 for the 2021 Megatron-LM of Narayanan
       et al., which reduced in line.
     - `overlap_dp`: 1 to overlap the gradient reduction with the backward pass.
+    - `recompute_layers`: layers of each pipeline chunk (`layers / (pp * vp)`) whose whole
+      forward pass is recomputed, the first ones of the chunk, while the others follow
+      `recompute` (Megatron's `--recompute-method block --recompute-num-layers N`); 0 = none. With
+      `recompute = full` every layer is recomputed whatever this says.
+    - `offload_layers`: layers of each pipeline chunk whose stored activations are copied to host
+      memory during the forward pass and back during the backward pass (Megatron-core's
+      `cpu_offloading_num_layers`); at most the chunk's layers that are not fully recomputed.
+      The copies overlap the next layer's compute over `Accelerator.host_bandwidth`.
+    - `fp32_gradients`: 1 to accumulate and reduce gradients in an fp32 buffer (Megatron-LM's
+      `main_grad`, its default for 16-bit training); 0 for 16-bit gradients (NeMo and
+      Megatron-Bridge performance recipes set `grad_reduce_in_fp32=False`): half the gradient
+      memory and data-parallel gradient traffic. fp32 training always keeps fp32 gradients.
     - `zero3_per_matrix`: ZeRO-3 collective granularity: 0 one transformer layer per gather /
       reduce-scatter (FSDP units: PyTorch FSDP, Megatron-FSDP), 1 one per weight matrix
       (DeepSpeed ZeRO-3 gathers parameter by parameter; biases and norms stay replicated). The
@@ -76,14 +89,19 @@ class TrainingPlan(eqx.Module):
     overlap_tp_backward: jax.Array = eqx.field(converter=as_float, default=1)
     overlap_dp: jax.Array = eqx.field(converter=as_float, default=1)
     zero3_per_matrix: jax.Array = eqx.field(converter=as_float, default=0)
+    recompute_layers: jax.Array = eqx.field(converter=as_float, default=0)
+    fp32_gradients: jax.Array = eqx.field(converter=as_float, default=1)
+    offload_layers: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):
             check_integer("TrainingPlan", name, getattr(self, name))
         for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_tp_backward",
-                     "overlap_dp", "zero3_per_matrix"):
+                     "overlap_dp", "zero3_per_matrix", "fp32_gradients"):
             check_choice("TrainingPlan", name, getattr(self, name), {0: "off", 1: "on"})
         check_choice("TrainingPlan", "recompute", self.recompute, RECOMPUTE)
+        for name in ("recompute_layers", "offload_layers"):
+            check_integer("TrainingPlan", name, getattr(self, name), minimum=0)
         check_choice("TrainingPlan", "zero", self.zero, ZERO)
         check_choice("TrainingPlan", "precision", self.precision, PRECISIONS)
 
@@ -96,3 +114,26 @@ class TrainingPlan(eqx.Module):
     def num_micro_batches(self) -> jax.Array:
         """Micro-batches per step per pipeline, global_batch / (dp * micro_batch)."""
         return self.global_batch / (self.dp * self.micro_batch)
+
+    @property
+    def gradient_bytes(self) -> jax.Array:
+        """Bytes per gradient element held and reduced: 4 (fp32 buffer or fp32 training) or 2."""
+        return jnp.where((self.fp32_gradients > 0) | (self.precision == 0), 4.0, 2.0)
+
+    def chunk_layers(self, layers) -> jax.Array:
+        """Transformer layers in one pipeline chunk, layers / (pp * vp) (fractional when uneven)."""
+        return layers / (self.pp * self.vp)
+
+    def recomputed_fraction(self, layers) -> jax.Array:
+        """Fraction of the layers whose whole forward pass is recomputed: 1 with full
+        recompute, else min(recompute_layers, chunk layers) / chunk layers."""
+        chunk = self.chunk_layers(layers)
+        block = jnp.minimum(self.recompute_layers, chunk) / chunk
+        return jnp.where(self.recompute == 2, 1.0, block)
+
+    def offloaded_fraction(self, layers) -> jax.Array:
+        """Fraction of the layers whose activations live in host memory: the offloaded layers
+        of each chunk that are not fully recomputed, over the chunk's layers."""
+        chunk = self.chunk_layers(layers)
+        kept = chunk * (1.0 - self.recomputed_fraction(layers))
+        return jnp.minimum(self.offload_layers, kept) / chunk

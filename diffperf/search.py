@@ -165,7 +165,8 @@ def _vmapped_train_step(model, system, plans, eff):
 
 _BREAKDOWN = {"compute_time": "compute", "tp_comm_time": "TP/CP/EP communication",
               "pp_comm_time": "pipeline send/recv", "dp_comm_time": "DP communication",
-              "bubble_time": "pipeline bubble", "optimizer_time": "optimizer"}
+              "bubble_time": "pipeline bubble", "optimizer_time": "optimizer",
+              "offload_time": "activation offload"}
 
 
 def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,

@@ -20,14 +20,15 @@ from .model import Transformer
 from .plans import TrainingPlan
 from .roofline import (bytes_per_element, exposed_after_overlap, gemm_time, op_time,
                        peak_matmul_flops)
-from .training_memory import GRAD_BYTES, TrainingMemory, params_per_gpu, training_memory
+from .training_memory import (TrainingMemory, offloaded_bytes_per_layer,
+                              params_per_gpu, training_memory, weight_bytes)
 
 
 class TrainingReport(eqx.Module):
     """Prediction for one optimizer step. Times in s, memory in B, rates per second.
 
-    The step time is `compute + tp_comm + pp_comm + dp_comm + bubble + optimizer`, where the
-    communication terms are only the parts not hidden behind compute.
+    The step time is `compute + tp_comm + pp_comm + dp_comm + bubble + optimizer + offload`,
+    where the communication and offload terms are only the parts not hidden behind compute.
     """
 
     step_time: jax.Array
@@ -38,6 +39,7 @@ class TrainingReport(eqx.Module):
     dp_comm_time: jax.Array  # exposed data-parallel gradient / parameter communication
     bubble_time: jax.Array  # pipeline fill and drain
     optimizer_time: jax.Array
+    offload_time: jax.Array  # exposed activation copies to / from host memory
     memory: TrainingMemory
     fits: jax.Array  # total memory <= HBM capacity
     model_flops: jax.Array  # per step, whole job, without recomputation (MFU numerator), FLOP
@@ -80,13 +82,14 @@ def model_flops_per_step(model: Transformer, plan: TrainingPlan,
 
 
 def hardware_flops_per_step(model: Transformer, plan: TrainingPlan) -> jax.Array:
-    """Model FLOPs plus the recomputed forward: the whole layer (full, Narayanan's Eq. 3:
+    """Model FLOPs plus the recomputed forward: the whole layer (full or `recompute_layers`,
+    Narayanan's Eq. 3 for full:
     96 B s L h^2 (1 + s/(6h) + V/(16 L h))) or the attention core (selective, unfused attention
     only: a flash kernel's own recomputation is part of its backward pass, not counted here)."""
     gemm, attn = _layer_flops_per_token(model)
     selective = jnp.where(plan.flash_attention > 0, 0.0, attn)  # flash: inside its backward
-    extra = jnp.where(plan.recompute == 2, gemm + attn,
-                      jnp.where(plan.recompute == 1, selective, 0.0))
+    full = plan.recomputed_fraction(model.layers)  # incl. `recompute_layers` (block method)
+    extra = full * (gemm + attn) + (1.0 - full) * jnp.where(plan.recompute == 1, selective, 0.0)
     tokens = plan.global_batch * model.seq_len
     return model_flops_per_step(model, plan) + tokens * model.layers * extra
 
@@ -148,8 +151,9 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     unfused_fwd = (
         gemm_time(acc, eff, s, seq, d, 1.0, batch=batch_heads, act_bytes=ab)
         + gemm_time(acc, eff, s, d, seq, 1.0, batch=batch_heads, act_bytes=ab)
-        # scale + mask + softmax, then dropout (writes its 1-byte mask)
-        + op_time(acc, eff, 8.0 * scores, scores * (4 * ab + 1), kernels=2.0))
+        # scale + mask + softmax, then dropout (writes its output and 1-byte mask)
+        + op_time(acc, eff, 8.0 * scores, scores * (2 * ab + model.dropout * (2 * ab + 1)),
+                  kernels=1.0 + model.dropout))
     attn_fwd = jnp.where(flash, flash_fwd, unfused_fwd)
     attn_bwd = jnp.where(flash, 2.5, 2.0) * attn_fwd  # flash backward recomputes the scores
 
@@ -158,9 +162,9 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     sp_div = jnp.where(plan.sequence_parallel > 0, t, 1.0)
     norm_elems = tokens * h / sp_div
     act_elems = tokens * k_top * f / t
-    # Two bias-dropout-residual adds (read 2, write 1, 1-byte mask each); a parallel block has
-    # one that reads the residual and both branches.
-    residual_bytes = 6 * ab + 2 - 2 * ab * model.parallel_attention
+    # Two bias-dropout-residual adds (read 2, write 1, a 1-byte mask each with dropout); a
+    # parallel block has one that reads the residual and both branches.
+    residual_bytes = 6 * ab + 2 * model.dropout - 2 * ab * model.parallel_attention
     elem_bytes = norm_elems * (2 * 2 * ab + residual_bytes) + act_elems * ab * (
         2.0 + model.gated_mlp)
     elem_flops = norm_elems * (2 * 8 + 2 * 3) + act_elems * 8
@@ -168,14 +172,18 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
 
     forward = gemms + attn_fwd + elem_fwd
     backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd
-    recompute = jnp.where(plan.recompute == 2, forward,
-                          jnp.where((plan.recompute == 1) & ~flash, attn_fwd, 0.0))
+    # Fully recomputed layers (all with recompute = full, else `recompute_layers` per chunk) rerun
+    # the forward pass; the others rerun the attention core under selective recompute without a
+    # fused kernel (a flash kernel's recomputation is part of its backward).
+    full = plan.recomputed_fraction(model.layers)
+    recompute = full * forward + (1.0 - full) * jnp.where((plan.recompute == 1) & ~flash,
+                                                          attn_fwd, 0.0)
 
     # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather with SP) in the forward,
     # 2 in the backward, 2 more when the whole forward is recomputed; half as many in a parallel
     # attention + MLP block (one reduction of the summed branches per pass).
     per_pass = model.tp_reductions_per_pass
-    n_forward = per_pass * jnp.where(plan.recompute == 2, 2.0, 1.0)
+    n_forward = per_pass * (1.0 + full)
     msg = tokens * h * ab
     sp = plan.sequence_parallel > 0
     ar = coll.all_reduce(net, eff, msg, t)
@@ -193,12 +201,12 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # Context parallel: all-gather K and V of the whole sequence (forward, recompute), reduce-
     # scatter their gradients (backward); largely hidden behind the attention core.
     kv_bytes = 2.0 * plan.micro_batch * seq * kv * d * ab
-    n_cp = jnp.where(plan.recompute == 2, 3.0, 2.0)
+    n_cp = 2.0 + full
     cp_comm = n_cp * coll.all_gather(net, eff, kv_bytes, cp, t) * (1.0 - eff.cp_overlap)
     # Expert parallel: dispatch + combine all-to-all per pass. Megatron-core folds cp x dp into
     # ep x expert-dp for the expert layers, so EP ranks sit tp apart (its 'tp-ep-dp-pp' order).
     a2a = coll.all_to_all(net, eff, tokens * k_top * h * ab, ep, t)
-    per_block = jnp.where(plan.recompute == 2, 6.0, 4.0)
+    per_block = 4.0 + 2.0 * full
     ep_comm = jnp.where(moe, per_block * a2a, 0.0)
     return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm)
 
@@ -272,10 +280,10 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # Data parallel over dp * cp ranks (stride tp): fp32 gradients, 16-bit parameters.
     n_params = params_per_gpu(model, plan)
     group = plan.dp * plan.cp
-    grads = n_params * GRAD_BYTES
-    # Parameters are gathered in the compute precision's storage: 16 bit, or 8 bit in fp8 / fp4
-    # recipes (Megatron / NeMo keep fp8 parameters), 32 bit in fp32 / tf32 training.
-    wts = n_params * jnp.maximum(bytes_per_element(plan.precision), 1.0)
+    grads = n_params * plan.gradient_bytes
+    # Parameters are gathered as stored: 16 bit, or 8 bit in fp8 / fp4 recipes (Megatron / NeMo
+    # keep fp8 parameters), 32 bit in fp32 / tf32 training.
+    wts = n_params * weight_bytes(plan)
     ar = coll.all_reduce(net, eff, grads, group, plan.tp)
     rs = coll.reduce_scatter(net, eff, grads, group, plan.tp)
     ag = coll.all_gather(net, eff, wts, group, plan.tp)
@@ -290,7 +298,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     gather = coll.all_gather(net, eff, wts / units, group, plan.tp, striped)
     scatter = coll.reduce_scatter(net, eff, jnp.where(per_matrix, wts, grads) / units, group,
                                   plan.tp, striped)
-    zero3_per_mb = units * (jnp.where(plan.recompute == 2, 3.0, 2.0) * gather + scatter)
+    zero3_per_mb = units * ((2.0 + plan.recomputed_fraction(model.layers)) * gather + scatter)
     dp_total = jnp.where(plan.zero >= 3, m * zero3_per_mb, jnp.where(plan.zero >= 1, rs + ag, ar))
     # Gradients are reduced during the backward pass of the last micro-batch (and, with a sharded
     # optimizer, parameters are gathered during the first forward); ZeRO-3 prefetches all along.
@@ -309,10 +317,18 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # (14 B), after reading the fp32 gradients once more for the clipping norm (4 B); then the
     # whole local fp32 gradient buffer is zeroed for the next step (4 B per parameter).
     shard = n_params / jnp.where(plan.zero >= 1, group, 1.0)
-    optimizer = op_time(acc, eff, 14.0 * shard, 34.0 * shard + GRAD_BYTES * n_params,
+    optimizer = op_time(acc, eff, 14.0 * shard, 34.0 * shard + plan.gradient_bytes * n_params,
                         kernels=6.0)
 
-    step = compute + tp_comm + bubble + pp_comm + dp_comm + optimizer
+    # Activation offloading: each offloaded layer copies its activations to host memory during
+    # the forward pass and back during the backward pass, each copy overlapping that layer's
+    # compute (Megatron-core's CPU offloading runs them on side streams).
+    copy = offloaded_bytes_per_layer(model, plan) / acc.host_bandwidth
+    offloaded = layers_per_stage * plan.offloaded_fraction(model.layers)
+    offload = m * offloaded * (exposed_after_overlap(copy, layer.forward)
+                               + exposed_after_overlap(copy, layer.backward))
+
+    step = compute + tp_comm + bubble + pp_comm + dp_comm + optimizer + offload
     memory = training_memory(model, plan, eff)
     fits = memory.total <= acc.hbm_capacity
     n_gpus = plan.num_gpus
@@ -324,7 +340,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     return TrainingReport(
         step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_comm,
         pp_comm_time=pp_comm, dp_comm_time=dp_comm, bubble_time=bubble,
-        optimizer_time=optimizer, memory=memory, fits=fits, model_flops=mflops,
+        optimizer_time=optimizer, offload_time=offload, memory=memory, fits=fits, model_flops=mflops,
         hardware_flops=hflops, mfu=mflops / (step * n_gpus * peak),
         hfu=hflops / (step * n_gpus * peak), tokens_per_s=tokens / step,
         tokens_per_s_per_gpu=tokens / step / n_gpus, num_gpus=n_gpus,

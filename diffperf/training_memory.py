@@ -1,7 +1,8 @@
 """Per-GPU memory of a training job: weights, gradients, optimizer states and activations.
 
-Mixed-precision Megatron accounting, per parameter: 2 B of 16-bit weights, 4 B of fp32 gradient
-(`main_grad`) and 12 B of fp32 master weights + Adam moments (4 B weights, 8 B for fp32 training).
+Mixed-precision Megatron accounting, per parameter: 2 B of 16-bit weights (1 B of fp8 weights in
+fp8 / fp4 recipes), 4 B of fp32 gradient (`main_grad`; 2 B with `fp32_gradients = 0`) and 12 B of
+fp32 master weights + Adam moments (4 B weights, 8 B for fp32 training).
 ZeRO stage 1 shards the optimizer states over the data-parallel group, 2 also the gradients,
 3 also the weights.
 
@@ -19,6 +20,17 @@ width and to gated MLPs (3 + 4 f/h, or 3 + 6 f/h for SwiGLU, instead of 19), to 
 activations x top-k) and to flash attention (never stores the s x s scores). The first pipeline
 stage holds min(p, m) micro-batches in flight, times (1 + (p - 1) / (p v)) with v interleaved
 chunks (Korthikanti Sec. 4.2.3).
+
+Beyond Korthikanti's GPT:
+- dropout-free models (`Transformer.dropout = 0`: Llama and most models since) store no dropout
+  masks (2 of the "10") and no dropout output of the scores (3 of the 5 a s / h);
+- FP8 / FP4 recipes (Transformer Engine) keep the low-precision copy of each linear layer's input
+  for the weight-gradient GEMM instead of the 16-bit tensor: the QKV, MLP and second-MLP-GEMM
+  inputs shrink to 1 B (0.5 B in fp4) per element, and the output projection adds a copy next to
+  the 16-bit attention output that the fused attention kernel keeps;
+- `TrainingPlan.recompute_layers` fully recomputes the first layers of each pipeline chunk, and
+  `TrainingPlan.offload_layers` keeps the activations of some layers in host memory; each adds
+  one layer's activations of working space while it runs.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import jax.numpy as jnp
 from .efficiency import Efficiency
 from .model import Transformer
 from .plans import TrainingPlan
+from .roofline import bytes_per_element
 
 #: Bytes per parameter held by mixed-precision training: 16-bit weights, fp32 gradient, fp32
 #: master weights + two Adam moments.
@@ -47,6 +60,14 @@ class TrainingMemory(eqx.Module):
     total: jax.Array
 
 
+def weight_bytes(plan: TrainingPlan) -> jax.Array:
+    """Bytes per model weight a GPU holds: 4 in fp32 training, 2 in 16-bit mixed precision,
+    1 in fp8 / fp4 recipes, which keep fp8 parameters (Transformer Engine / Megatron's
+    `fp8_param_gather`, on in NeMo and Megatron-Bridge; the fp32 master copy is in the
+    optimizer states)."""
+    return jnp.where(plan.precision == 0, 4.0, jnp.where(plan.precision >= 2, 1.0, WEIGHT_BYTES))
+
+
 def params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
     """Parameters held by one GPU of the first pipeline stage before ZeRO sharding, count.
 
@@ -59,30 +80,59 @@ def params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
     return model.layers / plan.pp * per_layer + model.vocab * model.hidden / plan.tp
 
 
-def activation_bytes_per_layer(model: Transformer, plan: TrainingPlan) -> jax.Array:
-    """Activation bytes one transformer layer stores for one micro-batch (Korthikanti Table 2,
-    generalised; see the module docstring), B."""
+def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Array:
+    """Bytes one layer stores per micro-batch when it is not fully recomputed (see the module
+    docstring); `keep_scores` says whether the s x s attention tensors are kept, B."""
     t = plan.tp
     s = model.seq_len / plan.cp
     sbh = s * plan.micro_batch * model.hidden
     r = model.kv_heads / model.heads
     k = model.experts_per_token
     f_h = model.ffn_hidden / model.hidden
+    drop = model.dropout
+    # FP8 / FP4 recipes (Transformer Engine): each linear layer keeps the low-precision copy of
+    # its input that the weight-gradient GEMM reads, not the 16-bit tensor. The fused attention
+    # kernel still keeps its 16-bit output, so the output projection adds its own copy.
+    low = plan.precision >= 2
+    q = jnp.where(low, bytes_per_element(plan.precision), 2.0)
+    attn_out = jnp.where(low, jnp.where(plan.flash_attention > 0, 2.0 + q, q), 2.0)
     # Parts replicated across the TP group unless sequence parallel shards them (Korthikanti's
-    # "10"): two layer-norm inputs, QKV input, MLP input, two dropout masks (MLP input x top-k).
-    replicated = 4.0 + 2.0 + 1.0 + 1.0 + 2.0 * k
-    # Parts always sharded over TP (Korthikanti's "24"): Q, K, V, attention output, MLP hiddens.
-    attention = 2.0 + 4.0 * r + 2.0
-    mlp_hidden = jnp.where(model.gated_mlp > 0, 6.0, 4.0) * f_h * k
+    # "10"): two layer-norm inputs, the QKV input, two dropout masks, the MLP input (x top-k).
+    replicated = 4.0 + q + 2.0 * drop + q * k
+    # Parts always sharded over TP (Korthikanti's "24"): Q, K, V, the attention output, the first
+    # MLP GEMM's output(s) (two for a gated MLP) and the activation output (second GEMM's input).
+    attention = 2.0 + 4.0 * r + attn_out
+    mlp_hidden = (2.0 * (1.0 + model.gated_mlp) + q) * f_h * k
     sharded = attention + mlp_hidden
     sp = plan.sequence_parallel > 0
     per_token = jnp.where(sp, (replicated + sharded) / t, replicated + sharded / t)
-    scores = 5.0 * model.heads * s / (model.hidden * t)  # softmax, its dropout mask and output
-    keep_scores = (plan.recompute == 0) & (plan.flash_attention == 0)
+    # Softmax output (2), its dropout mask (1) and dropout output (2) per score element.
+    scores = (2.0 + 3.0 * drop) * model.heads * s / (model.hidden * t)
     stored = sbh * (per_token + jnp.where(keep_scores, scores, 0.0))
-    full = 2.0 * sbh / jnp.where(sp, t, 1.0)
-    act16 = jnp.where(plan.recompute == 2, full, stored)
-    return act16 * jnp.where(plan.precision == 0, 2.0, 1.0)  # fp32 training stores 4-byte values
+    return stored * jnp.where(plan.precision == 0, 2.0, 1.0)  # fp32 training: 4-byte values
+
+
+def _full_recompute_bytes(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """Bytes a fully recomputed layer stores per micro-batch: its 16-bit input, B."""
+    sbh = model.seq_len / plan.cp * plan.micro_batch * model.hidden
+    full = 2.0 * sbh / jnp.where(plan.sequence_parallel > 0, plan.tp, 1.0)
+    return full * jnp.where(plan.precision == 0, 2.0, 1.0)
+
+
+def activation_bytes_per_layer(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """Activation bytes one transformer layer stores for one micro-batch in the plan's
+    `recompute` mode (Korthikanti Table 2, generalised; see the module docstring), B.
+    `recompute_layers` and `offload_layers` are applied by `training_memory`."""
+    keep_scores = (plan.recompute == 0) & (plan.flash_attention == 0)
+    return jnp.where(plan.recompute == 2, _full_recompute_bytes(model, plan),
+                     _layer_bytes(model, plan, keep_scores))
+
+
+def offloaded_bytes_per_layer(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """Activation bytes one offloaded layer copies to host memory per micro-batch (what it
+    would otherwise keep in HBM), B."""
+    keep_scores = (plan.recompute == 0) & (plan.flash_attention == 0)
+    return _layer_bytes(model, plan, keep_scores)
 
 
 def in_flight_factor(plan: TrainingPlan) -> jax.Array:
@@ -98,20 +148,27 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
     """Per-GPU memory breakdown of the first pipeline stage (the most loaded one), B."""
     n = params_per_gpu(model, plan)
     shard = plan.dp * plan.cp
-    wbytes = jnp.where(plan.precision == 0, 4.0, WEIGHT_BYTES)
+    wbytes = weight_bytes(plan)
     obytes = jnp.where(plan.precision == 0, 8.0, OPTIMIZER_BYTES)
     weights = n * wbytes / jnp.where(plan.zero >= 3, shard, 1.0)
-    grads = n * GRAD_BYTES / jnp.where(plan.zero >= 2, shard, 1.0)
+    grads = n * plan.gradient_bytes / jnp.where(plan.zero >= 2, shard, 1.0)
     optim = n * obytes / jnp.where(plan.zero >= 1, shard, 1.0)
-    per_layer = activation_bytes_per_layer(model, plan)
+    # Per layer: fully recomputed layers keep their input, offloaded ones nothing, the others
+    # what their `recompute` mode stores.
+    full_frac = plan.recomputed_fraction(model.layers)
+    off_frac = plan.offloaded_fraction(model.layers)
+    kept = offloaded_bytes_per_layer(model, plan)
+    per_layer = (full_frac * _full_recompute_bytes(model, plan)
+                 + (1.0 - full_frac - off_frac) * kept)
     layers_per_stage = model.layers / plan.pp
     acts = layers_per_stage * per_layer * in_flight_factor(plan)
-    # Full recompute rebuilds one layer's activations at a time during the backward pass.
-    working = jnp.where(plan.recompute == 2,
-                        activation_bytes_per_layer(model, eqx.tree_at(
-                            lambda p: p.recompute, plan, jnp.zeros_like(plan.recompute))), 0.0)
+    # Recomputation rebuilds one layer's full set of activations at a time during the backward
+    # pass; offloading stages one layer's activations in HBM while they are copied.
+    no_recompute = _layer_bytes(model, plan, plan.flash_attention == 0)
+    working = (jnp.where(full_frac > 0, no_recompute, 0.0)
+               + jnp.where(off_frac > 0, kept, 0.0))
     # Input-embedding dropout mask (s b h / t bytes per micro-batch in flight, Korthikanti Sec 4.3).
-    embed = (model.seq_len / plan.cp * plan.micro_batch * model.hidden / plan.tp
+    embed = (model.dropout * model.seq_len / plan.cp * plan.micro_batch * model.hidden / plan.tp
              * jnp.minimum(plan.pp, plan.num_micro_batches))
     acts = acts + working + embed
     total = weights + grads + optim + acts + eff.memory_reserve

@@ -37,6 +37,25 @@ def test_kv_cache_bytes_by_hand():
         2 * 32 * 8 * 128 * 2 * 1024 * 2)
 
 
+def test_prefill_activation_peak_by_hand():
+    """Residual + normalised input (2 h) plus the larger of attention (Q, K, V, output) and MLP
+    (first GEMM output(s) + activation output), 16 bit, per prompt token; fp32 logits per
+    sequence. GPT-J (f = 4h, MHA): the MLP's 2 f dominates the attention's 4 h."""
+    from diffperf.inference import inference_memory
+    m = model("gpt-j-6b")
+    h, f, V = 4096, 16384, 50400
+    plan = InferencePlan(tp=1, batch=512, input_len=128, output_len=128)
+    want = 512 * (128 * (2 * h * 2 + max(4 * h * 2, 2 * f * 2)) + V * 4)
+    assert float(inference_memory(m, plan, EFF).activations) == pytest.approx(want, rel=1e-6)
+    # Llama-2 70B at tp 8 (gated MLP: 3 f / 8; GQA: 64 / 8 query and 8 / 8 KV heads of 128)
+    m = model("llama2-70b")
+    h, f = 8192, 28672
+    plan = InferencePlan(tp=8, batch=2, input_len=1000, output_len=10)
+    attn = (8 + 2 * 1) * 128 * 2 + 8 * 128 * 2
+    want = 2 * (1000 * (2 * h * 2 + max(attn, 3 * f / 8 * 2)) + 32000 / 8 * 4)
+    assert float(inference_memory(m, plan, EFF).activations) == pytest.approx(want, rel=1e-6)
+
+
 def test_weights_by_hand():
     m = model("llama2-7b")
     w = float(weight_bytes_per_gpu(m, InferencePlan(tp=1)))

@@ -60,7 +60,8 @@ def _leaves_by_name(grads):
 
 def test_every_hardware_and_efficiency_gradient_is_finite(batched_grads):
     leaves = _leaves_by_name(batched_grads)
-    assert len(leaves) == 11 + 6 + 18  # Accelerator, Network (incl. the nvlink_sharp flag), Efficiency
+    assert len(leaves) == 12 + 6 + 18  # Accelerator (incl. host_bandwidth), Network (incl. the
+    # nvlink_sharp flag), Efficiency
     for name, g in leaves.items():
         assert g.shape == (len(PLANS),), name
         assert np.all(np.isfinite(g)), (name, g)

@@ -15,11 +15,12 @@ from ..model import Transformer
 
 _ACCEL_FIELDS = ("flops_fp32", "flops_bf16", "flops_fp8", "flops_fp4", "vector_flops",
                  "hbm_capacity", "hbm_bandwidth", "l2_capacity", "l2_bandwidth", "num_sms",
-                 "launch_overhead")
+                 "launch_overhead", "host_bandwidth")
 _NET_FIELDS = ("nvlink_domain", "nvlink_bandwidth", "nvlink_latency", "scaleout_bandwidth",
                "scaleout_latency", "nvlink_sharp")
 _MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
-                 "gated_mlp", "num_experts", "experts_per_token", "parallel_attention")
+                 "gated_mlp", "num_experts", "experts_per_token", "parallel_attention",
+                 "dropout")
 
 
 @functools.cache

@@ -1,0 +1,209 @@
+"""Memory accounting beyond Korthikanti's GPT, checked by hand: dropout-free models, FP8 copies of
+GEMM inputs, fp8 weights, 16-bit gradients, block recompute of some layers, activation offload."""
+
+from __future__ import annotations
+
+import json
+
+import equinox as eqx
+import numpy as np
+import pytest
+
+import diffperf as dp
+from diffperf.data import read_benchmarks, train_specs
+from diffperf.model import transformer_from_hf_config
+from diffperf.training_memory import training_memory
+
+S, T = 2048, 8
+H, A, L = 12288, 96, 96  # GPT-3 175B: f = 4h, MHA
+
+
+def _gpt(dropout=1):
+    return dp.Transformer(layers=L, hidden=H, heads=A, kv_heads=A, ffn_hidden=4 * H, vocab=51200,
+                          seq_len=S, dropout=dropout)
+
+
+def _plan(**kw):
+    base = dict(tp=T, pp=8, dp=1, micro_batch=1, global_batch=64, sequence_parallel=1,
+                recompute="none", flash_attention=0)
+    base.update(kw)
+    return dp.TrainingPlan(**base)
+
+
+def test_dropout_free_layer_drops_masks_and_score_dropout():
+    """Without dropout: Korthikanti's 34 loses the two 1-byte masks (32) and 5as/h becomes 2as/h
+    (softmax output only)."""
+    sbh = S * H
+    got = float(dp.activation_bytes_per_layer(_gpt(dropout=0), _plan()))
+    np.testing.assert_allclose(got, sbh / T * (32 + 2 * A * S / H), rtol=1e-5)
+    with_dropout = float(dp.activation_bytes_per_layer(_gpt(dropout=1), _plan()))
+    np.testing.assert_allclose(with_dropout, sbh / T * (34 + 5 * A * S / H), rtol=1e-5)
+
+
+def test_dropout_free_model_has_no_embedding_mask(eff):
+    """The input-embedding dropout mask (s b h p / t) is Korthikanti's only non-layer term."""
+    plan = _plan(recompute="selective")
+    drop = float(training_memory(_gpt(1), plan, eff).activations)
+    free = float(training_memory(_gpt(0), plan, eff).activations)
+    sbh = S * H
+    np.testing.assert_allclose(drop - free, sbh / T * 2 * L + sbh * 8 / T, rtol=1e-5)
+
+
+@pytest.mark.parametrize("precision,q", [("fp8", 1.0), ("fp4", 0.5)])
+def test_fp8_keeps_low_precision_copies_of_gemm_inputs(precision, q):
+    """SP + flash: 16-bit 34 sbh/t. FP8 (TE): QKV and MLP inputs 2 -> q, the second MLP GEMM's
+    input 2 * 4 -> q * 4 (f = 4h), and the output projection adds a q copy next to the 16-bit
+    flash-attention output: 34 - 2 (2 - q) - 4 (2 - q) + q."""
+    plan = _plan(flash_attention=1, recompute="selective", precision=precision)
+    got = float(dp.activation_bytes_per_layer(_gpt(), plan))
+    want = S * H / T * (34 - 2 * (2 - q) - 4 * (2 - q) + q)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    if precision == "fp8":
+        np.testing.assert_allclose(got, S * H / T * 29, rtol=1e-5)
+
+
+def test_fp8_weights_and_16bit_gradients(gpt3, eff):
+    """fp8 recipes hold 1-byte weights; fp32_gradients=0 holds 2-byte gradients."""
+    t, p, d = 8, 8, 4
+    n = (L / p * 12 * H * H + 51200 * H) / t
+    fp8 = training_memory(gpt3, dp.TrainingPlan(tp=t, pp=p, dp=d, global_batch=64,
+                                                precision="fp8"), eff)
+    np.testing.assert_allclose(float(fp8.weights), 1 * n, rtol=1e-3)
+    np.testing.assert_allclose(float(fp8.gradients), 4 * n, rtol=1e-3)
+    g16 = training_memory(gpt3, dp.TrainingPlan(tp=t, pp=p, dp=d, global_batch=64,
+                                                fp32_gradients=0), eff)
+    np.testing.assert_allclose(float(g16.weights), 2 * n, rtol=1e-3)
+    np.testing.assert_allclose(float(g16.gradients), 2 * n, rtol=1e-3)
+    # fp32 training keeps fp32 gradients whatever the flag says
+    f32 = training_memory(gpt3, dp.TrainingPlan(tp=t, pp=p, dp=d, global_batch=64,
+                                                fp32_gradients=0, precision="fp32"), eff)
+    np.testing.assert_allclose(float(f32.gradients), 4 * n, rtol=1e-3)
+
+
+def test_16bit_gradients_halve_the_data_parallel_reduction(step, gpt22b, dgx_a100, eff):
+    """Plain DDP without overlap: the exposed all-reduce carries half the bytes (a bandwidth-
+    bound ring at this size, so close to half the time)."""
+    kw = dict(tp=8, pp=1, dp=4, global_batch=16, zero=0, overlap_dp=0, sequence_parallel=1,
+              recompute="selective")
+    t32 = float(step(gpt22b, dgx_a100, dp.TrainingPlan(**kw), eff).dp_comm_time)
+    t16 = float(step(gpt22b, dgx_a100, dp.TrainingPlan(fp32_gradients=0, **kw), eff).dp_comm_time)
+    assert 0.45 < t16 / t32 < 0.55, t16 / t32
+
+
+def test_block_recompute_mixes_full_and_stored_layers(eff):
+    """recompute_layers = 3 of a 12-layer chunk (L=96, pp=8): a quarter of the layers keep only
+    their input (2 sbh/t), the rest what `recompute` stores; plus one layer rebuilt at a time."""
+    m = _gpt()
+    plan = _plan(recompute="selective", recompute_layers=3)
+    sbh = S * H
+    stored, full, rebuilt = 34 * sbh / T, 2 * sbh / T, sbh / T * (34 + 5 * A * S / H)
+    per_layer = 0.25 * full + 0.75 * stored
+    want = L * per_layer + rebuilt + sbh * 8 / T  # pp stages x L/pp layers, p micro-batches
+    np.testing.assert_allclose(float(training_memory(m, plan, eff).activations), want, rtol=1e-5)
+
+
+def test_block_recompute_of_every_layer_equals_full_recompute(step, gpt22b, dgx_a100, eff):
+    kw = dict(tp=8, pp=2, dp=1, global_batch=16, sequence_parallel=1, flash_attention=1)
+    full = step(gpt22b, dgx_a100, dp.TrainingPlan(recompute="full", **kw), eff)
+    block = step(gpt22b, dgx_a100, dp.TrainingPlan(recompute="none", recompute_layers=24, **kw),
+                 eff)
+    for f in ("step_time", "recompute_time", "tp_comm_time", "hardware_flops"):
+        np.testing.assert_allclose(float(getattr(block, f)), float(getattr(full, f)), rtol=1e-6,
+                                   err_msg=f)
+    np.testing.assert_allclose(float(block.memory.activations), float(full.memory.activations),
+                               rtol=1e-6)
+    # A third of the layers: a third of the recompute time (flash: nothing else is recomputed).
+    third = step(gpt22b, dgx_a100, dp.TrainingPlan(recompute="none", recompute_layers=8, **kw),
+                 eff)
+    np.testing.assert_allclose(float(third.recompute_time), float(full.recompute_time) / 3,
+                               rtol=1e-5)
+
+
+def test_offloading_every_layer_keeps_one_layer_in_hbm(eff):
+    """pp = 1: all 96 layers offloaded leaves one layer's activations staged in HBM (plus the
+    embedding mask); half of them leaves half the layers."""
+    m = _gpt()
+    sbh = S * H
+    stored = 34 * sbh / T
+    base = dict(pp=1, global_batch=8, recompute="selective")
+    allo = training_memory(m, _plan(offload_layers=L, **base), eff)
+    np.testing.assert_allclose(float(allo.activations), stored + sbh / T, rtol=1e-5)
+    half = training_memory(m, _plan(offload_layers=L // 2, **base), eff)
+    np.testing.assert_allclose(float(half.activations), L / 2 * stored + stored + sbh / T,
+                               rtol=1e-5)
+
+
+def test_offload_time_is_exposed_copy_time(step, gpt22b, dgx_a100, eff):
+    """A fast host link hides the copies; a slow one exposes about 2 x copy - (fwd + bwd) per
+    offloaded layer and micro-batch; the step stays the sum of its parts."""
+    plan = dp.TrainingPlan(tp=8, pp=1, dp=1, global_batch=4, sequence_parallel=1,
+                           recompute="selective", offload_layers=24)
+    fast = eqx.tree_at(lambda s: s.accelerator.host_bandwidth, dgx_a100, 1e15)
+    slow = eqx.tree_at(lambda s: s.accelerator.host_bandwidth, dgx_a100, 1e8)
+    r_fast, r_slow = step(gpt22b, fast, plan, eff), step(gpt22b, slow, plan, eff)
+    assert float(r_fast.offload_time) < 1e-3 * float(r_fast.step_time)
+    nbytes = float(dp.activation_bytes_per_layer(gpt22b, plan))
+    copy = nbytes / 1e8
+    m, layers = 4, 24  # every layer (tp only: one stage), 4 micro-batches
+    copies = 2 * copy * m * layers  # out in the forward, back in the backward pass
+    # The overlap windows are the layers' own compute: at most all of it is hidden.
+    assert copies >= float(r_slow.offload_time) >= copies - float(r_slow.compute_time)
+    for r in (r_fast, r_slow):
+        parts = (r.compute_time + r.tp_comm_time + r.pp_comm_time + r.dp_comm_time
+                 + r.bubble_time + r.optimizer_time + r.offload_time)
+        np.testing.assert_allclose(float(r.step_time), float(parts), rtol=1e-6)
+    # Offloading never makes a step faster, and frees memory.
+    none = step(gpt22b, dgx_a100, eqx.tree_at(lambda p: p.offload_layers, plan, 0.0), eff)
+    assert float(none.step_time) <= float(r_slow.step_time)
+    assert float(none.memory.activations) > float(r_slow.memory.activations)
+
+
+def test_hf_config_dropout(tmp_path):
+    llama = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+             "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 32000,
+             "attention_dropout": 0.0, "hidden_act": "silu"}
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12,
+            "vocab_size": 50257, "resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1}
+    for cfg, want in ((llama, 0.0), (gpt2, 1.0)):
+        p = tmp_path / f"{cfg['model_type']}.json"
+        p.write_text(json.dumps(cfg))
+        assert float(transformer_from_hf_config(p).dropout) == want
+
+
+def test_preset_dropout_flags():
+    assert float(dp.model("llama3-70b").dropout) == 0.0
+    assert float(dp.model("gpt3-175b").dropout) == 1.0
+
+
+def test_bad_plan_counts_are_named():
+    with pytest.raises(ValueError, match="offload_layers"):
+        dp.TrainingPlan(offload_layers=-1)
+    with pytest.raises(ValueError, match="recompute_layers"):
+        dp.TrainingPlan(recompute_layers=2.5)
+    with pytest.raises(ValueError, match="fp32_gradients"):
+        dp.TrainingPlan(fp32_gradients=2)
+
+
+def test_csv_extension_columns(tmp_path):
+    """The optional columns reach the specs; a bad count names file, row and column."""
+    src = "benchmarks_data/train_calibration.csv"
+    rows = {r.id: r for r in read_benchmarks(src)}
+    r = rows["mbridge25.09-gb200-llama-3-70b-64g-fp8-fsdp"]
+    model, _, plan = train_specs(r)
+    assert float(plan.offload_layers) == 40 and float(plan.fp32_gradients) == 0
+    assert float(model.dropout) == 0
+    korthi = train_specs(rows["imec-korthi-22b-full"])
+    assert float(korthi[0].dropout) == 1 and float(korthi[2].fp32_gradients) == 1
+    text = open(src).read().splitlines()
+    header = text[0].split(",")
+    col = header.index("offload_layers")
+    bad = tmp_path / "bad.csv"
+    import csv
+    import io
+    rec = next(csv.reader(io.StringIO(text[1])))
+    rec[col] = "-3"
+    out = io.StringIO()
+    csv.writer(out).writerows([header, rec])
+    bad.write_text(out.getvalue())
+    with pytest.raises(ValueError, match=r"bad.csv.*row 1.*offload_layers"):
+        read_benchmarks(bad)
