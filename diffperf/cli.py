@@ -176,6 +176,8 @@ def _print_training(args, s: dict, plan) -> None:
         print(f"    prediction         {iv['text']}" if "text" in iv else
               f"    (no interval: {iv['error']})")
     for k, v in s["breakdown_s"].items():
+        if k == "offload_exposed" and not args.offload_layers:
+            continue  # no offloading: keep the table to the terms that apply
         share = v / s["step_time_s"] * 100 if s["step_time_s"] > 0 else 0.0
         print(f"    {k:18s} {v:10.3f} s  {share:5.1f} %")
     print(f"  MFU / HFU            {s['mfu'] * 100:9.1f} % / {s['hfu'] * 100:.1f} %")

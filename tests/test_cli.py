@@ -26,6 +26,27 @@ def test_train_json_breakdown_adds_up(capsys):
     assert 0 < s["mfu"] <= s["hfu"] < 1
 
 
+def test_train_memory_recipe_flags(capsys):
+    """NVIDIA's FSDP recipe for Llama-3 70B on GB200: without offloading it does not fit; 40
+    offloaded layers fit and add an exposed-copy line; 16-bit gradients halve the gradients."""
+    base = ("train", "--model", "llama3-70b", "--gpu", "gb200", "--gpus", "64", "--tp", "1",
+            "--pp", "1", "--vp", "1", "--zero", "3", "--micro-batch", "2", "--global-batch",
+            "256", "--recompute", "none", "--precision", "fp8")
+    plain = json.loads(run(capsys, *base, "--json")[1])
+    recipe = json.loads(run(capsys, *base, "--no-fp32-gradients", "--offload-layers", "40",
+                            "--json")[1])
+    assert not plain["fits"] and recipe["fits"]
+    assert recipe["memory_gb"]["gradients"] == pytest.approx(plain["memory_gb"]["gradients"] / 2)
+    assert recipe["breakdown_s"]["offload_exposed"] >= 0.0
+    assert plain["breakdown_s"]["offload_exposed"] == 0.0
+    assert sum(recipe["breakdown_s"].values()) == pytest.approx(recipe["step_time_s"], rel=1e-5)
+    code, out, _ = run(capsys, *base, "--offload-layers", "40")
+    assert code == 0 and "offload_exposed" in out and "offload 40 layers/chunk" in out
+    assert "offload_exposed" not in run(capsys, *base)[1]
+    code, _, err = run(capsys, *base, "--offload-layers", "-1")
+    assert code == 2 and "offload_layers" in err
+
+
 def test_train_zero3_per_matrix_pays_more_gathers(capsys):
     """DeepSpeed-style ZeRO-3 (one gather per weight matrix) over 256 GPUs exposes more
     data-parallel communication than FSDP-style per-layer gathers; compute is unchanged."""
