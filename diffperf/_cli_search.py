@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -9,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import presets
+from ._cli_checks import CliError
 from ._cli_infer import add_per_head_decode
 from .hardware import precision_code
 
@@ -28,6 +30,13 @@ def add_search_parser(sub) -> None:
     t.add_argument("--precision", action="append", default=None,
                    help="precision(s) to search (repeatable; default tf32 and bf16, plus fp8 / "
                         "fp4 where the GPU has them)")
+    t.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=True,
+                   help="fp32 gradient buffers (Megatron-LM's default); --no-fp32-gradients "
+                        "for 16-bit ones (NeMo / Megatron-Bridge recipes)")
+    t.add_argument("--offload-layers", type=int, action="append", default=None,
+                   help="activation-offloading setting(s) to search: layers per pipeline chunk "
+                        "kept in host memory (repeatable, e.g. --offload-layers 0 "
+                        "--offload-layers 40; default 0)")
     t.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
     t.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     t.add_argument("--out", default=None,
@@ -74,7 +83,12 @@ def run_search_train(args) -> int:
         codes = sorted({precision_code(p) for p in args.precision})
     else:
         codes = [c for c in (0, 1, 2, 3) if float(acc.peak_flops(c)) > 0]
-    grid = default_training_grid(model, args.gpus, args.global_batch, precisions=codes)
+    offload = sorted(set(args.offload_layers)) if args.offload_layers else [0]
+    if offload[0] < 0:
+        raise CliError(f"--offload-layers must be >= 0, got {offload[0]}")
+    grid = default_training_grid(model, args.gpus, args.global_batch, precisions=codes,
+                                 fp32_gradients=[int(args.fp32_gradients)],
+                                 offload_layers=offload)
     result = search_training(model, system, args.gpus, args.global_batch, grid=grid,
                              efficiency=_efficiency(args.efficiency), top_k=args.top,
                              progress=not args.json, even_layouts=not args.uneven_layouts)
@@ -98,13 +112,16 @@ def run_search_train(args) -> int:
         print("  no feasible plan")
         return 0
     cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
-            "sequence_parallel", "flash_attention", "step_time_s", "mfu", "memory_gb", "vs_best"]
+            "sequence_parallel", "flash_attention"] + (["offload_layers"] if offload != [0]
+                                                       else []) + [
+            "step_time_s", "mfu", "memory_gb", "vs_best"]
     print("\nbest plans:")
     print(top[[c for c in cols if c in top]].to_string(index=False, float_format="%.3f"))
     if len(pareto):
         print("\nPareto front, memory per GPU vs step time:")
-        print(pareto[["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
-                      "memory_gb", "step_time_s"]].to_string(index=False, float_format="%.2f"))
+        front_cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero"] + (
+            ["offload_layers"] if offload != [0] else []) + ["memory_gb", "step_time_s"]
+        print(pareto[front_cols].to_string(index=False, float_format="%.2f"))
     return 0
 
 

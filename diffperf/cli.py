@@ -203,6 +203,11 @@ def run_train(args) -> int:
         s["note"] = (f"uneven layout: {layers:g} layers over pp*vp = {chunks} stages/chunks "
                      f"({layers / chunks:.2f} each) needs a custom pipeline layout; modelled as "
                      f"perfectly balanced (optimistic when the per-GPU layer counts differ)")
+    from .search import offload_supported
+    if not bool(offload_supported(model, plan)):
+        note = ("Megatron-core offloads activations only with pp = 1, no recomputation and fewer "
+                "layers than the model has; modelled anyway")
+        s["note"] = f"{s['note']}; {note}" if "note" in s else note
     if args.interval:
         from .calibrate_uncertainty import prediction_interval
         try:

@@ -29,8 +29,13 @@ REASON_DUPLICATE = 13
 #: Search-only reason: pp * vp does not divide the layer count, so the stages (or interleaved
 #: chunks) cannot all hold the same whole number of layers with Megatron's standard arguments.
 REASON_UNEVEN = 14
+#: Search-only reason: Megatron-core's activation offloading runs only without pipeline
+#: parallelism and without recomputation, on fewer layers than the model has (its
+#: `TransformerConfig` rejects the rest).
+REASON_OFFLOAD = 15
 PLAN_AXES = ("tp", "pp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
-             "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision")
+             "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision",
+             "fp32_gradients", "offload_layers")
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -38,7 +43,7 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def default_training_grid(model: Transformer, gpus: int, global_batch: int,
-                          precisions=(0, 1)) -> Grid:
+                          precisions=(0, 1), fp32_gradients=(1,), offload_layers=(0,)) -> Grid:
     """The default search space (1.8 x 10^7 plans for GPT-3 175B on 1,024 A100s).
 
     tp: powers of two up to 64; pp: divisors of the GPU count up to the layer count that divide
@@ -46,6 +51,9 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
     expert count (1 for dense); vp: divisors of the layer count; micro-batch: divisors of the
     global batch up to 256; recompute none / selective / full; ZeRO 0-3; sequence parallelism,
     flash attention, TP and DP overlap on / off; `precisions` (codes; default tf32 and bf16).
+    `fp32_gradients` (1 fp32, 0 16-bit gradient buffers) and `offload_layers` (layers per chunk
+    with activations in host memory) become axes only when they differ from the defaults (fp32
+    gradients, no offloading).
     """
     layers = int(np.asarray(model.layers))
     experts = int(np.asarray(model.num_experts))
@@ -64,7 +72,8 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
         "overlap_tp": [0, 1],
         "overlap_dp": [0, 1],
         "precision": list(precisions),
-    })
+    } | ({"fp32_gradients": list(fp32_gradients)} if list(fp32_gradients) != [1] else {})
+      | ({"offload_layers": list(offload_layers)} if list(offload_layers) != [0] else {}))
 
 
 def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
@@ -72,7 +81,8 @@ def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
     v = dict(values)
     defaults = {"tp": 1.0, "pp": 1.0, "cp": 1.0, "ep": 1.0, "vp": 1.0, "micro_batch": 1.0, "recompute": 0.0,
                 "zero": 1.0, "sequence_parallel": 0.0, "flash_attention": 1.0,
-                "overlap_tp": 1.0, "overlap_dp": 1.0, "precision": 1.0}
+                "overlap_tp": 1.0, "overlap_dp": 1.0, "precision": 1.0, "fp32_gradients": 1.0,
+                "offload_layers": 0.0}
     for key, d in defaults.items():
         v.setdefault(key, d)
     dp = gpus / (v["tp"] * v["pp"] * v["cp"])
@@ -86,6 +96,15 @@ def even_layout(model: Transformer, plan) -> jax.Array:
     balanced (fractional layers per stage), which needs a custom pipeline layout in practice
     and is optimistic when the per-GPU layer counts differ, so searches skip them by default."""
     return jnp.mod(model.layers, plan.pp * plan.vp) == 0
+
+
+def offload_supported(model: Transformer, plan) -> jax.Array:
+    """True where the plan offloads no activations, or does so as Megatron-core allows:
+    pp = 1, no recomputation (neither `recompute` nor `recompute_layers`) and fewer offloaded
+    layers than the model has. `train_step` models the other combinations too."""
+    allowed = ((plan.pp == 1) & (plan.recompute == 0) & (plan.recompute_layers == 0)
+               & (plan.offload_layers < model.layers))
+    return (plan.offload_layers == 0) | allowed
 
 
 def _gpus_reason(reason, values, gpus):
@@ -113,6 +132,9 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
 
     `even_layouts` (default True): only plans whose pp * vp divides the layer count
     (`even_layout`); False also ranks uneven layouts, modelled as perfectly balanced.
+    Plans that offload activations are kept only where Megatron-core supports it
+    (`offload_supported`). `default_training_grid` searches offloading and 16-bit gradients
+    only when asked to.
 
     **Returns:** a dict with `evaluated`, `feasible`, `seconds` (wall time, compilation
     included), `reasons` (infeasible counts by reason text), `top` (DataFrame of the best plans
@@ -130,6 +152,8 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
         reason = _gpus_reason(r.reason, values, gpus)
         if even_layouts:
             reason = jnp.where((reason == 0) & ~even_layout(model, plan), REASON_UNEVEN, reason)
+        reason = jnp.where((reason == 0) & ~offload_supported(model, plan), REASON_OFFLOAD,
+                           reason)
         return r.step_time, r.memory.total, reason
 
     # Equivalent plans (e.g. selective recompute with flash attention = none) tie exactly:
@@ -148,7 +172,8 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     reasons_all = dict(REASONS) | {
         REASON_GPUS: "tp * pp * cp does not divide the GPU count",
         REASON_DUPLICATE: "a setting has no effect (the simpler equivalent plan is kept)",
-        REASON_UNEVEN: "pp * vp does not divide the layer count (uneven layout)"}
+        REASON_UNEVEN: "pp * vp does not divide the layer count (uneven layout)",
+        REASON_OFFLOAD: "activation offloading needs pp = 1 and no recomputation (Megatron-core)"}
     reasons = {reasons_all.get(i, str(i)): int(c) for i, c in enumerate(res.reasons)
                if c and i != 0}
     return {"evaluated": res.evaluated, "feasible": res.feasible,
@@ -184,7 +209,8 @@ def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,
     rep = jax.device_get(_vmapped_train_step(model, system, plan, eff))
     rep = jax.tree.map(lambda x: x[:n], rep)
     cols = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
-            "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp")
+            "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "fp32_gradients",
+            "offload_layers")
     df = pd.DataFrame({k: np.rint(np.asarray(getattr(plan, k))[:n]).astype(int) for k in cols})
     df["recompute"] = [RECOMPUTE[int(x)] for x in df["recompute"]]
     df["precision"] = [PRECISIONS[int(x)] for x in np.asarray(plan.precision)[:n]]

@@ -246,3 +246,24 @@ def test_published_inference_runs_fit():
         plan = InferencePlan(tp=1, batch=batch, input_len=n, output_len=n, weight_precision="fp16")
         total = float(inference_memory(m, plan).total)
         assert 0.95 * 80e9 < total <= 80e9, (batch, total)
+
+
+def test_search_offloading_only_where_megatron_supports_it():
+    """`search train --offload-layers`: offloading plans with pp > 1 or recomputation are
+    excluded under their own reason; the ones kept are pp = 1 without recomputation."""
+    from diffperf.grid import Grid
+    from diffperf.search import search_training
+    model = dp.model("llama3-8b")
+    system = dp.system("h100-sxm5-80gb")
+    grid = Grid({"tp": [1, 2], "pp": [1, 2], "micro_batch": [1, 2], "recompute": [0, 2],
+                 "zero": [1, 3], "precision": [2], "fp32_gradients": [0],
+                 "offload_layers": [0, 8, 16]})
+    res = search_training(model, system, 8, 64, grid=grid, progress=False, top_k=50)
+    offload_reason = [k for k in res["reasons"] if "offloading" in k]
+    assert offload_reason and res["reasons"][offload_reason[0]] > 0
+    for df in (res["top"], res["pareto"]):
+        assert "offload_layers" in df and "fp32_gradients" in df
+        off = df[df["offload_layers"] > 0]
+        assert ((off["pp"] == 1) & (off["recompute"] == "none")).all(), off
+        assert (df["fp32_gradients"] == 0).all()
+    assert (res["top"]["offload_layers"] > 0).any()  # supported offloading plans are ranked
