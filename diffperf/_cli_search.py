@@ -31,7 +31,7 @@ def add_search_parser(sub) -> None:
                    help="precision(s) to search (repeatable; default tf32 and bf16, plus fp8 / "
                         "fp4 where the GPU has them)")
     t.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=True,
-                   help="fp32 gradient buffers (Megatron-LM's default); --no-fp32-gradients "
+                   help="fp32 gradient buffers (Megatron-LM's for bf16); --no-fp32-gradients "
                         "for 16-bit ones (NeMo / Megatron-Bridge recipes)")
     t.add_argument("--offload-layers", type=int, action="append", default=None,
                    help="activation-offloading setting(s) to search: layers per pipeline chunk "

@@ -66,10 +66,11 @@ def _add_train(sub):
                    help="layers per pipeline chunk whose activations are offloaded to host "
                         "memory (Megatron-core's cpu_offloading_num_layers; default 0)")
     p.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
-    p.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=True,
-                   help="fp32 gradient buffer and reduction (Megatron-LM's default); "
-                        "--no-fp32-gradients for 16-bit gradients as in NeMo / Megatron-Bridge "
-                        "performance recipes (grad_reduce_in_fp32=False)")
+    p.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=None,
+                   help="fp32 gradient buffer and reduction; --no-fp32-gradients for 16-bit "
+                        "gradients as in NeMo / Megatron-Bridge performance recipes "
+                        "(grad_reduce_in_fp32=False). Default: Megatron-LM's, fp32 except with "
+                        "--precision fp16")
     p.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8",
                                                            "fp4"])
     p.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
@@ -110,6 +111,15 @@ def _train_inputs(args):
         if dp * per_replica != args.gpus:
             raise CliError(f"tp*pp*dp*cp = {dp * per_replica} does not equal --gpus {args.gpus}")
     sp = args.sequence_parallel if args.sequence_parallel is not None else args.tp > 1
+    chunk = float(model.layers) / (args.pp * args.vp)
+    for flag, n in (("--recompute-layers", args.recompute_layers),
+                    ("--offload-layers", args.offload_layers)):
+        if n > chunk:
+            raise CliError(f"{flag} {n} exceeds the layers per pipeline chunk "
+                           f"(layers / (pp * vp) = {chunk:g})")
+    if args.offload_layers and args.recompute == "full":
+        raise CliError(f"--offload-layers {args.offload_layers} has no effect with --recompute "
+                       f"full (no stored activations to offload)")
     plan = TrainingPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep,
                         micro_batch=args.micro_batch, global_batch=args.global_batch,
                         vp=args.vp, sequence_parallel=int(sp), recompute=args.recompute,
@@ -118,7 +128,8 @@ def _train_inputs(args):
                         overlap_tp=int(args.overlap_tp),
                         overlap_tp_backward=int(args.overlap_tp_backward),
                         overlap_dp=int(args.overlap_dp), zero3_per_matrix=int(args.zero3_per_matrix),
-                        fp32_gradients=int(args.fp32_gradients),
+                        fp32_gradients=int(args.fp32_gradients if args.fp32_gradients is not None
+                                           else args.precision != "fp16"),
                         recompute_layers=args.recompute_layers,
                         offload_layers=args.offload_layers)
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu)

@@ -24,7 +24,7 @@ INFER = ("batch", "input_len", "output_len")
 #: weight-gradient GEMMs and the gradient reduction with the backward pass (empty or absent = 1,
 #: what current Megatron-core / NeMo recipes do), and for
 #: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units),
-#: and for fp32 gradient buffers (empty or absent = 1, Megatron-LM; 0 = 16-bit gradients).
+#: and for fp32 gradient buffers (empty or absent = 1, Megatron-LM for bf16; 0 = 16-bit).
 TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_dp": 1.0,
                         "zero3_per_matrix": 0.0, "fp32_gradients": 1.0}
 #: diffperf extension columns of rows of both kinds: 0/1, a parallel attention + MLP block
@@ -208,4 +208,12 @@ def train_specs(row: BenchmarkRow):
                         fp32_gradients=v.get("fp32_gradients", 1),
                         recompute_layers=v.get("recompute_layers", 0),
                         offload_layers=v.get("offload_layers", 0))
+    chunk = v["layers"] / (v["pp"] * v["vp"])
+    for c in ("recompute_layers", "offload_layers"):
+        if v.get(c, 0) > chunk:
+            raise ValueError(f"{c} = {v[c]:g} exceeds the layers per pipeline chunk "
+                             f"(layers / (pp * vp) = {chunk:g})")
+    if v.get("offload_layers", 0) > 0 and v["recompute"] in ("full", 2):
+        raise ValueError(f"offload_layers = {v['offload_layers']:g} has no effect with full "
+                         f"recompute (no stored activations to offload)")
     return model, sys_, plan

@@ -114,6 +114,12 @@ _DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "attn_pdrop", "resid_p
                    "embd_pdrop", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob")
 
 
+#: Hugging Face `model_type`s whose configuration classes default every dropout to 0.
+_DROPOUT_FREE_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                       "gpt_neox", "falcon", "gptj", "gemma", "gemma2", "phi3", "deepseek_v2",
+                       "deepseek_v3", "olmo", "olmo2")
+
+
 def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> Transformer:
     """Build a `Transformer` from a local Hugging Face `config.json` (no network access).
 
@@ -160,11 +166,15 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> 
     parallel = bool(cfg.get("parallel_attn", False)
                     or cfg.get("use_parallel_residual", model_type == "gpt_neox")
                     or model_type == "gptj")
-    # Dropout: on if any of the config's dropout probabilities is positive; configs that name
-    # none (older GPT-2 style files) keep the default (on).
+    # Dropout: on if any of the config's dropout probabilities is positive. A config that names
+    # none takes its model class's default: off for the dropout-free families (e.g. Llama-2's
+    # config.json has no dropout field), on otherwise.
     rates = [cfg[k] for k in _DROPOUT_FIELDS if isinstance(cfg.get(k), (int, float))
              and not isinstance(cfg.get(k), bool)]
-    dropout = (1 if any(r > 0 for r in rates) else 0) if rates else 1
+    if rates:
+        dropout = 1 if any(r > 0 for r in rates) else 0
+    else:
+        dropout = 0 if model_type in _DROPOUT_FREE_TYPES else 1
     return Transformer(
         layers=pick("num_hidden_layers", "n_layer", "num_layers"),
         hidden=hidden,

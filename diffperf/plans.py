@@ -60,11 +60,13 @@ class TrainingPlan(eqx.Module):
     - `offload_layers`: layers of each pipeline chunk whose stored activations are copied to host
       memory during the forward pass and back during the backward pass (Megatron-core's
       `cpu_offloading_num_layers`); at most the chunk's layers that are not fully recomputed.
-      The copies overlap the next layer's compute over `Accelerator.host_bandwidth`.
+      Each copy overlaps one layer's compute, over `Accelerator.host_bandwidth`.
     - `fp32_gradients`: 1 to accumulate and reduce gradients in an fp32 buffer (Megatron-LM's
-      `main_grad`, its default for 16-bit training); 0 for 16-bit gradients (NeMo and
-      Megatron-Bridge performance recipes set `grad_reduce_in_fp32=False`): half the gradient
-      memory and data-parallel gradient traffic. fp32 training always keeps fp32 gradients.
+      `main_grad`, which it forces for bf16 training); 0 for 16-bit gradients (Megatron-LM's
+      default for fp16; NeMo and Megatron-Bridge performance recipes set
+      `grad_reduce_in_fp32=False`; PyTorch DDP and DeepSpeed reduce in the parameters' dtype):
+      half the gradient memory and data-parallel gradient traffic. fp32 training always keeps
+      fp32 gradients.
     - `zero3_per_matrix`: ZeRO-3 collective granularity: 0 one transformer layer per gather /
       reduce-scatter (FSDP units: PyTorch FSDP, Megatron-FSDP), 1 one per weight matrix
       (DeepSpeed ZeRO-3 gathers parameter by parameter; biases and norms stay replicated). The

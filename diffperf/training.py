@@ -20,8 +20,8 @@ from .model import Transformer
 from .plans import TrainingPlan
 from .roofline import (bytes_per_element, exposed_after_overlap, gemm_time, op_time,
                        peak_matmul_flops)
-from .training_memory import (TrainingMemory, offloaded_bytes_per_layer,
-                              params_per_gpu, training_memory, weight_bytes)
+from .training_memory import (TrainingMemory, params_per_gpu, stored_bytes_per_layer,
+                              training_memory, weight_bytes)
 
 
 class TrainingReport(eqx.Module):
@@ -277,12 +277,11 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     n_p2p = jnp.where(plan.pp > 1, 2.0 * (plan.vp * m + plan.pp - 1.0), 0.0)
     pp_comm = n_p2p * p2p * (1.0 - eff.pp_overlap)
 
-    # Data parallel over dp * cp ranks (stride tp): fp32 gradients, 16-bit parameters.
+    # Data parallel over dp * cp ranks (stride tp): gradients (`plan.gradient_bytes`) and
+    # parameters (`weight_bytes`) as stored.
     n_params = params_per_gpu(model, plan)
     group = plan.dp * plan.cp
     grads = n_params * plan.gradient_bytes
-    # Parameters are gathered as stored: 16 bit, or 8 bit in fp8 / fp4 recipes (Megatron / NeMo
-    # keep fp8 parameters), 32 bit in fp32 / tf32 training.
     wts = n_params * weight_bytes(plan)
     ar = coll.all_reduce(net, eff, grads, group, plan.tp)
     rs = coll.reduce_scatter(net, eff, grads, group, plan.tp)
@@ -313,17 +312,20 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
                      plan.overlap_dp * eff.dp_overlap * last_mb)
     dp_comm = jnp.where(group > 1, exposed_after_overlap(dp_total, hide), 0.0)
 
-    # Adam on the local shard: read grad, master, m, v (16 B), write master, m, v, 16-bit weight
-    # (14 B), after reading the fp32 gradients once more for the clipping norm (4 B); then the
-    # whole local fp32 gradient buffer is zeroed for the next step (4 B per parameter).
+    # Adam on the local shard: read the gradient (g B) and the fp32 master, m, v (12 B), write
+    # master, m, v (12 B) and the model weight (w B), after reading the gradient once more for
+    # the clipping norm (g B); then the whole local gradient buffer is zeroed for the next step
+    # (g B per parameter). With fp32 gradients and 16-bit weights: 34 B per shard parameter.
     shard = n_params / jnp.where(plan.zero >= 1, group, 1.0)
-    optimizer = op_time(acc, eff, 14.0 * shard, 34.0 * shard + plan.gradient_bytes * n_params,
-                        kernels=6.0)
+    g = plan.gradient_bytes
+    optimizer = op_time(acc, eff, 14.0 * shard,
+                        (24.0 + 2.0 * g + weight_bytes(plan)) * shard + g * n_params, kernels=6.0)
 
     # Activation offloading: each offloaded layer copies its activations to host memory during
-    # the forward pass and back during the backward pass, each copy overlapping that layer's
-    # compute (Megatron-core's CPU offloading runs them on side streams).
-    copy = offloaded_bytes_per_layer(model, plan) / acc.host_bandwidth
+    # the forward pass and back during the backward pass, each copy overlapping the compute of
+    # one layer (Megatron-core's CPU offloading runs them on side streams). Not modelled: host
+    # memory capacity, and GPUs that share one PCIe uplink (each gets `host_bandwidth`).
+    copy = stored_bytes_per_layer(model, plan) / acc.host_bandwidth
     offloaded = layers_per_stage * plan.offloaded_fraction(model.layers)
     offload = m * offloaded * (exposed_after_overlap(copy, layer.forward)
                                + exposed_after_overlap(copy, layer.backward))

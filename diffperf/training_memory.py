@@ -1,7 +1,7 @@
 """Per-GPU memory of a training job: weights, gradients, optimizer states and activations.
 
 Mixed-precision Megatron accounting, per parameter: 2 B of 16-bit weights (1 B of fp8 weights in
-fp8 / fp4 recipes), 4 B of fp32 gradient (`main_grad`; 2 B with `fp32_gradients = 0`) and 12 B of
+fp8 recipes), 4 B of fp32 gradient (`main_grad`; 2 B with `fp32_gradients = 0`) and 12 B of
 fp32 master weights + Adam moments (4 B weights, 8 B for fp32 training).
 ZeRO stage 1 shards the optimizer states over the data-parallel group, 2 also the gradients,
 3 also the weights.
@@ -44,9 +44,9 @@ from .model import Transformer
 from .plans import TrainingPlan
 from .roofline import bytes_per_element
 
-#: Bytes per parameter held by mixed-precision training: 16-bit weights, fp32 gradient, fp32
-#: master weights + two Adam moments.
-WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2.0, 4.0, 12.0
+#: Bytes per parameter held by mixed-precision training: 16-bit weights, fp32 master weights +
+#: two Adam moments (gradients: `TrainingPlan.gradient_bytes`).
+WEIGHT_BYTES, OPTIMIZER_BYTES = 2.0, 12.0
 
 
 class TrainingMemory(eqx.Module):
@@ -61,11 +61,12 @@ class TrainingMemory(eqx.Module):
 
 
 def weight_bytes(plan: TrainingPlan) -> jax.Array:
-    """Bytes per model weight a GPU holds: 4 in fp32 training, 2 in 16-bit mixed precision,
-    1 in fp8 / fp4 recipes, which keep fp8 parameters (Transformer Engine / Megatron's
-    `fp8_param_gather`, on in NeMo and Megatron-Bridge; the fp32 master copy is in the
-    optimizer states)."""
-    return jnp.where(plan.precision == 0, 4.0, jnp.where(plan.precision >= 2, 1.0, WEIGHT_BYTES))
+    """Bytes per model weight a GPU holds (and gathers): 4 in fp32 training, 1 in fp8 recipes,
+    which keep fp8 parameters (Megatron's `fp8_param_gather`, on in the NeMo and Megatron-Bridge
+    fp8 recipes; the fp32 master copy is in the optimizer states), else 2: 16-bit mixed
+    precision and fp4 recipes (Megatron-Bridge's NVFP4 recipe keeps bf16 parameters, "FP4
+    currently doesn't support param gather")."""
+    return jnp.where(plan.precision == 0, 4.0, jnp.where(plan.precision == 2, 1.0, WEIGHT_BYTES))
 
 
 def params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
@@ -119,20 +120,21 @@ def _full_recompute_bytes(model: Transformer, plan: TrainingPlan) -> jax.Array:
     return full * jnp.where(plan.precision == 0, 2.0, 1.0)
 
 
+def stored_bytes_per_layer(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """Activation bytes a layer that is not fully recomputed stores per micro-batch under the
+    plan's `recompute` (none or selective); also what an offloaded layer copies to host
+    memory, B."""
+    keep_scores = (plan.recompute == 0) & (plan.flash_attention == 0)
+    return _layer_bytes(model, plan, keep_scores)
+
+
 def activation_bytes_per_layer(model: Transformer, plan: TrainingPlan) -> jax.Array:
     """Activation bytes one transformer layer stores for one micro-batch in the plan's
     `recompute` mode (Korthikanti Table 2, generalised; see the module docstring), B.
-    `recompute_layers` and `offload_layers` are applied by `training_memory`."""
-    keep_scores = (plan.recompute == 0) & (plan.flash_attention == 0)
+    Per layer of that mode only: `training_memory` mixes in the `recompute_layers` fully
+    recomputed layers and drops the `offload_layers` offloaded ones."""
     return jnp.where(plan.recompute == 2, _full_recompute_bytes(model, plan),
-                     _layer_bytes(model, plan, keep_scores))
-
-
-def offloaded_bytes_per_layer(model: Transformer, plan: TrainingPlan) -> jax.Array:
-    """Activation bytes one offloaded layer copies to host memory per micro-batch (what it
-    would otherwise keep in HBM), B."""
-    keep_scores = (plan.recompute == 0) & (plan.flash_attention == 0)
-    return _layer_bytes(model, plan, keep_scores)
+                     stored_bytes_per_layer(model, plan))
 
 
 def in_flight_factor(plan: TrainingPlan) -> jax.Array:
@@ -157,16 +159,16 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
     # what their `recompute` mode stores.
     full_frac = plan.recomputed_fraction(model.layers)
     off_frac = plan.offloaded_fraction(model.layers)
-    kept = offloaded_bytes_per_layer(model, plan)
+    stored = stored_bytes_per_layer(model, plan)
     per_layer = (full_frac * _full_recompute_bytes(model, plan)
-                 + (1.0 - full_frac - off_frac) * kept)
+                 + (1.0 - full_frac - off_frac) * stored)
     layers_per_stage = model.layers / plan.pp
     acts = layers_per_stage * per_layer * in_flight_factor(plan)
     # Recomputation rebuilds one layer's full set of activations at a time during the backward
     # pass; offloading stages one layer's activations in HBM while they are copied.
     no_recompute = _layer_bytes(model, plan, plan.flash_attention == 0)
     working = (jnp.where(full_frac > 0, no_recompute, 0.0)
-               + jnp.where(off_frac > 0, kept, 0.0))
+               + jnp.where(off_frac > 0, stored, 0.0))
     # Input-embedding dropout mask (s b h / t bytes per micro-batch in flight, Korthikanti Sec 4.3).
     embed = (model.dropout * model.seq_len / plan.cp * plan.micro_batch * model.hidden / plan.tp
              * jnp.minimum(plan.pp, plan.num_micro_batches))

@@ -45,6 +45,16 @@ def test_train_memory_recipe_flags(capsys):
     assert "offload_exposed" not in run(capsys, *base)[1]
     code, _, err = run(capsys, *base, "--offload-layers", "-1")
     assert code == 2 and "offload_layers" in err
+    code, _, err = run(capsys, *base, "--offload-layers", "81")
+    assert code == 2 and "--offload-layers 81 exceeds the layers per pipeline chunk" in err
+    code, _, err = run(capsys, *base, "--recompute-layers", "200")
+    assert code == 2 and "--recompute-layers 200" in err
+    code, _, err = run(capsys, *base[:-2], "--recompute", "full", "--offload-layers", "40")
+    assert code == 2 and "no effect with --recompute full" in err
+    # Megatron-LM's gradient default: 16-bit with fp16, fp32 with bf16.
+    fp16 = json.loads(run(capsys, *base[:-2], "--precision", "fp16", "--json")[1])
+    bf16 = json.loads(run(capsys, *base[:-2], "--precision", "bf16", "--json")[1])
+    assert fp16["memory_gb"]["gradients"] == pytest.approx(bf16["memory_gb"]["gradients"] / 2)
 
 
 def test_train_zero3_per_matrix_pays_more_gathers(capsys):
