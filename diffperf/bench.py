@@ -47,7 +47,8 @@ def random_plans(n: int, gpus: int = 1024, global_batch: int = 1536, seed: int =
         recompute=rng.integers(0, 3, n), zero=rng.integers(0, 4, n), precision=np.ones(n),
         flash_attention=rng.integers(0, 2, n), overlap_tp=np.ones(n),
         overlap_tp_backward=np.ones(n), overlap_dp=np.ones(n), zero3_per_matrix=np.zeros(n),
-        recompute_layers=np.zeros(n), offload_layers=np.zeros(n), fp32_gradients=np.ones(n))
+        recompute_layers=np.zeros(n), offload_layers=np.zeros(n), fp32_gradients=np.ones(n),
+        account_embedding_loss=np.zeros(n))
 
 
 def _slice(tree, i, j):

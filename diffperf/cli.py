@@ -65,6 +65,9 @@ def _add_train(sub):
     p.add_argument("--offload-layers", type=int, default=0,
                    help="layers per pipeline chunk whose activations are offloaded to host "
                         "memory (Megatron-core's cpu_offloading_num_layers; default 0)")
+    p.add_argument("--account-embedding-loss", action="store_true",
+                   help="count the embedding and the LM head + loss as one pipeline layer each "
+                        "(Megatron's account_for_{embedding,loss}_in_pipeline_split)")
     p.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
     p.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=None,
                    help="fp32 gradient buffer and reduction; --no-fp32-gradients for 16-bit "
@@ -130,6 +133,7 @@ def _train_inputs(args):
                         overlap_dp=int(args.overlap_dp), zero3_per_matrix=int(args.zero3_per_matrix),
                         fp32_gradients=int(args.fp32_gradients if args.fp32_gradients is not None
                                            else args.precision != "fp16"),
+                        account_embedding_loss=int(args.account_embedding_loss),
                         recompute_layers=args.recompute_layers,
                         offload_layers=args.offload_layers)
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu)

@@ -67,6 +67,11 @@ class TrainingPlan(eqx.Module):
       `grad_reduce_in_fp32=False`; PyTorch DDP and DeepSpeed reduce in the parameters' dtype):
       half the gradient memory and data-parallel gradient traffic. fp32 training always keeps
       fp32 gradients.
+    - `account_embedding_loss`: 1 to count the input embedding and the LM head + loss as one
+      layer each when splitting the layers over pipeline chunks (Megatron's
+      `account_for_embedding_in_pipeline_split` / `account_for_loss_in_pipeline_split`, used by
+      NVIDIA's Llama-3.1 405B recipes): layers + 2 slots over pp * vp chunks, so the first and
+      the last chunk each hold one transformer layer fewer. No effect with pp = 1.
     - `zero3_per_matrix`: ZeRO-3 collective granularity: 0 one transformer layer per gather /
       reduce-scatter (FSDP units: PyTorch FSDP, Megatron-FSDP), 1 one per weight matrix
       (DeepSpeed ZeRO-3 gathers parameter by parameter; biases and norms stay replicated). The
@@ -93,13 +98,14 @@ class TrainingPlan(eqx.Module):
     zero3_per_matrix: jax.Array = eqx.field(converter=as_float, default=0)
     recompute_layers: jax.Array = eqx.field(converter=as_float, default=0)
     fp32_gradients: jax.Array = eqx.field(converter=as_float, default=1)
+    account_embedding_loss: jax.Array = eqx.field(converter=as_float, default=0)
     offload_layers: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):
             check_integer("TrainingPlan", name, getattr(self, name))
         for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_tp_backward",
-                     "overlap_dp", "zero3_per_matrix", "fp32_gradients"):
+                     "overlap_dp", "zero3_per_matrix", "fp32_gradients", "account_embedding_loss"):
             check_choice("TrainingPlan", name, getattr(self, name), {0: "off", 1: "on"})
         check_choice("TrainingPlan", "recompute", self.recompute, RECOMPUTE)
         for name in ("recompute_layers", "offload_layers"):
@@ -121,6 +127,21 @@ class TrainingPlan(eqx.Module):
     def gradient_bytes(self) -> jax.Array:
         """Bytes per gradient element held and reduced: 4 (fp32 buffer or fp32 training) or 2."""
         return jnp.where((self.fp32_gradients > 0) | (self.precision == 0), 4.0, 2.0)
+
+    def _split_slots(self) -> jax.Array:
+        """True where the embedding and the loss each take one layer slot of the split."""
+        return (self.account_embedding_loss > 0) & (self.pp > 1)
+
+    def end_stage_layers(self, layers) -> jax.Array:
+        """Transformer layers on the first (and on the last) pipeline stage: layers / pp, or
+        (layers + 2) / pp - 1 with `account_embedding_loss`."""
+        return jnp.where(self._split_slots(), (layers + 2.0) / self.pp - 1.0, layers / self.pp)
+
+    def middle_stage_layers(self, layers) -> jax.Array:
+        """Transformer layers on a middle pipeline stage (as many as an end stage when pp < 3
+        or without `account_embedding_loss`)."""
+        return jnp.where(self._split_slots() & (self.pp > 2), (layers + 2.0) / self.pp,
+                         self.end_stage_layers(layers))
 
     def chunk_layers(self, layers) -> jax.Array:
         """Transformer layers in one pipeline chunk, layers / (pp * vp) (fractional when uneven)."""

@@ -92,10 +92,12 @@ def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
 
 def even_layout(model: Transformer, plan) -> jax.Array:
     """True where every pipeline stage (every interleaved chunk) holds the same whole number of
-    layers: pp * vp divides the layer count. `train_step` models other layouts as perfectly
+    layers: pp * vp divides the layer count (the layer count + 2 with
+    `account_embedding_loss`, where the embedding and the loss fill one slot each). `train_step` models other layouts as perfectly
     balanced (fractional layers per stage), which needs a custom pipeline layout in practice
     and is optimistic when the per-GPU layer counts differ, so searches skip them by default."""
-    return jnp.mod(model.layers, plan.pp * plan.vp) == 0
+    slots = model.layers + jnp.where((plan.account_embedding_loss > 0) & (plan.pp > 1), 2.0, 0.0)
+    return jnp.mod(slots, plan.pp * plan.vp) == 0
 
 
 def offload_supported(model: Transformer, plan) -> jax.Array:

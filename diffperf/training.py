@@ -253,19 +253,23 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     acc, net = system.accelerator, system.network
     layer = _layer_costs(model, plan, system, eff)
     m = plan.num_micro_batches
-    layers_per_stage = model.layers / plan.pp
     head = _head_time(model, plan, system, eff)
 
-    per_mb_compute = layers_per_stage * (layer.forward + layer.backward + layer.recompute) + head
+    # The slowest stage sets the steady-state pace (m micro-batches): the last one, which also
+    # runs the LM head, unless `account_embedding_loss` gave it one layer fewer than the middle
+    # stages and the head is cheaper than a layer.
+    per_layer = layer.forward + layer.backward + layer.recompute
+    n_end, n_mid = plan.end_stage_layers(model.layers), plan.middle_stage_layers(model.layers)
+    mid_paces = n_mid * (per_layer + layer.comm) > n_end * (per_layer + layer.comm) + head
+    layers_per_stage = jnp.where(mid_paces, n_mid, n_end)  # on the pacing stage
+    per_mb_compute = layers_per_stage * per_layer + jnp.where(mid_paces, 0.0, head)
     per_mb_comm = layers_per_stage * layer.comm
     compute = m * per_mb_compute
     recompute = m * layers_per_stage * layer.recompute
     tp_comm = m * per_mb_comm
-    # The last stage (LM head) is the slowest and sets the steady-state pace (m micro-batches
-    # above); filling and draining the pipeline passes the other pp - 1 stages, which carry only
-    # their layers.
-    bubble = (plan.pp - 1.0) / plan.vp * layers_per_stage * (
-        layer.forward + layer.backward + layer.recompute + layer.comm)
+    # Filling and draining the pipeline passes the other pp - 1 stages, which carry only their
+    # layers.
+    bubble = (plan.pp - 1.0) / plan.vp * model.layers / plan.pp * (per_layer + layer.comm)
 
     # Pipeline: one activation send per chunk boundary per micro-batch, each way (Megatron's
     # scatter-gather splits it over the TP group); on the critical path (v m + p - 1) times.

@@ -73,12 +73,12 @@ def params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
     """Parameters held by one GPU of the first pipeline stage before ZeRO sharding, count.
 
     Dense weights are split over `tp`; expert weights over `tp * ep`; the stage holds L / pp
-    layers plus the input embedding (V h / tp).
+    layers (`TrainingPlan.end_stage_layers`) plus the input embedding (V h / tp).
     """
     expert = model.num_experts * model.mlp_matrices * model.hidden * model.ffn_hidden
     dense = model.layer_params() - expert
     per_layer = dense / plan.tp + expert / (plan.tp * plan.ep)
-    return model.layers / plan.pp * per_layer + model.vocab * model.hidden / plan.tp
+    return plan.end_stage_layers(model.layers) * per_layer + model.vocab * model.hidden / plan.tp
 
 
 def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Array:
@@ -162,8 +162,7 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
     stored = stored_bytes_per_layer(model, plan)
     per_layer = (full_frac * _full_recompute_bytes(model, plan)
                  + (1.0 - full_frac - off_frac) * stored)
-    layers_per_stage = model.layers / plan.pp
-    acts = layers_per_stage * per_layer * in_flight_factor(plan)
+    acts = plan.end_stage_layers(model.layers) * per_layer * in_flight_factor(plan)
     # Recomputation rebuilds one layer's full set of activations at a time during the backward
     # pass; offloading stages one layer's activations in HBM while they are copied.
     no_recompute = _layer_bytes(model, plan, plan.flash_attention == 0)
