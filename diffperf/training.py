@@ -259,10 +259,12 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # runs the LM head, unless `account_embedding_loss` gave it one layer fewer than the middle
     # stages and the head is cheaper than a layer.
     per_layer = layer.forward + layer.backward + layer.recompute
-    n_end, n_mid = plan.end_stage_layers(model.layers), plan.middle_stage_layers(model.layers)
-    mid_paces = n_mid * (per_layer + layer.comm) > n_end * (per_layer + layer.comm) + head
-    layers_per_stage = jnp.where(mid_paces, n_mid, n_end)  # on the pacing stage
-    per_mb_compute = layers_per_stage * per_layer + jnp.where(mid_paces, 0.0, head)
+    layers_per_stage = plan.end_stage_layers(model.layers)
+    extra = plan.middle_stage_layers(model.layers) - layers_per_stage  # 1 or 0 more mid-pipeline
+    # The last stage's LM head against a middle stage's extra layer, whichever costs more (the
+    # extra layer's communication is then counted as compute).
+    per_mb_compute = (layers_per_stage * per_layer
+                      + jnp.maximum(extra * (per_layer + layer.comm), head))
     per_mb_comm = layers_per_stage * layer.comm
     compute = m * per_mb_compute
     recompute = m * layers_per_stage * layer.recompute

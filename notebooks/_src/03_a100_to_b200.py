@@ -97,8 +97,8 @@ for s, w, ratio in A.CLAIMS:
     print(f"claim {ratio:4.1f}x  {w}  [{s}]")
 
 # %% [markdown]
-# **Finding.** At an equal 1,024 GPUs, B200 trains GPT-3 175B 8.2x faster than A100 in fp8
-# (16.85 s to 2.06 s per step) and 11.7x in fp4 (1.44 s); GB200 NVL72 reaches 9.7x and H100 3.8x.
+# **Finding.** At an equal 1,024 GPUs, B200 trains GPT-3 175B 8.1x faster than A100 in fp8
+# (16.86 s to 2.07 s per step) and 11.7x in fp4 (1.44 s); GB200 NVL72 reaches 9.6x and H100 3.8x.
 # Tensor FLOP/s (4.34x) and precision (1.29x) give 82 % of the B200 log speed-up, the three
 # network factors together 1.17x, HBM bandwidth and capacity 1.08x, the re-chosen plan 1.16x.
 # The paper's ~35x is a system-scale comparison (more GPUs per system, fp4, best plans): the
