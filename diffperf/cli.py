@@ -98,7 +98,7 @@ def _add_train(sub):
 
 
 def _train_inputs(args):
-    from .plans import TrainingPlan
+    from .plans import TrainingPlan, layer_count_error
     model = _load_model(args.model, args.seq_len)
     system = presets.system(args.system or args.gpu, nvlink_domain=args.nvlink_domain)
     if args.system and args.gpu:
@@ -114,15 +114,11 @@ def _train_inputs(args):
         if dp * per_replica != args.gpus:
             raise CliError(f"tp*pp*dp*cp = {dp * per_replica} does not equal --gpus {args.gpus}")
     sp = args.sequence_parallel if args.sequence_parallel is not None else args.tp > 1
-    chunk = float(model.layers) / (args.pp * args.vp)
-    for flag, n in (("--recompute-layers", args.recompute_layers),
-                    ("--offload-layers", args.offload_layers)):
-        if n > chunk:
-            raise CliError(f"{flag} {n} exceeds the layers per pipeline chunk "
-                           f"(layers / (pp * vp) = {chunk:g})")
-    if args.offload_layers and args.recompute == "full":
-        raise CliError(f"--offload-layers {args.offload_layers} has no effect with --recompute "
-                       f"full (no stored activations to offload)")
+    problem = layer_count_error(float(model.layers), args.pp, args.vp, args.recompute == "full",
+                                args.recompute_layers, args.offload_layers,
+                                name=lambda f: "--" + f.replace("_", "-"))
+    if problem:
+        raise CliError(problem)
     plan = TrainingPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep,
                         micro_batch=args.micro_batch, global_batch=args.global_batch,
                         vp=args.vp, sequence_parallel=int(sp), recompute=args.recompute,

@@ -10,7 +10,7 @@ import pandas as pd
 
 from .hardware import PRECISION_CODES
 from .model import Transformer
-from .plans import RECOMPUTE_CODES, TrainingPlan
+from .plans import RECOMPUTE_CODES, TrainingPlan, layer_count_error
 from .presets import gpu_names, system
 
 COMMON = ("id", "kind", "source", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
@@ -211,12 +211,8 @@ def train_specs(row: BenchmarkRow):
                         account_embedding_loss=v.get("account_embedding_loss", 0),
                         recompute_layers=v.get("recompute_layers", 0),
                         offload_layers=v.get("offload_layers", 0))
-    chunk = v["layers"] / (v["pp"] * v["vp"])
-    for c in ("recompute_layers", "offload_layers"):
-        if v.get(c, 0) > chunk:
-            raise ValueError(f"{c} = {v[c]:g} exceeds the layers per pipeline chunk "
-                             f"(layers / (pp * vp) = {chunk:g})")
-    if v.get("offload_layers", 0) > 0 and v["recompute"] in ("full", 2):
-        raise ValueError(f"offload_layers = {v['offload_layers']:g} has no effect with full "
-                         f"recompute (no stored activations to offload)")
+    problem = layer_count_error(v["layers"], v["pp"], v["vp"], v["recompute"] == "full",
+                                v.get("recompute_layers", 0), v.get("offload_layers", 0))
+    if problem:
+        raise ValueError(problem)
     return model, sys_, plan

@@ -26,6 +26,22 @@ def _code(table: dict[str, int], field: str):
     return convert
 
 
+def layer_count_error(layers: float, pp: float, vp: float, full_recompute: bool,
+                      recompute_layers: float, offload_layers: float, name=str) -> str | None:
+    """Why `recompute_layers` / `offload_layers` do not fit the layout, or None: each counts
+    layers of one pipeline chunk (layers / (pp * vp)), and full recompute leaves no stored
+    activations to offload. `name` spells a field for the message (a CLI flag, a CSV column)."""
+    chunk = layers / (pp * vp)
+    for field, n in (("recompute_layers", recompute_layers), ("offload_layers", offload_layers)):
+        if n > chunk:
+            return (f"{name(field)} {n:g} exceeds the layers per pipeline chunk "
+                    f"(layers / (pp * vp) = {chunk:g})")
+    if offload_layers > 0 and full_recompute:
+        return (f"{name('offload_layers')} {offload_layers:g} has no effect with "
+                f"{name('recompute')} full (no stored activations to offload)")
+    return None
+
+
 class TrainingPlan(eqx.Module):
     """How one training job is parallelised and run.
 

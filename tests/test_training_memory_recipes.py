@@ -238,13 +238,13 @@ def test_published_runs_fit_in_their_gpus():
     setting that fits sit close to capacity. A regression check on real data, not an
     independent test of the physics: the recipe settings (offloading, 16-bit gradients) were
     looked up for the runs that did not fit before."""
-    from diffperf.presets import default_efficiency
-    eff = default_efficiency()
-    mem = eqx.filter_jit(lambda m, p: training_memory(m, p, eff).total)
+    from diffperf.presets import gpu
+    from diffperf.validate import predict_train_rows
+    predicted, failed = predict_train_rows(read_benchmarks("benchmarks_data/train_calibration.csv"))
+    assert failed == []
     over, tight = [], []
-    for row in read_benchmarks("benchmarks_data/train_calibration.csv"):
-        model, system, plan = train_specs(row)
-        use = float(mem(model, plan)) / float(system.accelerator.hbm_capacity)
+    for row, pred, _ in predicted:  # one batched prediction of every row
+        use = pred["peak_memory_gb"] * 1e9 / float(gpu(row.values["gpu"]).hbm_capacity)
         if use > 1.0:
             over.append((row.id, round(use, 4)))
         if use > 0.9:
@@ -319,3 +319,13 @@ def test_embedding_and_loss_count_as_pipeline_layers(step, dgx_h100, eff):
     # the balanced split's 15.75 + head.
     r_on, r_off = step(m, dgx_h100, on, eff), step(m, dgx_h100, off, eff)
     assert float(r_on.compute_time) < float(r_off.compute_time)
+
+
+def test_layer_count_errors_name_the_field():
+    """One rule for the CLI and the CSV: counts are per pipeline chunk, and full recompute
+    leaves nothing to offload."""
+    from diffperf.plans import layer_count_error
+    assert layer_count_error(80, 4, 5, False, 4, 4) is None  # 4 layers per chunk
+    assert layer_count_error(80, 4, 5, False, 5, 0).startswith("recompute_layers 5 exceeds")
+    assert "offload_layers 40 has no effect with recompute full" in layer_count_error(
+        80, 1, 1, True, 0, 40)
