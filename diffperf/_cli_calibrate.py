@@ -106,6 +106,10 @@ def run_calibrate(args) -> int:
         fit.cv = {args.cv: cv["summary"]}
         fit.metadata["cv_mape"] = {args.cv: {k: v["mape"] for k, v in
                                              cv["summary"]["metric"].items()}}
+        if args.cv in ("source", "kfold"):
+            # Prediction intervals for new configurations carry the held-out error.
+            from .calibrate_uncertainty import use_cross_validated_error
+            use_cross_validated_error(fit, cv["predictions"], args.cv)
     fit.save(out)
     ins = summaries(fit.predictions)
     if args.json:

@@ -47,7 +47,8 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     add_per_head_decode(p)
     p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
     p.add_argument("--interval", action="store_true",
-                   help="also print the 90%% prediction interval of the end-to-end latency")
+                   help="also print the 90%% prediction intervals of TTFT and end-to-end latency "
+                        "(parameter uncertainty + the model's held-out error on that quantity)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", default=None, help="save a roofline plot to this file (matplotlib)")
     p.set_defaults(func=run_infer)
@@ -93,13 +94,17 @@ def _print(args, s: dict, table, capacity: float) -> None:
     m = s["memory_gb"]
     print(f"{args.model} on {s['num_gpus']} x {args.gpu} (tp={args.tp}, pp={args.pp}), "
           f"batch {args.batch}, {args.input} in / {args.output} out, {args.precision}")
+    def interval(field):
+        if field in s:
+            iv = s[field]
+            print(f"    prediction    {iv['text']}" if "text" in iv else
+                  f"    (no interval: {iv['error']})")
+
     print(f"  TTFT            {s['ttft_s'] * 1e3:10.2f} ms")
+    interval("ttft_interval_s")
     print(f"  TPOT            {s['tpot_s'] * 1e3:10.2f} ms")
     print(f"  e2e latency     {s['e2e_latency_s']:10.3f} s")
-    if "e2e_latency_interval_s" in s:
-        iv = s["e2e_latency_interval_s"]
-        print(f"    prediction    {iv['text']}" if "text" in iv else
-              f"    (no interval: {iv['error']})")
+    interval("e2e_latency_interval_s")
     print(f"  throughput      {s['throughput_tok_s']:10.1f} output tok/s "
           f"({s['output_tok_s_per_gpu']:.1f} per GPU)")
     print(f"  memory per GPU  {m['total']:10.1f} GB of {capacity / 1e9:.0f} GB (weights "
@@ -137,13 +142,16 @@ def run_infer(args) -> int:
     summary = _summary(rep)
     if args.interval:
         from .calibrate_uncertainty import prediction_interval
-        try:
-            iv = prediction_interval(lambda e: infer(mdl, sys_, plan, e).e2e_latency,
-                                     args.efficiency, 0.9, args.gpu, "infer")
-            summary["e2e_latency_interval_s"] = {"level": iv.level, "low": iv.low,
-                                                 "high": iv.high, "text": iv.format("s", 3)}
-        except ValueError as e:
-            summary["e2e_latency_interval_s"] = {"error": str(e)}
+        for quantity, field, unit, scale in (("ttft", "ttft_interval_s", "ms", 1e3),
+                                             ("e2e_latency", "e2e_latency_interval_s", "s", 1.0)):
+            try:
+                iv = prediction_interval(
+                    lambda e, q=quantity: getattr(infer(mdl, sys_, plan, e), q) * scale,
+                    args.efficiency, 0.9, args.gpu, "infer", quantity=quantity)
+                summary[field] = {"level": iv.level, "low": iv.low / scale,
+                                  "high": iv.high / scale, "text": iv.format(unit, 3)}
+            except ValueError as e:
+                summary[field] = {"error": str(e)}
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
     context = args.input + args.output

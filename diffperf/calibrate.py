@@ -579,7 +579,8 @@ class Fit:
                "residual_sd": self.residual_sd,
                "convention": "Laplace: cov = 2 s^2 / N * H^-1 of the loss in theta; s^2 = "
                              "sum of squared log residuals / (N - P); residual_sd = RMS log "
-                             "residual (model error) per kind"}
+                             "residual (model error) per quantity, kind and overall, from the "
+                             "residuals named by metadata.residual_sd_basis"}
         if self.covariance is not None:
             unc["covariance"] = np.asarray(self.covariance).tolist()
         out["uncertainty"] = unc
@@ -663,11 +664,8 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
     lp_t, lp_i = res.aux[0][0], res.aux[1][0]
     preds = predictions_table(ds, lp_t, lp_i, w_t, w_i)
     shared, per_gpu = par.factors(theta)
-    resid = {k: [math.log(p["predicted"] / p["measured"]) for p in preds if p["kind"] == k]
-             for k in ("train", "infer")}
-    residual_sd = {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in resid.items() if v}
-    all_r = [x for v in resid.values() for x in v]
-    residual_sd["all"] = float(np.sqrt(np.mean(np.square(all_r)))) if all_r else 0.0
+    from .calibrate_uncertainty import residual_sds
+    residual_sd = residual_sds(preds)
     meta = {
         "data_sha256": ds.sha256, "data_files": [p.name for p in ds.paths],
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
@@ -677,6 +675,7 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
         "command": command, "prior_weight": prior_weight,
         "group_prior_weight": group_prior_weight, "balance": problem.balance,
         "excluded_rows": [e["id"] for e in ds.excluded + problem.infeasible()],
+        "residual_sd_basis": "in-sample",
     }
     fit = Fit(par, theta, float(res.loss[0]), shared, per_gpu, preds,
               ds.excluded + problem.infeasible(), meta, residual_sd=residual_sd,

@@ -10,10 +10,16 @@ the Laplace approximation at the optimum is Gaussian with
 and `s^2 = sum r_i^2 / max(N - P, 1)` (P = len(theta)). This treats the cells as independent,
 which they are not (two columns of one row, one systematic model error across a table), so the
 parameter covariance is optimistic; the prediction interval therefore also adds the model error
-`residual_sd` (RMS in-sample log residual of the row's kind) by default:
+`residual_sd` by default:
 
-    var(log f) = g^T cov g + residual_sd^2,    g = d log f(eff(theta)) / d theta,
+    var(log f) = g^T cov g + residual_sd[q]^2,    g = d log f(eff(theta)) / d theta,
     interval = f * exp(+-z sd),  z = Phi^-1((1 + level) / 2).
+
+`residual_sd[q]` is the RMS log residual of the predicted quantity q (`QUANTITIES`: a training
+step, an end-to-end inference latency, a first-token latency). `calibrate` sets it from the
+in-sample residuals; `calibration/refit.py` replaces it with the leave-one-source-out residuals
+(the error on tables the fit never saw, which is what a new configuration faces) and measures
+how many held-out values fall inside their interval (`interval_coverage`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,98 @@ from statistics import NormalDist
 from typing import Callable
 
 import numpy as np
+
+
+#: Measured columns grouped by the quantity they measure; one model error per quantity.
+#: Training tokens/s and model TFLOP/s are the step time in other units; output tokens/s per
+#: GPU and TPOT are the end-to-end latency of a throughput run in other units.
+QUANTITIES = {
+    "step_time": ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu"),
+    "e2e_latency": ("e2e_latency_s", "output_tok_s_per_gpu", "tpot_s"),
+    "ttft": ("ttft_s",),
+}
+
+
+def quantity_of(metric: str) -> str:
+    """The `QUANTITIES` key a measured column belongs to."""
+    for q, cols in QUANTITIES.items():
+        if metric in cols:
+            return q
+    raise ValueError(f"unknown measured column {metric!r}")
+
+
+def residual_sds(preds: list[dict]) -> dict:
+    """RMS log residual log(predicted / measured) per quantity (`QUANTITIES`), per kind
+    ("train", "infer") and over everything ("all"), from prediction cells as
+    `calibrate.predictions_table` makes them (in-sample or cross-validated)."""
+    groups: dict = {}
+    for p in preds:
+        r = math.log(p["predicted"] / p["measured"])
+        for key in (quantity_of(p["metric"]), p["kind"], "all"):
+            groups.setdefault(key, []).append(r)
+    return {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in groups.items()}
+
+
+def model_error_sd(residual_sd: dict, quantity: str | None = None,
+                   kind: str | None = None) -> float:
+    """The model error that applies to a prediction: that of its quantity, else of its kind,
+    else the overall one (0 when the fit recorded none)."""
+    for key in (quantity, kind, "all"):
+        if key is not None and key in residual_sd:
+            return float(residual_sd[key])
+    return 0.0
+
+
+def use_cross_validated_error(fit, cv_predictions: list[dict], cv_kind: str) -> None:
+    """Make `fit`'s prediction intervals use the model error measured by cross-validation
+    (`residual_sds` of the held-out predictions) instead of the in-sample one. Only for CV
+    kinds that hold out every row ("source", "kfold")."""
+    if cv_kind not in ("source", "kfold"):
+        raise ValueError(f"cross-validation {cv_kind!r} does not hold out every row")
+    fit.residual_sd = residual_sds(cv_predictions)
+    fit.metadata["residual_sd_basis"] = f"cross-validated ({cv_kind})"
+
+
+def cell_parameter_sd(problem, theta, covariance) -> tuple[np.ndarray, np.ndarray]:
+    """Parameter part of the log-prediction standard deviation, sqrt(g^T cov g), of every
+    train [Rt, 3] and infer [Ri, 4] cell of `problem` at `theta` (forward-mode Jacobian of
+    the batched model, one pass per parameter)."""
+    import jax
+    import jax.numpy as jnp
+    w_t, w_i = (jnp.asarray(w) for w in problem.base_weights())
+    lp = lambda th: problem.loss(th, w_t, w_i)[1][:2]
+    j_t, j_i = jax.jit(jax.jacfwd(lp))(jnp.asarray(theta))
+    cov = np.asarray(covariance)
+    sd = lambda j: np.sqrt(np.maximum(np.einsum("...p,pq,...q->...", np.asarray(j), cov,
+                                                np.asarray(j)), 0.0))
+    return sd(j_t), sd(j_i)
+
+
+def interval_coverage(preds: list[dict], residual_sd: dict, level: float = 0.9,
+                      parameter_sd: dict | None = None) -> dict:
+    """How often the `level` prediction interval contains the measured value.
+
+    `preds`: prediction cells (use held-out ones: `calibrate_cv.cross_validate`);
+    `parameter_sd`: optional `{(id, metric): sqrt(g^T cov g)}` added in quadrature to the
+    model error of the cell's quantity. **Returns** `{group: {"n", "inside" (fraction),
+    "half_width_pct" (mean half-width of the interval in percent of the prediction)}}` for
+    every quantity, kind, source and "all"."""
+    z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    groups: dict = {}
+    for p in preds:
+        q = quantity_of(p["metric"])
+        sd = model_error_sd(residual_sd, q, p["kind"])
+        if parameter_sd:
+            sd = math.hypot(sd, parameter_sd.get((p["id"], p["metric"]), 0.0))
+        inside = abs(math.log(p["predicted"] / p["measured"])) <= z * sd
+        width = (math.exp(z * sd) - math.exp(-z * sd)) / 2.0 * 100.0
+        for key in (q, p["kind"], "source:" + p["source"], "all"):
+            g = groups.setdefault(key, [0, 0, 0.0])
+            g[0] += 1
+            g[1] += inside
+            g[2] += width
+    return {k: {"n": n, "inside": k_in / n, "half_width_pct": w / n}
+            for k, (n, k_in, w) in groups.items()}
 
 
 def hessian(problem, theta, w_t, w_i, method: str = "fd") -> np.ndarray:
@@ -135,7 +233,8 @@ def load_uncertainty(fit=None) -> FitUncertainty:
 
 def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9,
                         gpu: str | None = None, kind: str | None = None,
-                        model_error: bool = True) -> PredictionInterval:
+                        model_error: bool = True,
+                        quantity: str | None = None) -> PredictionInterval:
     """Delta-method interval of a positive prediction `fn_of_efficiency(eff)`.
 
     **Arguments:**
@@ -145,9 +244,12 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     - `fit`: a `Fit`, a fitted JSON path, or None (the shipped calibration).
     - `level`: two-sided coverage (0.9 = 90 %).
     - `gpu`: GPU id whose per-GPU factors apply (None: shared factors).
-    - `kind`: `"train"` or `"infer"`: which model error to add (None: the overall one).
+    - `kind`: `"train"` or `"infer"`: which model error to add when the fit has none for
+      `quantity` (None: the overall one).
     - `model_error`: add the fit's RMS log residual (the model's own error, not only the
       parameter uncertainty). Without it the interval is a confidence interval of the model.
+    - `quantity`: what `fn_of_efficiency` predicts (a `QUANTITIES` key: `"step_time"`,
+      `"e2e_latency"`, `"ttft"`), which selects the model error of that quantity.
 
     **Returns:** a `PredictionInterval` (`str()` gives "12.9 s (90% interval 12.1 to 13.8 s)").
     """
@@ -161,22 +263,11 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     value, g = jax.value_and_grad(logf)(theta)
     value, g = float(value), np.asarray(g, dtype=np.float64)
     var = float(g @ u.covariance @ g)
+    if quantity is not None and quantity not in QUANTITIES:
+        raise ValueError(f"unknown quantity {quantity!r} (one of {', '.join(QUANTITIES)})")
     if model_error:
-        sd_m = u.residual_sd.get(kind) if kind else None
-        sd_m = u.residual_sd.get("all", 0.0) if sd_m is None else sd_m
-        var += float(sd_m) ** 2
+        var += model_error_sd(u.residual_sd, quantity, kind) ** 2
     sd = math.sqrt(max(var, 0.0))
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
     v = math.exp(value)
     return PredictionInterval(v, v * math.exp(-z * sd), v * math.exp(z * sd), level, sd)
-
-
-def interval_text(fn_of_efficiency: Callable, gpu: str | None, kind: str, unit: str = "s",
-                  level: float = 0.9, efficiency_path=None, digits: int = 3) -> str | None:
-    """For the CLI: "12.9 s (90% interval 12.1 to 13.8 s)", or None when the efficiency file
-    (default: the shipped one) carries no uncertainty section."""
-    try:
-        return prediction_interval(fn_of_efficiency, efficiency_path, level, gpu, kind).format(
-            unit, digits)
-    except ValueError:
-        return None

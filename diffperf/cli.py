@@ -223,7 +223,8 @@ def run_train(args) -> int:
         from .calibrate_uncertainty import prediction_interval
         try:
             iv = prediction_interval(lambda e: train_step(model, system, plan, e).step_time,
-                                     args.efficiency, 0.9, args.gpu, "train")
+                                     args.efficiency, 0.9, args.gpu, "train",
+                                     quantity="step_time")
             s["step_time_interval_s"] = {"level": iv.level, "low": iv.low, "high": iv.high,
                                          "text": iv.format("s", 3)}
         except ValueError as e:

@@ -1,0 +1,94 @@
+"""Prediction intervals: model error per predicted quantity, coverage of held-out values, and
+the intervals `diffperf train / infer --interval` print."""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from diffperf.calibrate import Parameterisation
+from diffperf.calibrate_uncertainty import (FitUncertainty, interval_coverage, model_error_sd,
+                                            prediction_interval, quantity_of, residual_sds)
+from diffperf.cli import main
+
+Z90 = NormalDist().inv_cdf(0.95)
+
+
+def cell(metric, kind, ratio, source="s1", id_="r"):
+    return {"id": id_, "kind": kind, "gpu": "g", "source": source, "metric": metric,
+            "measured": 10.0, "predicted": 10.0 * ratio, "ape": abs(ratio - 1) * 100}
+
+
+def test_quantities_group_columns_that_measure_the_same_thing():
+    assert quantity_of("tokens_per_s_per_gpu") == quantity_of("step_time_s") == "step_time"
+    assert quantity_of("output_tok_s_per_gpu") == quantity_of("e2e_latency_s") == "e2e_latency"
+    assert quantity_of("ttft_s") == "ttft"
+    with pytest.raises(ValueError, match="peak_memory_gb"):
+        quantity_of("peak_memory_gb")
+
+
+def test_residual_sds_are_rms_log_ratios_per_quantity_kind_and_overall():
+    e = math.e
+    preds = [cell("step_time_s", "train", e ** 0.1), cell("model_tflops_per_gpu", "train", e ** -0.3),
+             cell("ttft_s", "infer", e ** 0.2), cell("e2e_latency_s", "infer", 1.0)]
+    sd = residual_sds(preds)
+    assert sd["step_time"] == pytest.approx(math.sqrt((0.01 + 0.09) / 2))
+    assert sd["train"] == sd["step_time"]
+    assert sd["ttft"] == pytest.approx(0.2)
+    assert sd["e2e_latency"] == pytest.approx(0.0, abs=1e-12)
+    assert sd["infer"] == pytest.approx(math.sqrt(0.04 / 2))
+    assert sd["all"] == pytest.approx(math.sqrt((0.01 + 0.09 + 0.04) / 4))
+    # Lookup falls back from the quantity to the kind to everything.
+    assert model_error_sd({"infer": 0.3, "all": 0.1}, "ttft", "infer") == 0.3
+    assert model_error_sd({"all": 0.1}, "ttft", "infer") == 0.1
+    assert model_error_sd({}, "ttft") == 0.0
+
+
+def test_coverage_counts_values_inside_the_interval():
+    # Model error s with z*s = 0.25: log residuals 0, 0.1, -0.2 are inside, 0.3 is not.
+    s = 0.25 / Z90
+    preds = [cell("step_time_s", "train", math.exp(r), source=src, id_=f"r{i}")
+             for i, (r, src) in enumerate([(0.0, "a"), (0.1, "a"), (-0.2, "b"), (0.3, "b")])]
+    cov = interval_coverage(preds, {"step_time": s}, 0.9)
+    assert cov["all"]["n"] == 4 and cov["all"]["inside"] == pytest.approx(0.75)
+    assert cov["source:a"]["inside"] == 1.0 and cov["source:b"]["inside"] == 0.5
+    assert cov["step_time"]["half_width_pct"] == pytest.approx(
+        (math.exp(0.25) - math.exp(-0.25)) / 2 * 100)
+    # Parameter uncertainty widens the interval: with it the 0.3 residual is covered.
+    wide = interval_coverage(preds, {"step_time": s}, 0.9, {("r3", "step_time_s"): 0.2})
+    assert wide["all"]["inside"] == 1.0
+
+
+def test_interval_uses_the_model_error_of_its_quantity():
+    par = Parameterisation.build(groups=())
+    theta = np.asarray(par.theta_from())
+    u = FitUncertainty(par, theta, np.zeros((theta.size, theta.size)),
+                       {"ttft": 0.2, "e2e_latency": 0.05, "infer": 0.1, "all": 0.1})
+    f = lambda e: 3.0 * e.hbm
+    for quantity, sd in (("ttft", 0.2), ("e2e_latency", 0.05), (None, 0.1)):
+        iv = prediction_interval(f, u, 0.9, kind="infer", quantity=quantity)
+        assert iv.high / iv.value == pytest.approx(math.exp(Z90 * sd), rel=1e-9)
+        assert iv.value / iv.low == pytest.approx(math.exp(Z90 * sd), rel=1e-9)
+    with pytest.raises(ValueError, match="'latency'"):
+        prediction_interval(f, u, 0.9, quantity="latency")
+
+
+def test_infer_cli_prints_ttft_and_e2e_intervals(capsys):
+    shipped = json.loads(resources.files("diffperf.presets").joinpath("efficiency.json")
+                         .read_text())["uncertainty"]["residual_sd"]
+    code = main(["infer", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb", "--tp", "1",
+                 "--batch", "1", "--input", "128", "--output", "64", "--interval", "--json"])
+    s = json.loads(capsys.readouterr().out)
+    assert code == 0
+    for field, value, q in (("ttft_interval_s", s["ttft_s"], "ttft"),
+                            ("e2e_latency_interval_s", s["e2e_latency_s"], "e2e_latency")):
+        iv = s[field]
+        assert iv["low"] < value < iv["high"], field
+        # The model error of the quantity is a floor of the interval's log half-width.
+        assert math.log(iv["high"] / value) >= Z90 * shipped[q] * (1 - 1e-9), field
+    assert "ms (90% interval" in s["ttft_interval_s"]["text"]
