@@ -189,6 +189,9 @@ def test_cli_writes_loadable_fit(report):
     assert set(data) >= {"factors", "per_gpu", "metadata", "uncertainty", "crossval"}
     meta = data["metadata"]
     assert len(meta["data_sha256"]) == 64 and "kfold" in meta["cv_mape"]
+    # With a CV that holds out every row, intervals carry the held-out (not in-sample) error.
+    assert meta["residual_sd_basis"] == "cross-validated (kfold)"
+    assert data["uncertainty"]["residual_sd"]["step_time"] > 0
     from diffperf.presets import efficiency_from_json
     eff = efficiency_from_json(Path(report["tmp"]) / "fitted.json")
     assert abs(float(eff.matmul_peak) - TRUE["matmul_peak"]) / TRUE["matmul_peak"] < 0.01
