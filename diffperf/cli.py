@@ -159,6 +159,8 @@ def training_summary(report, system) -> dict:
             "optimizer": float(mem.optimizer) / 1e9, "activations": float(mem.activations) / 1e9,
             "reserved": float(mem.reserved) / 1e9, "total": float(mem.total) / 1e9,
             "capacity": float(system.accelerator.hbm_capacity) / 1e9,
+            "host_offloaded": float(mem.host) / 1e9,
+            "host_capacity": float(system.accelerator.host_memory) / 1e9,
         },
         "fits": bool(r.fits),
         "mfu": float(r.mfu), "hfu": float(r.hfu),
@@ -166,7 +168,9 @@ def training_summary(report, system) -> dict:
         "tokens_per_s_per_gpu": float(r.tokens_per_s_per_gpu),
         "num_gpus": int(round(float(r.num_gpus))),
         "feasible": bool(r.feasible),
-        "reason": explain(reason, float(mem.total), float(system.accelerator.hbm_capacity)),
+        "reason": (explain(reason, float(mem.host), float(system.accelerator.host_memory))
+                   if reason == 12 else
+                   explain(reason, float(mem.total), float(system.accelerator.hbm_capacity))),
     }
 
 
@@ -198,6 +202,9 @@ def _print_training(args, s: dict, plan) -> None:
           f"(weights {m['weights']:.1f}, grads {m['gradients']:.1f}, optimizer "
           f"{m['optimizer']:.1f}, activations {m['activations']:.1f}, reserved "
           f"{m['reserved']:.1f})")
+    if args.offload_layers:
+        print(f"  host memory per GPU  {m['host_offloaded']:9.1f} GB of {m['host_capacity']:.0f} GB"
+              f"  (offloaded activations)")
     print(f"  feasible             {'yes' if s['feasible'] else 'NO: ' + s['reason']}")
     if "note" in s:
         print(f"  note: {s['note']}")

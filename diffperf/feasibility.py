@@ -23,6 +23,7 @@ REASONS = {
     9: "the GPU has no tensor cores for this precision",
     10: "does not fit in HBM",
     11: "batch * (input + output) exceeds the model's context or the plan is otherwise invalid",
+    12: "offloaded activations do not fit in host memory",
 }
 
 
@@ -38,8 +39,10 @@ def _first_failure(checks: list[jax.Array]) -> jax.Array:
     return reason
 
 
-def training_reason(model: Transformer, plan, acc: Accelerator, memory_total) -> jax.Array:
-    """Reason code of a training plan (see `REASONS`)."""
+def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
+                    host_total=0.0) -> jax.Array:
+    """Reason code of a training plan (see `REASONS`); `host_total` = offloaded activation
+    bytes per GPU in host memory."""
     m = plan.num_micro_batches
     checks = [
         _divides(plan.tp, model.heads),
@@ -52,6 +55,8 @@ def training_reason(model: Transformer, plan, acc: Accelerator, memory_total) ->
         _divides(plan.ep, model.num_experts) & _divides(plan.ep, plan.dp * plan.cp),
         acc.peak_flops(plan.precision) > 0,
         memory_total <= acc.hbm_capacity,
+        jnp.asarray(True),  # 11: inference only
+        host_total <= acc.host_memory,
     ]
     return _first_failure(checks)
 
@@ -61,7 +66,7 @@ def explain(reason: int, memory_total: float | None = None, capacity: float | No
     """Readable message for a reason code, with the numbers that matter when given."""
     reason = int(reason)
     text = REASONS.get(reason, f"unknown reason code {reason}")
-    if reason == 10 and memory_total is not None and capacity is not None:
+    if reason in (10, 12) and memory_total is not None and capacity is not None:
         text += f" (needs {memory_total / 1e9:.1f} GB per GPU, has {capacity / 1e9:.1f} GB)"
     if reason == 9 and precision is not None:
         text += f" ({PRECISIONS.get(int(precision), precision)})"

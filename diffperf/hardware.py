@@ -46,6 +46,8 @@ class Accelerator(eqx.Module):
     - `launch_overhead`: fixed cost of launching one kernel, s.
     - `host_bandwidth`: per-direction bandwidth between the GPU and host (CPU) memory, B/s: PCIe,
       or NVLink-C2C on Grace superchips. Used by activation offloading. Default: PCIe Gen5 x16.
+    - `host_memory`: host (CPU) memory per GPU that offloaded activations may use, B: the
+      reference system's memory divided by its GPUs (DGX H100: 2 TB / 8). Default 256 GB.
     """
 
     flops_fp32: jax.Array = _F()
@@ -60,10 +62,11 @@ class Accelerator(eqx.Module):
     num_sms: jax.Array = _F()
     launch_overhead: jax.Array = _F()
     host_bandwidth: jax.Array = eqx.field(converter=as_float, default=64e9)
+    host_memory: jax.Array = eqx.field(converter=as_float, default=256e9)
 
     def __check_init__(self):
         for name in ("flops_bf16", "vector_flops", "hbm_capacity", "hbm_bandwidth", "l2_capacity",
-                     "l2_bandwidth", "host_bandwidth"):
+                     "l2_bandwidth", "host_bandwidth", "host_memory"):
             check_positive("Accelerator", name, getattr(self, name))
         for name in ("flops_fp32", "flops_fp8", "flops_fp4", "launch_overhead"):
             check_nonnegative("Accelerator", name, getattr(self, name))

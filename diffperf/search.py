@@ -21,18 +21,19 @@ from .presets import default_efficiency
 from .sweep import pareto_front, run_sweep
 from .training import train_step
 
-#: Extra reason codes used by searches: tp * pp * cp does not divide the GPU count; a setting
-#: has no effect (sequence parallelism or TP overlap at tp = 1, DP overlap or ZeRO without data
-#: parallelism, selective recomputation with flash attention): the simpler twin is kept.
-REASON_GPUS = 12
-REASON_DUPLICATE = 13
+#: Extra reason codes used by searches (after the model's own, `feasibility.REASONS`): tp * pp
+#: * cp does not divide the GPU count; a setting has no effect (sequence parallelism or TP
+#: overlap at tp = 1, DP overlap or ZeRO without data parallelism, selective recomputation with
+#: flash attention): the simpler twin is kept.
+REASON_GPUS = 13
+REASON_DUPLICATE = 14
 #: Search-only reason: pp * vp does not divide the layer count, so the stages (or interleaved
 #: chunks) cannot all hold the same whole number of layers with Megatron's standard arguments.
-REASON_UNEVEN = 14
+REASON_UNEVEN = 15
 #: Search-only reason: Megatron-core's activation offloading runs only without pipeline
 #: parallelism and without recomputation, on fewer layers than the model has (its
 #: `TransformerConfig` rejects the rest).
-REASON_OFFLOAD = 15
+REASON_OFFLOAD = 16
 PLAN_AXES = ("tp", "pp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
              "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision",
              "fp32_gradients", "offload_layers")
@@ -110,8 +111,8 @@ def offload_supported(model: Transformer, plan) -> jax.Array:
 
 
 def _gpus_reason(reason, values, gpus):
-    """Search-only reasons on top of the model's: the GPU count (12) and settings that have no
-    effect, so each distinct plan is counted and ranked once (13)."""
+    """Search-only reasons on top of the model's: the GPU count (`REASON_GPUS`) and settings
+    that have no effect, so each distinct plan is counted and ranked once (`REASON_DUPLICATE`)."""
     tp, pp, cp = (values.get(k, 1.0) for k in ("tp", "pp", "cp"))
     per = tp * pp * cp
     dp = gpus / per

@@ -125,7 +125,7 @@ class _Blocks:
 
 def run_sweep(grid: Grid, evaluate: Callable, k: int = 10, devices=None,
               progress: bool = True, secondary_bounds=(1e9, 1e12), label: str = "sweep",
-              n_reasons: int = 16, max_block: int = MAX_BLOCK) -> SweepResult:
+              n_reasons: int = 32, max_block: int = MAX_BLOCK) -> SweepResult:
     """Evaluate every point of `grid` and reduce on the device.
 
     **Arguments:**

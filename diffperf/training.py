@@ -329,8 +329,9 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
 
     # Activation offloading: each offloaded layer copies its activations to host memory during
     # the forward pass and back during the backward pass, each copy overlapping the compute of
-    # one layer (Megatron-core's CPU offloading runs them on side streams). Not modelled: host
-    # memory capacity, and GPUs that share one PCIe uplink (each gets `host_bandwidth`).
+    # one layer (Megatron-core's CPU offloading runs them on side streams). The offloaded bytes
+    # must fit in `host_memory` (reason 12). Not modelled: GPUs that share one PCIe uplink (each
+    # gets `host_bandwidth`).
     copy = stored_bytes_per_layer(model, plan) / acc.host_bandwidth
     offloaded = layers_per_stage * plan.offloaded_fraction(model.layers)
     offload = m * offloaded * (exposed_after_overlap(copy, layer.forward)
@@ -344,7 +345,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     mflops = model_flops_per_step(model, plan)
     hflops = hardware_flops_per_step(model, plan)
     tokens = plan.global_batch * model.seq_len
-    reason = training_reason(model, plan, acc, memory.total)
+    reason = training_reason(model, plan, acc, memory.total, memory.host)
     return TrainingReport(
         step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_comm,
         pp_comm_time=pp_comm, dp_comm_time=dp_comm, bubble_time=bubble,
@@ -358,12 +359,12 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
 def predict_training(model: Transformer, system: System, plan: TrainingPlan,
                      efficiency: Efficiency | None = None) -> TrainingReport:
     """`train_step` for one configuration, checked: raises ValueError naming the fields and
-    values when the plan is structurally invalid (a plan that merely does not fit in HBM is
-    returned, with `fits` and `feasible` False)."""
+    values when the plan is structurally invalid (a plan that merely does not fit in HBM or,
+    with offloading, in host memory is returned with `feasible` False)."""
     from .feasibility import describe_failure
     report = _jitted_train_step(model, system, plan, efficiency)
     reason = int(jax.device_get(report.reason))
-    if reason not in (0, 10):
+    if reason not in (0, 10, 12):
         raise ValueError(f"infeasible plan: {describe_failure(reason, model, plan)}")
     return report
 

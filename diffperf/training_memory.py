@@ -50,7 +50,8 @@ WEIGHT_BYTES, OPTIMIZER_BYTES = 2.0, 12.0
 
 
 class TrainingMemory(eqx.Module):
-    """Per-GPU memory of the most loaded (first) pipeline stage, B."""
+    """Per-GPU memory of the most loaded (first) pipeline stage, B. `total` is the HBM the GPU
+    needs; `host` the host (CPU) memory its offloaded activations take (not in `total`)."""
 
     weights: jax.Array
     gradients: jax.Array
@@ -58,6 +59,7 @@ class TrainingMemory(eqx.Module):
     activations: jax.Array
     reserved: jax.Array
     total: jax.Array
+    host: jax.Array
 
 
 def weight_bytes(plan: TrainingPlan) -> jax.Array:
@@ -162,7 +164,9 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
     stored = stored_bytes_per_layer(model, plan)
     per_layer = (full_frac * _full_recompute_bytes(model, plan)
                  + (1.0 - full_frac - off_frac) * stored)
-    acts = plan.end_stage_layers(model.layers) * per_layer * in_flight_factor(plan)
+    stage_layers = plan.end_stage_layers(model.layers)
+    acts = stage_layers * per_layer * in_flight_factor(plan)
+    host = stage_layers * off_frac * stored * in_flight_factor(plan)
     # Recomputation rebuilds one layer's full set of activations at a time during the backward
     # pass; offloading stages one layer's activations in HBM while they are copied.
     no_recompute = _layer_bytes(model, plan, plan.flash_attention == 0)
@@ -173,4 +177,4 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
              * jnp.minimum(plan.pp, plan.num_micro_batches))
     acts = acts + working + embed
     total = weights + grads + optim + acts + eff.memory_reserve
-    return TrainingMemory(weights, grads, optim, acts, eff.memory_reserve, total)
+    return TrainingMemory(weights, grads, optim, acts, eff.memory_reserve, total, host)

@@ -96,7 +96,7 @@ def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
     out = []
     for i, row in enumerate(ok):
         reason = int(rep.reason[i])
-        if reason not in (0, 10):
+        if reason not in (0, 10, 12):
             model, _, plan = train_specs(row)
             failed.append({"id": row.id, "error": describe_failure(reason, model, plan)})
             continue
@@ -108,14 +108,19 @@ def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
             "model_tflops_per_gpu": float(mflops[i]) / step / n / 1e12,
             "peak_memory_gb": float(rep.memory.total[i]) / 1e9,
         }
+        host = (rep.memory.host[i], systems.accelerator.host_memory[i])
         out.append((row, pred, capacity_warning(reason, rep.memory.total[i],
-                                                systems.accelerator.hbm_capacity[i])))
+                                                systems.accelerator.hbm_capacity[i], *host)))
     return out, failed
 
 
-def capacity_warning(reason: int, memory_total, capacity) -> str | None:
-    """The warning of a row predicted not to fit in HBM (it ran in reality, so it is still
-    predicted, not failed); None otherwise."""
+def capacity_warning(reason: int, memory_total, capacity, host_total=None,
+                     host_capacity=None) -> str | None:
+    """The warning of a row predicted not to fit in HBM (reason 10) or, with offloading, in
+    host memory (reason 12): it ran in reality, so it is still predicted, not failed. None
+    otherwise."""
+    if reason == 12 and host_total is not None:
+        return explain(12, float(host_total), float(host_capacity))
     return explain(10, float(memory_total), float(capacity)) if reason == 10 else None
 
 

@@ -137,3 +137,14 @@ def test_presets_are_self_consistent():
         s = dp.system(name)
         # NVLink is faster per GPU than the scale-out NIC on every shipped system
         assert float(s.network.nvlink_bandwidth) > float(s.network.scaleout_bandwidth), name
+
+
+def test_a_gpu_id_gives_that_gpu_in_its_default_system():
+    """`system("a100-sxm4-40gb")` is the 40 GB A100 in DGX A100's network, although the DGX A100
+    preset lists the 80 GB part: a GPU id never swaps the GPU for another."""
+    for name in dp.gpu_names():
+        s, g = dp.system(name), dp.gpu(name)
+        for field in ("hbm_capacity", "hbm_bandwidth", "flops_bf16", "host_memory"):
+            assert float(getattr(s.accelerator, field)) == float(getattr(g, field)), (name, field)
+    assert float(dp.system("a100-sxm4-40gb").accelerator.hbm_capacity) == 40e9
+    assert float(dp.system("dgx-a100").accelerator.hbm_capacity) == 80e9

@@ -312,3 +312,18 @@ def test_default_efficiency_built_inside_a_trace_does_not_leak_into_later_jits()
     grid = default_training_grid(model, 8, 32, precisions=(1,))
     r = search_training(model, system, 8, 32, grid=grid, top_k=2, progress=False)
     assert r["evaluated"] == grid.size and len(r["top"]) == 2
+
+
+def test_search_reason_codes_extend_the_models_without_collision():
+    """Search-only reason codes must not reuse a code of the model's own (`REASONS`): a
+    histogram bin would then count two different failures under one message."""
+    import inspect
+    from diffperf import search
+    from diffperf.feasibility import REASONS
+    from diffperf.sweep import run_sweep
+    codes = [search.REASON_GPUS, search.REASON_DUPLICATE, search.REASON_UNEVEN,
+             search.REASON_OFFLOAD]
+    assert len(set(codes)) == len(codes)
+    assert not set(codes) & set(REASONS), (codes, sorted(REASONS))
+    n_bins = inspect.signature(run_sweep).parameters["n_reasons"].default
+    assert max(codes + list(REASONS)) < n_bins

@@ -60,8 +60,9 @@ def _leaves_by_name(grads):
 
 def test_every_hardware_and_efficiency_gradient_is_finite(batched_grads):
     leaves = _leaves_by_name(batched_grads)
-    assert len(leaves) == 12 + 6 + 18  # Accelerator (incl. host_bandwidth), Network (incl. the
-    # nvlink_sharp flag), Efficiency
+    # Accelerator (incl. host_bandwidth, host_memory), Network (incl. the nvlink_sharp flag),
+    # Efficiency.
+    assert len(leaves) == 13 + 6 + 18
     for name, g in leaves.items():
         assert g.shape == (len(PLANS),), name
         assert np.all(np.isfinite(g)), (name, g)

@@ -137,6 +137,29 @@ def test_offloading_every_layer_keeps_one_layer_in_hbm(eff):
                                rtol=1e-5)
 
 
+def test_offloaded_activations_must_fit_in_host_memory(step, gpt22b, dgx_a100, eff):
+    """Offloaded layers move their stored activations to host memory: pp = 1 holds one
+    micro-batch, so the host needs offload_layers x the layer's stored bytes. A host smaller
+    than that makes the plan infeasible (reason 12) while HBM still fits."""
+    from diffperf.feasibility import explain
+    plan = dp.TrainingPlan(tp=8, pp=1, dp=1, global_batch=4, sequence_parallel=1,
+                           recompute="selective", offload_layers=24)
+    # GPT 22B (h 6144, a 64, s 2048, b 1, t 8, dropout): selective + SP stores 34 s b h / t B.
+    stored = 34 * 2048 * 6144 / 8
+    r = step(gpt22b, dgx_a100, plan, eff)
+    np.testing.assert_allclose(float(r.memory.host), 24 * stored, rtol=1e-6)
+    assert int(r.reason) == 0 and bool(r.fits)
+    small = eqx.tree_at(lambda s: s.accelerator.host_memory, dgx_a100, 0.5 * 24 * stored)
+    r_small = step(gpt22b, small, plan, eff)
+    assert int(r_small.reason) == 12 and not bool(r_small.feasible) and bool(r_small.fits)
+    assert float(r_small.step_time) == pytest.approx(float(r.step_time))
+    text = explain(12, float(r_small.memory.host), float(small.accelerator.host_memory))
+    assert "host memory" in text and f"{24 * stored / 1e9:.1f} GB" in text
+    # Without offloading the host holds nothing.
+    none = step(gpt22b, small, eqx.tree_at(lambda p: p.offload_layers, plan, 0.0), eff)
+    assert float(none.memory.host) == 0.0 and int(none.reason) == 0
+
+
 def test_offload_time_is_exposed_copy_time(step, gpt22b, dgx_a100, eff):
     """A fast host link hides the copies; a slow one exposes about 2 x copy - (fwd + bwd) per
     offloaded layer and micro-batch; the step stays the sum of its parts."""
@@ -250,6 +273,9 @@ def test_published_runs_fit_in_their_gpus():
         if use > 0.9:
             tight.append(row.id)
     assert over == [], over
+    # Nor do the offloading recipes overflow host memory (no HBM or host-memory warning).
+    warnings = [(row.id, w) for row, _, w in predicted if w]
+    assert warnings == [], warnings
     # The FSDP + offloading recipes and Nemotron-4 340B on H100 use 90-100 % of HBM.
     assert {"mbridge25.09-gb200-llama-3-70b-64g-fp8-fsdp",
             "mbridge25.11-gb300-llama-3-70b-64g-fp8cs-fsdp",

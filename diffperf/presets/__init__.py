@@ -15,7 +15,7 @@ from ..model import Transformer
 
 _ACCEL_FIELDS = ("flops_fp32", "flops_bf16", "flops_fp8", "flops_fp4", "vector_flops",
                  "hbm_capacity", "hbm_bandwidth", "l2_capacity", "l2_bandwidth", "num_sms",
-                 "launch_overhead", "host_bandwidth")
+                 "launch_overhead", "host_bandwidth", "host_memory")
 _NET_FIELDS = ("nvlink_domain", "nvlink_bandwidth", "nvlink_latency", "scaleout_bandwidth",
                "scaleout_latency", "nvlink_sharp")
 _MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -64,11 +64,15 @@ def gpu_info(name: str) -> dict:
 
 
 def system(name: str, nvlink_domain: int | None = None) -> System:
-    """A `System` by system id (`dgx-h100`) or GPU id (`h100-sxm5-80gb`: its default system).
+    """A `System` by system id (`dgx-h100`) or GPU id (`h100-sxm5-80gb`: that GPU in its
+    default system's network; `a100-sxm4-40gb` keeps its 40 GB although DGX A100 is listed with
+    the 80 GB part).
 
     `nvlink_domain` overrides the NVLink domain size (e.g. 8 GPUs per node)."""
     key = str(name).lower()
+    accelerator = None
     if key in _table("gpus") and key not in _table("systems"):
+        accelerator = gpu(key)
         key = _table("gpus")[key]["system"]
     elif key not in _table("systems"):
         raise ValueError(f"unknown gpu or system {name!r}; known GPUs: {', '.join(gpu_names())};"
@@ -76,7 +80,7 @@ def system(name: str, nvlink_domain: int | None = None) -> System:
     row = dict(_lookup("systems", key))
     if nvlink_domain is not None:
         row["nvlink_domain"] = nvlink_domain
-    return System(gpu(row["gpu"]), Network(**{f: row[f] for f in _NET_FIELDS}))
+    return System(accelerator or gpu(row["gpu"]), Network(**{f: row[f] for f in _NET_FIELDS}))
 
 
 def model(name: str) -> Transformer:
