@@ -160,6 +160,22 @@ def _coverage_lines(fit, cov):
     return lines + [""]
 
 
+def _implausible_lines(fit):
+    from diffperf.plausibility import implausible_measurements
+    found = implausible_measurements(fit.problem.ds.train_rows + fit.problem.ds.infer_rows)
+    lines = ["## Implausible measurements", "",
+             "Measured values faster than ideal hardware (100 % of every datasheet peak, no "
+             "overheads, perfect overlap) could run the configuration their row records "
+             "(`diffperf.plausibility`; also flagged by `diffperf validate`). No efficiency "
+             "factor can explain them; they are kept in the fit and in the tables above.", ""]
+    if not found:
+        return lines + ["None.", ""]
+    lines += ["| row | column | measured | ideal bound | times beyond |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {f['id']} | {f['metric']} | {f['measured']:.4g} | {f['bound']:.4g} | "
+              f"{f['factor']:.2f}x |" for f in found]
+    return lines + [""]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-cv", action="store_true", help="skip cross-validation")
@@ -228,6 +244,7 @@ def main(argv=None) -> int:
         lines += ([note, ""] if note else []) + [_table(title, ins, cvs, key), ""]
     if coverage:
         lines += _coverage_lines(fit, coverage)
+    lines += _implausible_lines(fit)
     lines += [
         "## Fitted factors",
         "",

@@ -272,7 +272,7 @@ def run_validate(args) -> int:
     status = 2 if not result["rows"] else 0  # every row failed: bad input
     if args.json:
         print(json.dumps({k: result[k] for k in ("rows", "summary", "failed")}
-                         | {"defaults": result["defaults"], "warnings": result["warnings"]}))
+                         | {k: result[k] for k in ("defaults", "warnings", "implausible")}))
         return status
     if not args.summary:
         print(f"{'id':58s} {'metric':22s} {'measured':>11s} {'predicted':>11s} {'error':>7s}")
@@ -296,7 +296,10 @@ def print_validation_summary(result: dict, paths) -> None:
         for err, ids in shown.items():
             print(f"    {len(ids):3d} x {err}  (e.g. {ids[0]})")
     if result["warnings"]:
-        print(f"  rows predicted not to fit in HBM (see --json warnings): {len(result['warnings'])}")
+        print(f"  rows predicted not to fit in HBM or host memory (see --json warnings): "
+              f"{len(result['warnings'])}")
+    for bad in result.get("implausible", []):
+        print(f"  implausible measurement: {bad['id']}: {bad['warning']}")
     if result["defaults"]:
         print(f"  rows that used schema defaults for empty plan cells: {len(result['defaults'])}")
     from .validate import imec_summaries

@@ -51,7 +51,8 @@ def stacked_infer_specs(rows: list[BenchmarkRow]):
     return stack_specs(rows, infer_specs)
 
 
-def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
+def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None,
+                       stacked=None):
     """Predict infer rows in one vmapped call.
 
     `eff`: one `Efficiency` for every row, a `GpuEfficiency` (each row gets its GPU's factors)
@@ -63,7 +64,7 @@ def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
     A plan that only exceeds HBM capacity is predicted with a warning.
     """
     from .validate import capacity_warning, row_efficiencies
-    st = stacked_infer_specs(rows)
+    st = stacked if stacked is not None else stacked_infer_specs(rows)
     ok, failed = st.rows, list(st.failed)
     if not ok:
         return [], failed

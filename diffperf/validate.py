@@ -80,12 +80,14 @@ def row_efficiencies(rows: list[BenchmarkRow], efficiency: Efficiency | None):
     return stack([cache[r.values["gpu"]] for r in rows])
 
 
-def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None):
+def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None,
+                       stacked: StackedRows | None = None):
     """Predictions for train rows: (list of (row, {metric: predicted}, warning)), failed list.
 
     `eff`: one `Efficiency` for every row, a `GpuEfficiency` (each row gets its GPU's factors)
-    or None (the shipped default, per GPU)."""
-    st = stacked_train_specs(rows)
+    or None (the shipped default, per GPU). `stacked`: the rows' `stacked_train_specs`, if
+    already built."""
+    st = stacked if stacked is not None else stacked_train_specs(rows)
     ok, failed = st.rows, list(st.failed)
     if not ok:
         return [], failed
@@ -132,7 +134,9 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
     factors), or None: the shipped calibration, per GPU.
 
     **Returns:** `{"rows": [...], "summary": {metric: {"n", "mape", "max_ape"}}, "failed": [...],
-    "defaults": [...], "warnings": [...]}` as in benchmark-schema.md (APE in percent).
+    "defaults": [...], "warnings": [...], "implausible": [...]}` as in benchmark-schema.md (APE
+    in percent); `implausible` lists measurements faster than ideal hardware could run the
+    row's recorded configuration (`plausibility.implausible_measurements`).
     """
     eff = efficiency
     if isinstance(paths, (str, Path)):
@@ -140,17 +144,13 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
     rows = [r for p in paths for r in read_benchmarks(p)]
     train = [r for r in rows if r.kind == "train"]
     infer = [r for r in rows if r.kind == "infer"]
-    predictions, failed = predict_train_rows(train, eff)
+    from .inference_validate import predict_infer_rows, stacked_infer_specs
+    st_train, st_infer = stacked_train_specs(train), stacked_infer_specs(infer)
+    predictions, failed = predict_train_rows(train, eff, st_train)
     if infer:
-        try:
-            from .inference_validate import predict_infer_rows
-        except ImportError:
-            failed += [{"id": r.id, "error": "the inference model is not available"}
-                       for r in infer]
-        else:
-            more, more_failed = predict_infer_rows(infer, eff)
-            predictions += more
-            failed += more_failed
+        more, more_failed = predict_infer_rows(infer, eff, st_infer)
+        predictions += more
+        failed += more_failed
     out_rows, warnings = [], []
     for row, pred, warning in predictions:
         if warning:
@@ -164,8 +164,10 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
                              "predicted": p, "ape": abs(p - measured) / measured * 100.0})
     summary = summarize(out_rows)
     defaults = [{"id": r.id, "defaults": r.defaults_used} for r in rows if r.defaults_used]
+    from .plausibility import implausible_measurements
     return {"rows": out_rows, "summary": summary, "failed": failed, "defaults": defaults,
-            "warnings": warnings}
+            "warnings": warnings,
+            "implausible": implausible_measurements(rows, (st_train, st_infer))}
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -1,0 +1,61 @@
+"""The ideal-hardware bound of a benchmark row and the measurements that beat it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from diffperf.data import read_benchmarks
+from diffperf.plausibility import SLACK, ideal_bounds, implausible_measurements
+from diffperf.validate import predict_train_rows
+
+TRAIN = "benchmarks_data/train_calibration.csv"
+INFER = "benchmarks_data/infer_calibration.csv"
+MIXTRAL = "trtllm090-tput-a100-mixtral-8x7b-tp2-b32-2048x2048"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return read_benchmarks(TRAIN) + read_benchmarks(INFER)
+
+
+@pytest.fixture(scope="module")
+def bounds(rows):
+    return ideal_bounds(rows)
+
+
+def test_ideal_hardware_is_never_slower_than_the_calibrated_model(rows, bounds):
+    train = [r for r in rows if r.kind == "train"]
+    predicted, failed = predict_train_rows(train)
+    assert not failed
+    for row, pred, _ in predicted:
+        b = bounds[row.id]
+        assert b["step_time_s"] <= pred["step_time_s"], row.id
+        assert b["tokens_per_s_per_gpu"] >= pred["tokens_per_s_per_gpu"], row.id
+
+
+def test_a_measurement_faster_than_ideal_hardware_is_flagged(rows, bounds):
+    row = next(r for r in rows if r.id == "imec-korthi-175b-selsp-paper")
+    bound = bounds[row.id]["step_time_s"]
+    fast = dataclasses.replace(row, measured={"step_time_s": bound / 2})
+    found = implausible_measurements([fast])
+    assert [(f["id"], f["metric"]) for f in found] == [(row.id, "step_time_s")]
+    assert found[0]["factor"] == pytest.approx(2.0, rel=1e-6)
+    assert "ideal-hardware bound" in found[0]["warning"]
+    # At the bound itself (within the smooth maximum's slack) nothing is flagged.
+    assert implausible_measurements([dataclasses.replace(row, measured={"step_time_s": bound})]) == []
+
+
+def test_shipped_data_has_one_implausible_measurement(rows, bounds):
+    """TensorRT-LLM 0.9's Mixtral 8x7B on two fp16 A100s, batch 32, 2048 in / 2048 out, at 801
+    output tokens/s per GPU: every decode step must stream all eight experts' weights (32
+    sequences x top-2 routing touch all of them), 46.7 GB per GPU at fp16, so even the HBM
+    peak (2.039 TB/s) allows at most 32 / (46.7e9 / 2.039e12) / 2 = 699 tokens/s per GPU
+    before counting the KV cache or the prefill. No other published value beats its row's
+    ideal bound."""
+    hand = 32 / (46.7e9 / 2.039e12) / 2
+    assert bounds[MIXTRAL]["output_tok_s_per_gpu"] < hand < 801
+    found = implausible_measurements(rows)
+    assert [(f["id"], f["metric"]) for f in found] == [(MIXTRAL, "output_tok_s_per_gpu")]
+    assert found[0]["factor"] > SLACK
