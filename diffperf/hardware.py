@@ -5,6 +5,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._checks import as_float, check_integer, check_nonnegative, check_positive, is_concrete
 
@@ -114,9 +115,9 @@ class Network(eqx.Module):
     def __check_init__(self):
         check_integer("Network", "nvlink_domain", self.nvlink_domain)
         check_integer("Network", "nvlink_sharp", self.nvlink_sharp, minimum=0)
-        if is_concrete(self.nvlink_sharp) and bool(jnp.any(self.nvlink_sharp > 1)):
+        if is_concrete(self.nvlink_sharp) and np.any(np.asarray(self.nvlink_sharp) > 1):
             raise ValueError(f"Network.nvlink_sharp must be 0 or 1, got "
-                             f"{float(jnp.max(self.nvlink_sharp)):g}")
+                             f"{float(np.max(np.asarray(self.nvlink_sharp))):g}")
         for name in ("nvlink_bandwidth", "scaleout_bandwidth"):
             check_positive("Network", name, getattr(self, name))
         for name in ("nvlink_latency", "scaleout_latency"):

@@ -12,6 +12,7 @@ from .inference import infer
 from .inference_plan import InferencePlan
 from .model import Transformer
 from .presets import system
+from .validate import FAST_COMPILE
 
 
 def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
@@ -39,7 +40,7 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
     return model, sys_, plan
 
 
-@eqx.filter_jit
+@eqx.filter_jit(compiler_options=FAST_COMPILE)
 def _infer_batch(models, systems, plans, effs):
     return jax.vmap(lambda m, s, p, e: infer(m, s, p, e))(models, systems, plans, effs)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ._checks import as_float, check_divides, check_fraction, check_integer
+from ._checks import as_float, check_divides, check_fraction, check_integer, is_concrete
 
 def _F():
     return eqx.field(converter=as_float)
@@ -64,13 +65,11 @@ class Transformer(eqx.Module):
         check_integer("Transformer", "dropout", self.dropout, minimum=0)
         check_divides("Transformer", "heads", self.heads, "hidden", self.hidden)
         check_divides("Transformer", "kv_heads", self.kv_heads, "heads", self.heads)
-        if self.is_concrete() and bool(jnp.any(self.experts_per_token > self.num_experts)):
-            raise ValueError(
-                f"Transformer.experts_per_token={float(jnp.max(self.experts_per_token)):g} exceeds "
-                f"num_experts={float(jnp.max(self.num_experts)):g}")
-
-    def is_concrete(self) -> bool:
-        return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(self))
+        if is_concrete(self.experts_per_token, self.num_experts):
+            k, e = np.asarray(self.experts_per_token), np.asarray(self.num_experts)
+            if np.any(k > e):
+                raise ValueError(f"Transformer.experts_per_token={float(np.max(k)):g} exceeds "
+                                 f"num_experts={float(np.max(e)):g}")
 
     @property
     def head_dim(self) -> jax.Array:

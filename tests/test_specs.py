@@ -148,3 +148,21 @@ def test_a_gpu_id_gives_that_gpu_in_its_default_system():
             assert float(getattr(s.accelerator, field)) == float(getattr(g, field)), (name, field)
     assert float(dp.system("a100-sxm4-40gb").accelerator.hbm_capacity) == 40e9
     assert float(dp.system("dgx-a100").accelerator.hbm_capacity) == 80e9
+
+
+def test_specs_built_while_tracing_leak_no_tracers():
+    """`as_float` reuses the arrays of Python numbers it converted before; one built inside a
+    trace is a tracer and must never be reused outside it."""
+    from diffperf._checks import as_float
+
+    @jax.jit
+    def scaled(y):
+        return y * dp.Accelerator(flops_fp32=1.0, flops_bf16=2.0, flops_fp8=0.0, flops_fp4=0.0,
+                                  vector_flops=1.0, hbm_capacity=1.0, hbm_bandwidth=1.0,
+                                  l2_capacity=1.0, l2_bandwidth=1.0, num_sms=1.0,
+                                  launch_overhead=0.0, host_bandwidth=987.654e9).host_bandwidth
+
+    assert float(scaled(2.0)) == pytest.approx(2 * 987.654e9, rel=1e-6)
+    a = as_float(987.654e9)  # first converted inside the trace above
+    assert not isinstance(a, jax.core.Tracer)
+    assert float(a + 1.0) == pytest.approx(987.654e9 + 1.0, rel=1e-6)
