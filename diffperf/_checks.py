@@ -23,7 +23,7 @@ def as_float(x) -> jax.Array:
         return jnp.asarray(x, dtype=dtype)
     key = (float(x).hex(), dtype)
     a = _SCALARS.get(key)
-    if a is None:
+    if a is None or a.is_deleted():  # deleted: a caller donated a spec leaf
         a = jnp.asarray(x, dtype=dtype)
         if isinstance(a, jax.core.Tracer):  # built while tracing: never keep a tracer
             return a

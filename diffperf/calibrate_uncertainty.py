@@ -16,7 +16,9 @@ parameter covariance is optimistic; the prediction interval therefore also adds 
     interval = f * exp(+-z sd),  z = Phi^-1((1 + level) / 2).
 
 `residual_sd[q]` is the RMS log residual of the predicted quantity q (`QUANTITIES`: a training
-step, an end-to-end inference latency, a first-token latency). `calibrate` sets it from the
+step, an end-to-end inference latency, a first-token latency), one residual per measurement.
+Estimated from cross-validated residuals, it already contains some parameter error, so adding
+`g^T cov g` on top is slightly conservative (1.9 % log sd for the median cell in quadrature). `calibrate` sets it from the
 in-sample residuals; `calibration/refit.py` replaces it with the leave-one-source-out residuals
 (the error on tables the fit never saw, which is what a new configuration faces) and measures
 how many held-out values fall inside their interval (`interval_coverage`).
@@ -52,15 +54,33 @@ def quantity_of(metric: str) -> str:
     raise ValueError(f"unknown measured column {metric!r}")
 
 
-def residual_sds(preds: list[dict]) -> dict:
-    """RMS log residual log(predicted / measured) per quantity (`QUANTITIES`), per kind
-    ("train", "infer") and over everything ("all"), from prediction cells as
-    `calibrate.predictions_table` makes them (in-sample or cross-validated)."""
+def measurements(preds: list[dict], parameter_sd: dict | None = None) -> list[dict]:
+    """One entry per row and quantity: the columns of a row that measure one quantity (a NeMo
+    row's tokens/s and model TFLOP/s) are one measurement, not two. Each entry has the row's
+    `id`, `kind`, `source`, `quantity`, the mean log residual `r` = log(predicted / measured)
+    of its cells and, given `{(id, metric): sd}`, their mean parameter sd `parameter_sd`."""
     groups: dict = {}
     for p in preds:
-        r = math.log(p["predicted"] / p["measured"])
-        for key in (quantity_of(p["metric"]), p["kind"], "all"):
-            groups.setdefault(key, []).append(r)
+        key = (p["id"], quantity_of(p["metric"]))
+        g = groups.setdefault(key, {"id": p["id"], "kind": p["kind"], "source": p["source"],
+                                    "quantity": key[1], "r": [], "parameter_sd": []})
+        g["r"].append(math.log(p["predicted"] / p["measured"]))
+        if parameter_sd is not None:
+            g["parameter_sd"].append(parameter_sd.get((p["id"], p["metric"]), 0.0))
+    return [{**g, "r": float(np.mean(g["r"])),
+             "parameter_sd": float(np.mean(g["parameter_sd"])) if g["parameter_sd"] else 0.0}
+            for g in groups.values()]
+
+
+def residual_sds(preds: list[dict]) -> dict:
+    """RMS log residual log(predicted / measured) per quantity (`QUANTITIES`), per kind
+    ("train", "infer") and over everything ("all"), one residual per measurement
+    (`measurements`), from prediction cells as `calibrate.predictions_table` makes them
+    (in-sample or cross-validated)."""
+    groups: dict = {}
+    for m in measurements(preds):
+        for key in (m["quantity"], m["kind"], "all"):
+            groups.setdefault(key, []).append(m["r"])
     return {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in groups.items()}
 
 
@@ -101,29 +121,48 @@ def cell_parameter_sd(problem, theta, covariance) -> tuple[np.ndarray, np.ndarra
 
 def interval_coverage(preds: list[dict], residual_sd: dict, level: float = 0.9,
                       parameter_sd: dict | None = None) -> dict:
-    """How often the `level` prediction interval contains the measured value.
+    """How often the `level` prediction interval contains the measured value, per measurement
+    (`measurements`).
 
     `preds`: prediction cells (use held-out ones: `calibrate_cv.cross_validate`);
-    `parameter_sd`: optional `{(id, metric): sqrt(g^T cov g)}` added in quadrature to the
-    model error of the cell's quantity. **Returns** `{group: {"n", "inside" (fraction),
-    "half_width_pct" (mean half-width of the interval in percent of the prediction)}}` for
-    every quantity, kind, source and "all"."""
+    `residual_sd`: the model error per quantity (`residual_sds`); `parameter_sd`: optional
+    `{(id, metric): sqrt(g^T cov g)}` added in quadrature.
+
+    Two scores: `inside` uses `residual_sd` as given; `inside_other_sources` re-estimates
+    each measurement's model error from the residuals in `preds` of the *other* sources'
+    measurements of its quantity (the honest test for a new table: its own errors do not set
+    its interval), and is None where no other source measures that quantity.
+
+    **Returns** `{group: {"n", "inside", "n_other_sources", "inside_other_sources",
+    "half_width_pct"}}` (fractions; mean half-width in percent of the prediction) for every
+    quantity, kind, `"source:<name>"` and "all"."""
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    meas = measurements(preds, parameter_sd)
+    by_quantity: dict = {}
+    for m in meas:
+        by_quantity.setdefault(m["quantity"], []).append(m)
     groups: dict = {}
-    for p in preds:
-        q = quantity_of(p["metric"])
-        sd = model_error_sd(residual_sd, q, p["kind"])
-        if parameter_sd:
-            sd = math.hypot(sd, parameter_sd.get((p["id"], p["metric"]), 0.0))
-        inside = abs(math.log(p["predicted"] / p["measured"])) <= z * sd
+    for m in meas:
+        sd = math.hypot(model_error_sd(residual_sd, m["quantity"], m["kind"]),
+                        m["parameter_sd"])
+        others = [o["r"] for o in by_quantity[m["quantity"]] if o["source"] != m["source"]]
+        inside_other = None
+        if others:
+            sd_other = math.hypot(float(np.sqrt(np.mean(np.square(others)))), m["parameter_sd"])
+            inside_other = abs(m["r"]) <= z * sd_other
         width = (math.exp(z * sd) - math.exp(-z * sd)) / 2.0 * 100.0
-        for key in (q, p["kind"], "source:" + p["source"], "all"):
-            g = groups.setdefault(key, [0, 0, 0.0])
-            g[0] += 1
-            g[1] += inside
-            g[2] += width
-    return {k: {"n": n, "inside": k_in / n, "half_width_pct": w / n}
-            for k, (n, k_in, w) in groups.items()}
+        for key in (m["quantity"], m["kind"], "source:" + m["source"], "all"):
+            g = groups.setdefault(key, {"n": 0, "in": 0, "n_o": 0, "in_o": 0, "w": 0.0})
+            g["n"] += 1
+            g["in"] += abs(m["r"]) <= z * sd
+            g["w"] += width
+            if inside_other is not None:
+                g["n_o"] += 1
+                g["in_o"] += inside_other
+    return {k: {"n": g["n"], "inside": g["in"] / g["n"], "n_other_sources": g["n_o"],
+                "inside_other_sources": g["in_o"] / g["n_o"] if g["n_o"] else None,
+                "half_width_pct": g["w"] / g["n"]}
+            for k, g in groups.items()}
 
 
 def hessian(problem, theta, w_t, w_i, method: str = "fd") -> np.ndarray:
@@ -257,14 +296,14 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     import jax.numpy as jnp
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
+    if quantity is not None and quantity not in QUANTITIES:
+        raise ValueError(f"unknown quantity {quantity!r} (one of {', '.join(QUANTITIES)})")
     u = load_uncertainty(fit)
     theta = jnp.asarray(u.theta, dtype=jnp.result_type(float))
     logf = lambda th: jnp.log(fn_of_efficiency(u.par.efficiency(th, gpu)))
     value, g = jax.value_and_grad(logf)(theta)
     value, g = float(value), np.asarray(g, dtype=np.float64)
     var = float(g @ u.covariance @ g)
-    if quantity is not None and quantity not in QUANTITIES:
-        raise ValueError(f"unknown quantity {quantity!r} (one of {', '.join(QUANTITIES)})")
     if model_error:
         var += model_error_sd(u.residual_sd, quantity, kind) ** 2
     sd = math.sqrt(max(var, 0.0))

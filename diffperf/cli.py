@@ -138,7 +138,6 @@ def _train_inputs(args):
 def training_summary(report, system) -> dict:
     """Plain-Python dict of a scalar TrainingReport (what `--json` prints)."""
     import jax
-    from .feasibility import explain
     r = jax.device_get(report)
     mem = r.memory
     reason = int(r.reason)
@@ -168,10 +167,21 @@ def training_summary(report, system) -> dict:
         "tokens_per_s_per_gpu": float(r.tokens_per_s_per_gpu),
         "num_gpus": int(round(float(r.num_gpus))),
         "feasible": bool(r.feasible),
-        "reason": (explain(reason, float(mem.host), float(system.accelerator.host_memory))
-                   if reason == 12 else
-                   explain(reason, float(mem.total), float(system.accelerator.hbm_capacity))),
+        "reason": _training_reason_text(reason, mem, system.accelerator),
     }
+
+
+def _training_reason_text(reason: int, mem, acc) -> str:
+    """`explain` of a training reason code with the memory numbers; HBM is checked before host
+    memory, so an HBM overflow also names a host-memory overflow."""
+    from .feasibility import explain
+    host = explain(12, float(mem.host), float(acc.host_memory))
+    if reason == 12:
+        return host
+    text = explain(reason, float(mem.total), float(acc.hbm_capacity))
+    if reason == 10 and float(mem.host) > float(acc.host_memory):
+        text += f"; {host}"
+    return text
 
 
 def _print_training(args, s: dict, plan) -> None:

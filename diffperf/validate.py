@@ -126,8 +126,9 @@ def capacity_warning(reason: int, memory_total, capacity, host_total=None,
     """The warning of a row predicted not to fit in HBM (reason 10) or, with offloading, in
     host memory (reason 12): it ran in reality, so it is still predicted, not failed. None
     otherwise."""
-    if reason == 12 and host_total is not None:
-        return explain(12, float(host_total), float(host_capacity))
+    if reason == 12:
+        return (explain(12, float(host_total), float(host_capacity)) if host_total is not None
+                else explain(12))
     return explain(10, float(memory_total), float(capacity)) if reason == 10 else None
 
 

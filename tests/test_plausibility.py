@@ -35,6 +35,29 @@ def test_ideal_hardware_is_never_slower_than_the_calibrated_model(rows, bounds):
         assert b["tokens_per_s_per_gpu"] >= pred["tokens_per_s_per_gpu"], row.id
 
 
+def test_ideal_inference_is_never_slower_than_the_calibrated_model(rows, bounds):
+    from diffperf.inference_validate import predict_infer_rows
+    predicted, failed = predict_infer_rows([r for r in rows if r.kind == "infer"])
+    assert not failed
+    for row, pred, _ in predicted:
+        b = bounds[row.id]
+        for col in ("e2e_latency_s", "ttft_s", "tpot_s"):
+            assert b[col] <= pred[col], (row.id, col)
+        assert b["output_tok_s_per_gpu"] >= pred["output_tok_s_per_gpu"], row.id
+
+
+def test_slack_is_the_largest_overshoot_of_the_nested_smooth_maximum():
+    """A GEMM's time smooth_max(smooth_max(compute, HBM, 0.3), L2, 0.1) exceeds the largest of
+    the three by at most 1.339x (scanned); SLACK adds the overlap smoothing's 0.05 on top."""
+    import numpy as np
+    from diffperf.roofline import GEMM_SHARPNESS, SHARPNESS, smooth_max
+    b = np.linspace(0.0, 1.5, 151)[:, None]
+    c = np.linspace(0.0, 2.0, 201)[None, :]
+    ratio = np.asarray(smooth_max(smooth_max(1.0, b, GEMM_SHARPNESS), c, SHARPNESS)) / np.maximum(
+        np.maximum(1.0, b), c)
+    assert ratio.max() == pytest.approx(SLACK - SHARPNESS / 2, rel=1e-3)
+
+
 def test_a_measurement_faster_than_ideal_hardware_is_flagged(rows, bounds):
     row = next(r for r in rows if r.id == "imec-korthi-175b-selsp-paper")
     bound = bounds[row.id]["step_time_s"]
@@ -55,7 +78,8 @@ def test_shipped_data_has_one_implausible_measurement(rows, bounds):
     before counting the KV cache or the prefill. No other published value beats its row's
     ideal bound."""
     hand = 32 / (46.7e9 / 2.039e12) / 2
-    assert bounds[MIXTRAL]["output_tok_s_per_gpu"] < hand < 801
+    # The model's bound adds the KV cache and the prefill to the weights: lower still.
+    assert bounds[MIXTRAL]["output_tok_s_per_gpu"] < hand
     found = implausible_measurements(rows)
     assert [(f["id"], f["metric"]) for f in found] == [(MIXTRAL, "output_tok_s_per_gpu")]
     assert found[0]["factor"] > SLACK

@@ -34,8 +34,9 @@ def test_quantities_group_columns_that_measure_the_same_thing():
 
 def test_residual_sds_are_rms_log_ratios_per_quantity_kind_and_overall():
     e = math.e
-    preds = [cell("step_time_s", "train", e ** 0.1), cell("model_tflops_per_gpu", "train", e ** -0.3),
-             cell("ttft_s", "infer", e ** 0.2), cell("e2e_latency_s", "infer", 1.0)]
+    preds = [cell("step_time_s", "train", e ** 0.1, id_="a"),
+             cell("model_tflops_per_gpu", "train", e ** -0.3, id_="b"),
+             cell("ttft_s", "infer", e ** 0.2, id_="c"), cell("e2e_latency_s", "infer", 1.0, id_="c")]
     sd = residual_sds(preds)
     assert sd["step_time"] == pytest.approx(math.sqrt((0.01 + 0.09) / 2))
     assert sd["train"] == sd["step_time"]
@@ -43,6 +44,12 @@ def test_residual_sds_are_rms_log_ratios_per_quantity_kind_and_overall():
     assert sd["e2e_latency"] == pytest.approx(0.0, abs=1e-12)
     assert sd["infer"] == pytest.approx(math.sqrt(0.04 / 2))
     assert sd["all"] == pytest.approx(math.sqrt((0.01 + 0.09 + 0.04) / 4))
+    # Two columns of one row that measure the same quantity (tokens/s and model TFLOP/s are the
+    # step time in other units) are one measurement: their mean residual counts once.
+    twice = residual_sds([cell("tokens_per_s_per_gpu", "train", e ** -0.2, id_="n"),
+                          cell("model_tflops_per_gpu", "train", e ** -0.4, id_="n"),
+                          cell("step_time_s", "train", e ** 0.6, id_="m")])
+    assert twice["step_time"] == pytest.approx(math.sqrt((0.3 ** 2 + 0.6 ** 2) / 2))
     # Lookup falls back from the quantity to the kind to everything.
     assert model_error_sd({"infer": 0.3, "all": 0.1}, "ttft", "infer") == 0.3
     assert model_error_sd({"all": 0.1}, "ttft", "infer") == 0.1
@@ -57,6 +64,13 @@ def test_coverage_counts_values_inside_the_interval():
     cov = interval_coverage(preds, {"step_time": s}, 0.9)
     assert cov["all"]["n"] == 4 and cov["all"]["inside"] == pytest.approx(0.75)
     assert cov["source:a"]["inside"] == 1.0 and cov["source:b"]["inside"] == 0.5
+    # With the other source's scale: a's RMS 0.0707 gives b a half-width of 0.116 (both b
+    # residuals outside); b's RMS 0.255 gives a 0.419 (both inside).
+    assert cov["source:a"]["inside_other_sources"] == 1.0
+    assert cov["source:b"]["inside_other_sources"] == 0.0
+    assert cov["all"]["inside_other_sources"] == pytest.approx(0.5)
+    single = interval_coverage(preds[:2], {"step_time": s}, 0.9)  # one source: nothing to test
+    assert single["all"]["inside_other_sources"] is None and single["all"]["n_other_sources"] == 0
     assert cov["step_time"]["half_width_pct"] == pytest.approx(
         (math.exp(0.25) - math.exp(-0.25)) / 2 * 100)
     # Parameter uncertainty widens the interval: with it the 0.3 residual is covered.
@@ -85,10 +99,19 @@ def test_infer_cli_prints_ttft_and_e2e_intervals(capsys):
                  "--batch", "1", "--input", "128", "--output", "64", "--interval", "--json"])
     s = json.loads(capsys.readouterr().out)
     assert code == 0
+    import diffperf as dp
+    from diffperf.inference import infer
+    model, system = dp.model("llama2-7b"), dp.system("h100-sxm5-80gb")
+    plan = dp.InferencePlan(tp=1, batch=1, input_len=128, output_len=64)
     for field, value, q in (("ttft_interval_s", s["ttft_s"], "ttft"),
                             ("e2e_latency_interval_s", s["e2e_latency_s"], "e2e_latency")):
         iv = s[field]
         assert iv["low"] < value < iv["high"], field
-        # The model error of the quantity is a floor of the interval's log half-width.
-        assert math.log(iv["high"] / value) >= Z90 * shipped[q] * (1 - 1e-9), field
+        # log half-width = z sqrt(parameter sd^2 + the model error of *this* quantity^2).
+        par = prediction_interval(lambda e, q=q: getattr(infer(model, system, plan, e), q),
+                                  None, 0.9, "h100-sxm5-80gb", "infer", model_error=False,
+                                  quantity=q)
+        expected = Z90 * math.hypot(par.log_sd, shipped[q])
+        assert math.log(iv["high"] / value) == pytest.approx(expected, rel=1e-4), field
+    assert shipped["ttft"] != shipped["e2e_latency"] != shipped["infer"]
     assert "ms (90% interval" in s["ttft_interval_s"]["text"]

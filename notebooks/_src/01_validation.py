@@ -142,5 +142,5 @@ print(f"calibrated, parameters   {ci.format('s', 4)}")
 # fit in its GPUs' memory, as it did. On IMEC's own 11 training values the
 # physical defaults are closer (3.7 %) than the fit (6.5 %); on the papers' printed values for
 # the same runs the fit is closer (3.0 % against 5.5 %). GPT-3 175B on 64 A100 is predicted at
-# 14.04 s (90 % interval 11.7-16.8 s, with the held-out model error) against 12.9 s measured
+# 14.04 s (90 % interval 11.9-16.6 s, with the held-out model error) against 12.9 s measured
 # (physical defaults: 13.12 s).
