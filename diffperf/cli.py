@@ -69,6 +69,10 @@ def _add_train(sub):
                    help="count the embedding and the LM head + loss as one pipeline layer each "
                         "(Megatron's account_for_{embedding,loss}_in_pipeline_split)")
     p.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
+    p.add_argument("--optimizer-moments", default="fp32", choices=["fp32", "bf16"],
+                   help="Adam moment precision: bf16 is Megatron-core's precision-aware optimizer "
+                        "(--exp-avg-dtype / --exp-avg-sq-dtype bf16; fp32 master weights stay): "
+                        "8 instead of 12 B of optimizer state per parameter (default fp32)")
     p.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=None,
                    help="fp32 gradient buffer and reduction; --no-fp32-gradients for 16-bit "
                         "gradients as in NeMo / Megatron-Bridge performance recipes "
@@ -131,7 +135,8 @@ def _train_inputs(args):
                                            else args.precision != "fp16"),
                         account_embedding_loss=int(args.account_embedding_loss),
                         recompute_layers=args.recompute_layers,
-                        offload_layers=args.offload_layers)
+                        offload_layers=args.offload_layers,
+                        fp32_optimizer_moments=int(args.optimizer_moments == "fp32"))
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu)
 
 

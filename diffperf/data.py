@@ -24,11 +24,12 @@ INFER = ("batch", "input_len", "output_len")
 #: weight-gradient GEMMs and the gradient reduction with the backward pass (empty or absent = 1,
 #: what current Megatron-core / NeMo recipes do), and for
 #: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units),
-#: for fp32 gradient buffers (empty or absent = 1, Megatron-LM for bf16; 0 = 16-bit), and for
-#: counting the embedding and the loss as pipeline layers (empty or absent = 0).
+#: for fp32 gradient buffers (empty or absent = 1, Megatron-LM for bf16; 0 = 16-bit), for
+#: counting the embedding and the loss as pipeline layers (empty or absent = 0), and for fp32
+#: Adam moments (empty or absent = 1; 0 = bf16 moments, Megatron's precision-aware optimizer).
 TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_dp": 1.0,
                         "zero3_per_matrix": 0.0, "fp32_gradients": 1.0,
-                        "account_embedding_loss": 0.0}
+                        "account_embedding_loss": 0.0, "fp32_optimizer_moments": 1.0}
 #: diffperf extension columns of rows of both kinds: 0/1, a parallel attention + MLP block
 #: (GPT-J, Falcon; empty or absent = 0, the sequential block), and whether training applies
 #: dropout (empty or absent = 1, Korthikanti's GPT; 0 for Llama-style models); see `Transformer`.
@@ -208,6 +209,7 @@ def train_specs(row: BenchmarkRow):
                         overlap_dp=v.get("overlap_dp", 1),
                         zero3_per_matrix=v.get("zero3_per_matrix", 0),
                         fp32_gradients=v.get("fp32_gradients", 1),
+                        fp32_optimizer_moments=v.get("fp32_optimizer_moments", 1),
                         account_embedding_loss=v.get("account_embedding_loss", 0),
                         recompute_layers=v.get("recompute_layers", 0),
                         offload_layers=v.get("offload_layers", 0))

@@ -319,13 +319,15 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     dp_comm = jnp.where(group > 1, exposed_after_overlap(dp_total, hide), 0.0)
 
     # Adam on the local shard: read the gradient (g B) and the fp32 master, m, v (12 B), write
-    # master, m, v (12 B) and the model weight (w B), after reading the gradient once more for
-    # the clipping norm (g B); then the whole local gradient buffer is zeroed for the next step
-    # (g B per parameter). With fp32 gradients and 16-bit weights: 34 B per shard parameter.
+    # master, m, v (12 B; 8 B with bf16 moments) and the model weight (w B), after reading the
+    # gradient once more for the clipping norm (g B); then the whole local gradient buffer is
+    # zeroed for the next step (g B per parameter). With fp32 gradients and moments and 16-bit
+    # weights: 34 B per shard parameter.
     shard = n_params / jnp.where(plan.zero >= 1, group, 1.0)
     g = plan.gradient_bytes
+    state = 2.0 * (4.0 + 2.0 * plan.moment_bytes)  # read + write master, m, v
     optimizer = op_time(acc, eff, 14.0 * shard,
-                        (24.0 + 2.0 * g + weight_bytes(plan)) * shard + g * n_params, kernels=6.0)
+                        (state + 2.0 * g + weight_bytes(plan)) * shard + g * n_params, kernels=6.0)
 
     # Activation offloading: each offloaded layer copies its activations to host memory during
     # the forward pass and back during the backward pass, each copy overlapping the compute of

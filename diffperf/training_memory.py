@@ -2,7 +2,8 @@
 
 Mixed-precision Megatron accounting, per parameter: 2 B of 16-bit weights (1 B of fp8 weights in
 fp8 recipes), 4 B of fp32 gradient (`main_grad`; 2 B with `fp32_gradients = 0`) and 12 B of
-fp32 master weights + Adam moments (4 B weights, 8 B for fp32 training).
+fp32 master weights + Adam moments (8 B with bf16 moments, `fp32_optimizer_moments = 0`;
+4 B weights and 8 B of moments for fp32 training: `TrainingPlan.optimizer_state_bytes`).
 ZeRO stage 1 shards the optimizer states over the data-parallel group, 2 also the gradients,
 3 also the weights.
 
@@ -44,9 +45,9 @@ from .model import Transformer
 from .plans import TrainingPlan
 from .roofline import bytes_per_element
 
-#: Bytes per parameter held by mixed-precision training: 16-bit weights, fp32 master weights +
-#: two Adam moments (gradients: `TrainingPlan.gradient_bytes`).
-WEIGHT_BYTES, OPTIMIZER_BYTES = 2.0, 12.0
+#: Bytes per 16-bit weight (gradients: `TrainingPlan.gradient_bytes`; optimizer states:
+#: `TrainingPlan.optimizer_state_bytes`).
+WEIGHT_BYTES = 2.0
 
 
 class TrainingMemory(eqx.Module):
@@ -153,7 +154,7 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
     n = params_per_gpu(model, plan)
     shard = plan.dp * plan.cp
     wbytes = weight_bytes(plan)
-    obytes = jnp.where(plan.precision == 0, 8.0, OPTIMIZER_BYTES)
+    obytes = plan.optimizer_state_bytes
     weights = n * wbytes / jnp.where(plan.zero >= 3, shard, 1.0)
     grads = n * plan.gradient_bytes / jnp.where(plan.zero >= 2, shard, 1.0)
     optim = n * obytes / jnp.where(plan.zero >= 1, shard, 1.0)

@@ -84,6 +84,34 @@ def test_fp8_weights_and_16bit_gradients(gpt3, eff):
     np.testing.assert_allclose(float(f32.gradients), 4 * n, rtol=1e-3)
 
 
+def test_bf16_optimizer_moments(step, gpt22b, dgx_a100, gpt3, eff):
+    """Megatron's precision-aware optimizer with bf16 moments: fp32 master (4 B) + two 2-byte
+    moments = 8 B of optimizer state per parameter instead of 12, sharded by ZeRO-1; the
+    optimizer step moves 8 B less per shard parameter (read and write of both moments), and
+    nothing else changes. fp32 training keeps fp32 moments whatever the flag says."""
+    t, p, d = 8, 8, 4
+    n = (L / p * 12 * H * H + 51200 * H) / t
+    kw = dict(tp=t, pp=p, dp=d, global_batch=64)
+    full = training_memory(gpt3, dp.TrainingPlan(**kw), eff)
+    half = training_memory(gpt3, dp.TrainingPlan(fp32_optimizer_moments=0, **kw), eff)
+    np.testing.assert_allclose(float(full.optimizer), 12 * n / d, rtol=1e-3)
+    np.testing.assert_allclose(float(half.optimizer), 8 * n / d, rtol=1e-3)
+    assert float(half.weights) == float(full.weights)
+    assert float(half.gradients) == float(full.gradients)
+    f32 = dict(kw, precision="fp32")
+    assert float(training_memory(gpt3, dp.TrainingPlan(fp32_optimizer_moments=0, **f32),
+                                 eff).optimizer) == pytest.approx(8 * n / d, rel=1e-3)
+    # Step time: only the (memory-bound) optimizer step gets shorter, by about 8 of its
+    # 24 + 2 g + w + g d = 24 + 8 + 2 + 16 B per shard parameter (fp32 gradients, dp = 4).
+    plan = dict(tp=8, pp=1, dp=4, global_batch=16, sequence_parallel=1, recompute="selective")
+    r32 = step(gpt22b, dgx_a100, dp.TrainingPlan(**plan), eff)
+    r16 = step(gpt22b, dgx_a100, dp.TrainingPlan(fp32_optimizer_moments=0, **plan), eff)
+    ratio = float(r16.optimizer_time) / float(r32.optimizer_time)
+    assert ratio == pytest.approx((50 - 8) / 50, abs=0.02)
+    for f in ("compute_time", "tp_comm_time", "dp_comm_time", "bubble_time"):
+        assert float(getattr(r16, f)) == float(getattr(r32, f)), f
+
+
 def test_16bit_gradients_halve_the_data_parallel_reduction(step, gpt22b, dgx_a100, eff):
     """Plain DDP without overlap: the exposed all-reduce carries half the bytes (a bandwidth-
     bound ring at this size, so close to half the time)."""
@@ -240,6 +268,7 @@ def test_csv_extension_columns(tmp_path):
     assert float(model.dropout) == 0
     korthi = train_specs(rows["imec-korthi-22b-full"])
     assert float(korthi[0].dropout) == 1 and float(korthi[2].fp32_gradients) == 1
+    assert float(korthi[2].fp32_optimizer_moments) == 1  # column absent: fp32 moments
     text = open(src).read().splitlines()
     header = text[0].split(",")
     col = header.index("offload_layers")
