@@ -111,6 +111,7 @@ def _coverage(fit, held_out):
     from diffperf.calibrate_uncertainty import (cell_parameter_sd, interval_coverage,
                                                 use_cross_validated_error)
     from diffperf.calibrate import INFER_COLUMNS, TRAIN_COLUMNS
+    import numpy as np
     use_cross_validated_error(fit, held_out, "source")
     sd_t, sd_i = cell_parameter_sd(fit.problem, fit.theta, fit.covariance)
     par_sd = {}
@@ -126,8 +127,8 @@ def _coverage(fit, held_out):
             "other_sources_scale": (None if v["inside_other_sources"] is None
                                     else round(v["inside_other_sources"], 4))}
         for k, v in cov.items()}
-    return {"table": cov, "parameter_sd_median": float(sorted(held)[len(held) // 2]),
-            "parameter_sd_max": float(max(held))}
+    return {"table": cov, "parameter_sd_median": float(np.median(held)),
+            "parameter_sd_max": float(np.max(held))}
 
 
 def _coverage_lines(fit, cov):

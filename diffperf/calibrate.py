@@ -43,6 +43,7 @@ import numpy as np
 
 from .data import BenchmarkRow, read_benchmarks
 from .efficiency import Efficiency
+from .feasibility import MEMORY_REASONS
 
 #: Factors in (0, 1): parameterised as sigmoid(u).
 FRACTION_FIELDS = ("matmul_peak", "matmul_lowp", "attention", "vector", "hbm", "l2", "nvlink",
@@ -65,9 +66,8 @@ TRAIN_COLUMNS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
 INFER_COLUMNS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 #: A fraction whose default is 0 or 1 starts (and is pulled toward) this far inside (0, 1).
 FRACTION_CLIP = 0.02
-#: Reason codes kept in the fit: 0 feasible, 10 / 12 "does not fit in HBM / host memory" (those
-#: runs happened).
-KEPT_REASONS = (0, 10, 12)
+#: Reason codes kept in the fit: 0 feasible, and the memory reasons (those runs happened).
+KEPT_REASONS = (0, *MEMORY_REASONS)
 DEFAULT_DATA = ("train_calibration.csv", "infer_calibration.csv")
 
 

@@ -177,16 +177,11 @@ def training_summary(report, system) -> dict:
 
 
 def _training_reason_text(reason: int, mem, acc) -> str:
-    """`explain` of a training reason code with the memory numbers; HBM is checked before host
-    memory, so an HBM overflow also names a host-memory overflow."""
+    """`explain` of a training reason code, with the memory numbers for the memory reasons."""
     from .feasibility import explain
-    host = explain(12, float(mem.host), float(acc.host_memory))
-    if reason == 12:
-        return host
-    text = explain(reason, float(mem.total), float(acc.hbm_capacity))
-    if reason == 10 and float(mem.host) > float(acc.host_memory):
-        text += f"; {host}"
-    return text
+    from .validate import capacity_warning
+    return capacity_warning(reason, mem.total, acc.hbm_capacity, mem.host,
+                            acc.host_memory) or explain(reason)
 
 
 def _print_training(args, s: dict, plan) -> None:

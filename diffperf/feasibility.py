@@ -25,6 +25,9 @@ REASONS = {
     11: "batch * (input + output) exceeds the model's context or the plan is otherwise invalid",
     12: "offloaded activations do not fit in host memory",
 }
+#: Reasons of a valid plan that only runs out of memory (HBM, or host memory when offloading):
+#: still predicted (published runs that ran are flagged with a warning, not failed).
+MEMORY_REASONS = (10, 12)
 
 
 def _divides(a, b) -> jax.Array:

@@ -151,17 +151,12 @@ class TrainingPlan(eqx.Module):
         return jnp.where((self.fp32_gradients > 0) | (self.precision == 0), 4.0, 2.0)
 
     @property
-    def moment_bytes(self) -> jax.Array:
-        """Bytes per Adam moment element: 4, or 2 with `fp32_optimizer_moments = 0` (fp32
-        training always 4)."""
-        return jnp.where((self.fp32_optimizer_moments > 0) | (self.precision == 0), 4.0, 2.0)
-
-    @property
     def optimizer_state_bytes(self) -> jax.Array:
         """Optimizer state bytes per parameter: fp32 master weights + two Adam moments, 12 (8
-        with bf16 moments); fp32 training keeps only the two moments (its weights are the
-        master copy): 8."""
-        return jnp.where(self.precision == 0, 0.0, 4.0) + 2.0 * self.moment_bytes
+        with bf16 moments, `fp32_optimizer_moments = 0`); fp32 training keeps only the two fp32
+        moments (its weights are the master copy): 8."""
+        moment = jnp.where((self.fp32_optimizer_moments > 0) | (self.precision == 0), 4.0, 2.0)
+        return jnp.where(self.precision == 0, 0.0, 4.0) + 2.0 * moment
 
     def _split_slots(self) -> jax.Array:
         """True where the embedding and the loss each take one layer slot of the split."""

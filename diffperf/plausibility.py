@@ -13,7 +13,6 @@ value. Such rows are reported, not silently fitted: no efficiency factor can exp
 from __future__ import annotations
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -35,8 +34,9 @@ def _slack(g: float = GEMM_SHARPNESS, k: float = SHARPNESS) -> float:
 
 #: Largest factor by which the model's smooth maxima can exceed the true time (1.389).
 SLACK = _slack()
-#: Measured columns that are times (larger = slower); the others are rates.
+#: Measured columns that are times (larger = slower) and rates (larger = faster).
 TIME_COLUMNS = ("step_time_s", "e2e_latency_s", "ttft_s", "tpot_s")
+RATE_COLUMNS = ("tokens_per_s_per_gpu", "model_tflops_per_gpu", "output_tok_s_per_gpu")
 
 
 def ideal_efficiency() -> Efficiency:
@@ -48,42 +48,32 @@ def ideal_efficiency() -> Efficiency:
                       per_head_attention=1.0, memory_reserve=0.0)
 
 
-def _ideal_inputs(systems, n: int):
-    """Stacked systems without kernel launch cost, and `n` stacked ideal efficiencies."""
-    from .validate import stack
-    systems = eqx.tree_at(lambda s: s.accelerator.launch_overhead, systems,
-                          jnp.zeros_like(systems.accelerator.launch_overhead))
-    return systems, stack([ideal_efficiency()] * n)
+def _without_launch_cost(stacked):
+    """Stacked row specs (`validate.StackedRows`) on GPUs without kernel launch cost."""
+    acc = stacked.systems.accelerator
+    return stacked._replace(systems=eqx.tree_at(
+        lambda s: s.accelerator.launch_overhead, stacked.systems,
+        jnp.zeros_like(acc.launch_overhead)))
 
 
 def ideal_bounds(rows: list[BenchmarkRow], stacked=None) -> dict[str, dict[str, float]]:
-    """`{row id: {measured column: ideal-hardware prediction}}` for every row whose specs are
-    valid (train and infer rows, one batched evaluation per kind). `stacked`: the rows'
+    """`{row id: {column: ideal-hardware prediction}}` for every row that can be predicted:
+    `validate.predict_train_rows` / `inference_validate.predict_infer_rows` with
+    `ideal_efficiency()` on GPUs without launch cost. `stacked`: the rows'
     `(stacked_train_specs, stacked_infer_specs)`, if already built."""
-    from .inference_validate import _infer_batch, stacked_infer_specs
-    from .validate import _train_batch, causal_flops_convention, stacked_train_specs
-    out: dict[str, dict[str, float]] = {}
+    from .inference_validate import predict_infer_rows, stacked_infer_specs
+    from .validate import predict_train_rows, stacked_train_specs
+    train = [r for r in rows if r.kind == "train"]
+    infer = [r for r in rows if r.kind == "infer"]
     if stacked is None:
-        stacked = (stacked_train_specs([r for r in rows if r.kind == "train"]),
-                   stacked_infer_specs([r for r in rows if r.kind == "infer"]))
-    train, infer = stacked
-    if train.rows:
-        systems, effs = _ideal_inputs(train.systems, len(train.rows))
-        causal = jnp.asarray([causal_flops_convention(r) for r in train.rows])
-        rep, mflops = jax.device_get(_train_batch(train.models, systems, train.plans, effs,
-                                                  causal))
-        for i, r in enumerate(train.rows):
-            step, n = float(rep.step_time[i]), float(rep.num_gpus[i])
-            out[r.id] = {"step_time_s": step,
-                         "tokens_per_s_per_gpu": float(rep.tokens_per_s_per_gpu[i]),
-                         "model_tflops_per_gpu": float(mflops[i]) / step / n / 1e12}
-    if infer.rows:
-        systems, effs = _ideal_inputs(infer.systems, len(infer.rows))
-        rep = jax.device_get(_infer_batch(infer.models, systems, infer.plans, effs))
-        for i, r in enumerate(infer.rows):
-            out[r.id] = {"e2e_latency_s": float(rep.e2e_latency[i]),
-                         "ttft_s": float(rep.ttft[i]), "tpot_s": float(rep.tpot[i]),
-                         "output_tok_s_per_gpu": float(rep.output_tok_s_per_gpu[i])}
+        stacked = (stacked_train_specs(train), stacked_infer_specs(infer))
+    ideal = ideal_efficiency()
+    out: dict[str, dict[str, float]] = {}
+    for predict, kind_rows, st in ((predict_train_rows, train, stacked[0]),
+                                   (predict_infer_rows, infer, stacked[1])):
+        if st.rows:
+            predictions, _ = predict(kind_rows, ideal, _without_launch_cost(st))
+            out.update({row.id: pred for row, pred, _ in predictions})
     return out
 
 
@@ -98,8 +88,9 @@ def implausible_measurements(rows: list[BenchmarkRow], stacked=None) -> list[dic
     for r in rows:
         for metric, measured in r.measured.items():
             bound = bounds.get(r.id, {}).get(metric)
-            if bound is None or not np.isfinite(bound) or bound <= 0:
-                continue
+            if (metric not in TIME_COLUMNS + RATE_COLUMNS or bound is None
+                    or not np.isfinite(bound) or bound <= 0):
+                continue  # e.g. peak memory: no speed bound
             factor = bound / measured if metric in TIME_COLUMNS else measured / bound
             if factor > SLACK:
                 found.append({

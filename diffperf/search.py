@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .efficiency import Efficiency
+from .feasibility import REASONS
 from .grid import Grid
 from .hardware import PRECISIONS, System
 from .model import Transformer
@@ -25,15 +26,15 @@ from .training import train_step
 #: * cp does not divide the GPU count; a setting has no effect (sequence parallelism or TP
 #: overlap at tp = 1, DP overlap or ZeRO without data parallelism, selective recomputation with
 #: flash attention): the simpler twin is kept.
-REASON_GPUS = 13
-REASON_DUPLICATE = 14
+REASON_GPUS = max(REASONS) + 1
+REASON_DUPLICATE = REASON_GPUS + 1
 #: Search-only reason: pp * vp does not divide the layer count, so the stages (or interleaved
 #: chunks) cannot all hold the same whole number of layers with Megatron's standard arguments.
-REASON_UNEVEN = 15
+REASON_UNEVEN = REASON_DUPLICATE + 1
 #: Search-only reason: Megatron-core's activation offloading runs only without pipeline
 #: parallelism and without recomputation, on fewer layers than the model has (its
 #: `TransformerConfig` rejects the rest).
-REASON_OFFLOAD = 16
+REASON_OFFLOAD = REASON_UNEVEN + 1
 PLAN_AXES = ("tp", "pp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
              "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision",
              "fp32_gradients", "offload_layers")
@@ -144,7 +145,6 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     with their step-time breakdown, memory and the reason each trails the best), `pareto`
     (DataFrame: step time vs memory per GPU front) and the raw `SweepResult`.
     """
-    from .feasibility import REASONS
     t0 = time.perf_counter()
     eff = default_efficiency() if efficiency is None else efficiency
     grid = grid if grid is not None else default_training_grid(model, gpus, global_batch)

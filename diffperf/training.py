@@ -318,14 +318,14 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
                      plan.overlap_dp * eff.dp_overlap * last_mb)
     dp_comm = jnp.where(group > 1, exposed_after_overlap(dp_total, hide), 0.0)
 
-    # Adam on the local shard: read the gradient (g B) and the fp32 master, m, v (12 B), write
-    # master, m, v (12 B; 8 B with bf16 moments) and the model weight (w B), after reading the
-    # gradient once more for the clipping norm (g B); then the whole local gradient buffer is
-    # zeroed for the next step (g B per parameter). With fp32 gradients and moments and 16-bit
-    # weights: 34 B per shard parameter.
+    # Adam on the local shard: read the gradient (g B) and the optimizer state (fp32 master, m,
+    # v: `optimizer_state_bytes`, 12 B), write the state and the model weight (w B), after
+    # reading the gradient once more for the clipping norm (g B); then the whole local gradient
+    # buffer is zeroed for the next step (g B per parameter). With fp32 gradients and moments
+    # and 16-bit weights: 34 B per shard parameter.
     shard = n_params / jnp.where(plan.zero >= 1, group, 1.0)
     g = plan.gradient_bytes
-    state = 2.0 * (4.0 + 2.0 * plan.moment_bytes)  # read + write master, m, v
+    state = 2.0 * plan.optimizer_state_bytes  # read + write
     optimizer = op_time(acc, eff, 14.0 * shard,
                         (state + 2.0 * g + weight_bytes(plan)) * shard + g * n_params, kernels=6.0)
 
@@ -363,10 +363,10 @@ def predict_training(model: Transformer, system: System, plan: TrainingPlan,
     """`train_step` for one configuration, checked: raises ValueError naming the fields and
     values when the plan is structurally invalid (a plan that merely does not fit in HBM or,
     with offloading, in host memory is returned with `feasible` False)."""
-    from .feasibility import describe_failure
+    from .feasibility import MEMORY_REASONS, describe_failure
     report = _jitted_train_step(model, system, plan, efficiency)
     reason = int(jax.device_get(report.reason))
-    if reason not in (0, 10, 12):
+    if reason not in (0, *MEMORY_REASONS):
         raise ValueError(f"infeasible plan: {describe_failure(reason, model, plan)}")
     return report
 

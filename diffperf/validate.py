@@ -12,7 +12,7 @@ import numpy as np
 
 from .data import BenchmarkRow, read_benchmarks, train_specs
 from .efficiency import Efficiency
-from .feasibility import describe_failure, explain
+from .feasibility import MEMORY_REASONS, describe_failure, explain
 from .presets import efficiency_for
 from .training import model_flops_per_step, train_step
 
@@ -103,7 +103,7 @@ def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None,
     out = []
     for i, row in enumerate(ok):
         reason = int(rep.reason[i])
-        if reason not in (0, 10, 12):
+        if reason not in (0, *MEMORY_REASONS):
             model, _, plan = train_specs(row)
             failed.append({"id": row.id, "error": describe_failure(reason, model, plan)})
             continue
@@ -123,13 +123,17 @@ def predict_train_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None,
 
 def capacity_warning(reason: int, memory_total, capacity, host_total=None,
                      host_capacity=None) -> str | None:
-    """The warning of a row predicted not to fit in HBM (reason 10) or, with offloading, in
-    host memory (reason 12): it ran in reality, so it is still predicted, not failed. None
-    otherwise."""
+    """The message of a plan that does not fit in HBM (reason 10) or, with offloading, in host
+    memory (reason 12), with the numbers; None for other reasons. HBM is checked first, so an
+    HBM overflow also names a host-memory overflow."""
+    has_host = host_total is not None and host_capacity is not None
+    host = (explain(12, float(host_total), float(host_capacity)) if has_host else explain(12))
     if reason == 12:
-        return (explain(12, float(host_total), float(host_capacity)) if host_total is not None
-                else explain(12))
-    return explain(10, float(memory_total), float(capacity)) if reason == 10 else None
+        return host
+    if reason != 10:
+        return None
+    text = explain(10, float(memory_total), float(capacity))
+    return f"{text}; {host}" if has_host and float(host_total) > float(host_capacity) else text
 
 
 def validate(paths, efficiency: Efficiency | None = None) -> dict:
