@@ -151,7 +151,9 @@ def _coverage_lines(fit, cov):
         "residuals, so it tests only the shape of the error distribution. *Other sources' "
         "scale*: each measurement's model error re-estimated from the other sources' residuals "
         "only, the honest test for a new table (n/a where a single source measures the "
-        "quantity, as for TTFT).",
+        "quantity: each inference quantity has one). Inference is split by regime: `latency` "
+        "is a batch-1 run's end-to-end latency, `throughput` a batched run's output tokens/s "
+        "(or its latency).",
         "",
         "| quantity / source | measurements | model error (RMS log) | mean half-width | "
         "coverage, own scale | coverage, other sources' scale |",

@@ -609,9 +609,12 @@ def predictions_table(ds: Dataset, lp_t, lp_i, w_t, w_i) -> list[dict]:
                 if w[i, j] > 0:
                     meas = r.measured[c]
                     pred = float(np.exp(lp[i, j]))
-                    out.append({"id": r.id, "kind": kind, "gpu": r.values["gpu"],
-                                "source": source_of(r.id), "metric": c, "measured": meas,
-                                "predicted": pred, "ape": abs(pred - meas) / meas * 100.0})
+                    cell = {"id": r.id, "kind": kind, "gpu": r.values["gpu"],
+                            "source": source_of(r.id), "metric": c, "measured": meas,
+                            "predicted": pred, "ape": abs(pred - meas) / meas * 100.0}
+                    if kind == "infer":
+                        cell["batch"] = float(r.values["batch"])
+                    out.append(cell)
     return out
 
 

@@ -16,7 +16,8 @@ parameter covariance is optimistic; the prediction interval therefore also adds 
     interval = f * exp(+-z sd),  z = Phi^-1((1 + level) / 2).
 
 `residual_sd[q]` is the RMS log residual of the predicted quantity q (`QUANTITIES`: a training
-step, an end-to-end inference latency, a first-token latency), one residual per measurement.
+step, a batch-1 end-to-end latency, a batched decode throughput, a first-token latency), one
+residual per measurement.
 Estimated from cross-validated residuals, it already contains some parameter error, so adding
 `g^T cov g` on top is slightly conservative (1.9 % log sd for the median cell in quadrature). `calibrate` sets it from the
 in-sample residuals; `calibration/refit.py` replaces it with the leave-one-source-out residuals
@@ -37,21 +38,32 @@ import numpy as np
 
 
 #: Measured columns grouped by the quantity they measure; one model error per quantity.
-#: Training tokens/s and model TFLOP/s are the step time in other units; output tokens/s per
-#: GPU and TPOT are the end-to-end latency of a throughput run in other units.
+#: Training tokens/s and model TFLOP/s are the step time in other units. Inference splits by
+#: regime, because the two err at different scales: `latency` is the end-to-end latency (and
+#: TPOT) of a batch-1 run, bound by streaming the weights; `throughput` is a batched run's
+#: output tokens/s per GPU, and its latency or TPOT when a row measures those instead
+#: (`quantity_of(metric, batch)`).
 QUANTITIES = {
     "step_time": ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu"),
-    "e2e_latency": ("e2e_latency_s", "output_tok_s_per_gpu", "tpot_s"),
+    "latency": ("e2e_latency_s", "tpot_s"),
+    "throughput": ("output_tok_s_per_gpu",),
     "ttft": ("ttft_s",),
 }
 
 
-def quantity_of(metric: str) -> str:
-    """The `QUANTITIES` key a measured column belongs to."""
+def quantity_of(metric: str, batch: float | None = None) -> str:
+    """The `QUANTITIES` key a measured column belongs to; a latency or TPOT measured at
+    `batch` > 1 is a `throughput` measurement."""
     for q, cols in QUANTITIES.items():
         if metric in cols:
-            return q
+            return "throughput" if q == "latency" and batch is not None and batch > 1 else q
     raise ValueError(f"unknown measured column {metric!r}")
+
+
+def decode_quantity(batch: float) -> str:
+    """The quantity whose model error applies to an end-to-end latency, TPOT or throughput
+    predicted at `batch` sequences: `latency` for batch 1, else `throughput`."""
+    return "latency" if batch <= 1 else "throughput"
 
 
 def measurements(preds: list[dict], parameter_sd: dict | None = None) -> list[dict]:
@@ -61,7 +73,7 @@ def measurements(preds: list[dict], parameter_sd: dict | None = None) -> list[di
     of its cells and, given `{(id, metric): sd}`, their mean parameter sd `parameter_sd`."""
     groups: dict = {}
     for p in preds:
-        key = (p["id"], quantity_of(p["metric"]))
+        key = (p["id"], quantity_of(p["metric"], p.get("batch")))
         g = groups.setdefault(key, {"id": p["id"], "kind": p["kind"], "source": p["source"],
                                     "quantity": key[1], "r": [], "parameter_sd": []})
         g["r"].append(math.log(p["predicted"] / p["measured"]))
@@ -288,7 +300,8 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     - `model_error`: add the fit's RMS log residual (the model's own error, not only the
       parameter uncertainty). Without it the interval is a confidence interval of the model.
     - `quantity`: what `fn_of_efficiency` predicts (a `QUANTITIES` key: `"step_time"`,
-      `"e2e_latency"`, `"ttft"`), which selects the model error of that quantity.
+      `"latency"` (batch 1), `"throughput"` (batched runs; see `decode_quantity`), `"ttft"`),
+      which selects the model error of that quantity.
 
     **Returns:** a `PredictionInterval` (`str()` gives "12.9 s (90% interval 12.1 to 13.8 s)").
     """

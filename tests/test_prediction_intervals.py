@@ -13,7 +13,8 @@ import pytest
 
 from diffperf.calibrate import Parameterisation
 from diffperf.calibrate_uncertainty import (FitUncertainty, interval_coverage, model_error_sd,
-                                            prediction_interval, quantity_of, residual_sds)
+                                            prediction_interval, quantity_of, residual_sds,
+                                            decode_quantity)
 from diffperf.cli import main
 
 Z90 = NormalDist().inv_cdf(0.95)
@@ -26,7 +27,10 @@ def cell(metric, kind, ratio, source="s1", id_="r"):
 
 def test_quantities_group_columns_that_measure_the_same_thing():
     assert quantity_of("tokens_per_s_per_gpu") == quantity_of("step_time_s") == "step_time"
-    assert quantity_of("output_tok_s_per_gpu") == quantity_of("e2e_latency_s") == "e2e_latency"
+    assert quantity_of("e2e_latency_s") == quantity_of("tpot_s", batch=1) == "latency"
+    # A batched run's latency measures the same regime as its throughput.
+    assert quantity_of("output_tok_s_per_gpu") == quantity_of("e2e_latency_s", 64) == "throughput"
+    assert decode_quantity(1) == "latency" and decode_quantity(2) == "throughput"
     assert quantity_of("ttft_s") == "ttft"
     with pytest.raises(ValueError, match="peak_memory_gb"):
         quantity_of("peak_memory_gb")
@@ -41,7 +45,7 @@ def test_residual_sds_are_rms_log_ratios_per_quantity_kind_and_overall():
     assert sd["step_time"] == pytest.approx(math.sqrt((0.01 + 0.09) / 2))
     assert sd["train"] == sd["step_time"]
     assert sd["ttft"] == pytest.approx(0.2)
-    assert sd["e2e_latency"] == pytest.approx(0.0, abs=1e-12)
+    assert sd["latency"] == pytest.approx(0.0, abs=1e-12)
     assert sd["infer"] == pytest.approx(math.sqrt(0.04 / 2))
     assert sd["all"] == pytest.approx(math.sqrt((0.01 + 0.09 + 0.04) / 4))
     # Two columns of one row that measure the same quantity (tokens/s and model TFLOP/s are the
@@ -54,6 +58,18 @@ def test_residual_sds_are_rms_log_ratios_per_quantity_kind_and_overall():
     assert model_error_sd({"infer": 0.3, "all": 0.1}, "ttft", "infer") == 0.3
     assert model_error_sd({"all": 0.1}, "ttft", "infer") == 0.1
     assert model_error_sd({}, "ttft") == 0.0
+
+
+def test_batched_latency_counts_as_throughput_error():
+    # A row's batch decides the regime: the latency of a batch-64 run joins the throughput
+    # residuals, a batch-1 latency stays apart.
+    e = math.e
+    preds = [dict(cell("e2e_latency_s", "infer", e ** 0.02, id_="b1"), batch=1.0),
+             dict(cell("e2e_latency_s", "infer", e ** 0.3, id_="b64"), batch=64.0),
+             dict(cell("output_tok_s_per_gpu", "infer", e ** -0.4, id_="t"), batch=32.0)]
+    sd = residual_sds(preds)
+    assert sd["latency"] == pytest.approx(0.02)
+    assert sd["throughput"] == pytest.approx(math.sqrt((0.09 + 0.16) / 2))
 
 
 def test_coverage_counts_values_inside_the_interval():
@@ -82,36 +98,39 @@ def test_interval_uses_the_model_error_of_its_quantity():
     par = Parameterisation.build(groups=())
     theta = np.asarray(par.theta_from())
     u = FitUncertainty(par, theta, np.zeros((theta.size, theta.size)),
-                       {"ttft": 0.2, "e2e_latency": 0.05, "infer": 0.1, "all": 0.1})
+                       {"ttft": 0.2, "latency": 0.05, "throughput": 0.15, "infer": 0.1,
+                        "all": 0.1})
     f = lambda e: 3.0 * e.hbm
-    for quantity, sd in (("ttft", 0.2), ("e2e_latency", 0.05), (None, 0.1)):
+    for quantity, sd in (("ttft", 0.2), ("latency", 0.05), ("throughput", 0.15), (None, 0.1)):
         iv = prediction_interval(f, u, 0.9, kind="infer", quantity=quantity)
         assert iv.high / iv.value == pytest.approx(math.exp(Z90 * sd), rel=1e-9)
         assert iv.value / iv.low == pytest.approx(math.exp(Z90 * sd), rel=1e-9)
-    with pytest.raises(ValueError, match="'latency'"):
-        prediction_interval(f, u, 0.9, quantity="latency")
+    with pytest.raises(ValueError, match="'e2e_latency'"):
+        prediction_interval(f, u, 0.9, quantity="e2e_latency")
 
 
-def test_infer_cli_prints_ttft_and_e2e_intervals(capsys):
+@pytest.mark.parametrize("batch, e2e_quantity", [(1, "latency"), (8, "throughput")])
+def test_infer_cli_prints_ttft_and_e2e_intervals(capsys, batch, e2e_quantity):
     shipped = json.loads(resources.files("diffperf.presets").joinpath("efficiency.json")
                          .read_text())["uncertainty"]["residual_sd"]
     code = main(["infer", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb", "--tp", "1",
-                 "--batch", "1", "--input", "128", "--output", "64", "--interval", "--json"])
+                 "--batch", str(batch), "--input", "128", "--output", "64", "--interval",
+                 "--json"])
     s = json.loads(capsys.readouterr().out)
     assert code == 0
     import diffperf as dp
     from diffperf.inference import infer
     model, system = dp.model("llama2-7b"), dp.system("h100-sxm5-80gb")
-    plan = dp.InferencePlan(tp=1, batch=1, input_len=128, output_len=64)
-    for field, value, q in (("ttft_interval_s", s["ttft_s"], "ttft"),
-                            ("e2e_latency_interval_s", s["e2e_latency_s"], "e2e_latency")):
-        iv = s[field]
+    plan = dp.InferencePlan(tp=1, batch=batch, input_len=128, output_len=64)
+    for field, q in (("ttft", "ttft"), ("e2e_latency", e2e_quantity)):
+        iv, value = s[f"{field}_interval_s"], s[f"{field}_s"]
         assert iv["low"] < value < iv["high"], field
+        assert iv["quantity"] == q
         # log half-width = z sqrt(parameter sd^2 + the model error of *this* quantity^2).
-        par = prediction_interval(lambda e, q=q: getattr(infer(model, system, plan, e), q),
+        par = prediction_interval(lambda e, f=field: getattr(infer(model, system, plan, e), f),
                                   None, 0.9, "h100-sxm5-80gb", "infer", model_error=False,
                                   quantity=q)
         expected = Z90 * math.hypot(par.log_sd, shipped[q])
         assert math.log(iv["high"] / value) == pytest.approx(expected, rel=1e-4), field
-    assert shipped["ttft"] != shipped["e2e_latency"] != shipped["infer"]
+    assert len({shipped["ttft"], shipped["latency"], shipped["throughput"], shipped["infer"]}) == 4
     assert "ms (90% interval" in s["ttft_interval_s"]["text"]
