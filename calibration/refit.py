@@ -135,6 +135,11 @@ def _coverage_lines(fit, cov):
     from diffperf.calibrate_uncertainty import QUANTITIES
     t = cov["table"]
     pct = lambda x: "n/a" if x is None else f"{x * 100:.0f} %"
+
+    def other(v):  # says how many measurements the other-sources test could score
+        n_o = v["n_other_sources"]
+        return pct(v["inside_other_sources"]) + (f" ({n_o} of {v['n']})" if 0 < n_o < v["n"]
+                                                 else "")
     lines = [
         "## Prediction intervals",
         "",
@@ -163,10 +168,10 @@ def _coverage_lines(fit, cov):
         if q in t:
             lines.append(f"| {q} | {t[q]['n']} | {fit.residual_sd[q] * 100:.1f} % | "
                          f"{t[q]['half_width_pct']:.0f} % | {pct(t[q]['inside'])} | "
-                         f"{pct(t[q]['inside_other_sources'])} |")
+                         f"{other(t[q])} |")
     for k in sorted(k for k in t if k.startswith("source:")):
         lines.append(f"| {k[7:]} | {t[k]['n']} | | {t[k]['half_width_pct']:.0f} % | "
-                     f"{pct(t[k]['inside'])} | {pct(t[k]['inside_other_sources'])} |")
+                     f"{pct(t[k]['inside'])} | {other(t[k])} |")
     return lines + [""]
 
 

@@ -141,19 +141,13 @@ def run_infer(args) -> int:
     capacity = float(sys_.accelerator.hbm_capacity)
     summary = _summary(rep)
     if args.interval:
-        from .calibrate_uncertainty import decode_quantity, prediction_interval
+        from .calibrate_uncertainty import decode_quantity, interval_summary
         for field, quantity, unit, scale in (
                 ("ttft", "ttft", "ms", 1e3),
                 ("e2e_latency", decode_quantity(args.batch), "s", 1.0)):
-            try:
-                iv = prediction_interval(
-                    lambda e, f=field: getattr(infer(mdl, sys_, plan, e), f) * scale,
-                    args.efficiency, 0.9, args.gpu, "infer", quantity=quantity)
-                summary[f"{field}_interval_s"] = {
-                    "level": iv.level, "low": iv.low / scale, "high": iv.high / scale,
-                    "quantity": quantity, "text": iv.format(unit, 3)}
-            except ValueError as e:
-                summary[f"{field}_interval_s"] = {"error": str(e)}
+            summary[f"{field}_interval_s"] = interval_summary(
+                lambda e, f=field: getattr(infer(mdl, sys_, plan, e), f), args.efficiency,
+                args.gpu, "infer", quantity, unit, scale)
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
     context = args.input + args.output

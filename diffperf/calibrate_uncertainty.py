@@ -56,7 +56,7 @@ def quantity_of(metric: str, batch: float | None = None) -> str:
     `batch` > 1 is a `throughput` measurement."""
     for q, cols in QUANTITIES.items():
         if metric in cols:
-            return "throughput" if q == "latency" and batch is not None and batch > 1 else q
+            return decode_quantity(batch) if q == "latency" and batch is not None else q
     raise ValueError(f"unknown measured column {metric!r}")
 
 
@@ -323,3 +323,17 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
     v = math.exp(value)
     return PredictionInterval(v, v * math.exp(-z * sd), v * math.exp(z * sd), level, sd)
+
+
+def interval_summary(fn_of_efficiency: Callable, efficiency_path, gpu: str | None, kind: str,
+                     quantity: str, unit: str = "s", scale: float = 1.0) -> dict:
+    """The CLIs' `--interval` entry: `prediction_interval` at 90 % of `fn_of_efficiency` (in
+    s) as `{"level", "low", "high", "quantity", "text"}` (text in `unit` = s / `scale`), or
+    `{"error"}` when the efficiency file carries no uncertainty."""
+    try:
+        iv = prediction_interval(lambda e: fn_of_efficiency(e) * scale, efficiency_path, 0.9,
+                                 gpu, kind, quantity=quantity)
+    except ValueError as e:
+        return {"error": str(e)}
+    return {"level": iv.level, "low": iv.low / scale, "high": iv.high / scale,
+            "quantity": quantity, "text": iv.format(unit, 3)}

@@ -237,15 +237,10 @@ def run_train(args) -> int:
                 "layers than the model has; modelled anyway")
         s["note"] = f"{s['note']}; {note}" if "note" in s else note
     if args.interval:
-        from .calibrate_uncertainty import prediction_interval
-        try:
-            iv = prediction_interval(lambda e: train_step(model, system, plan, e).step_time,
-                                     args.efficiency, 0.9, args.gpu, "train",
-                                     quantity="step_time")
-            s["step_time_interval_s"] = {"level": iv.level, "low": iv.low, "high": iv.high,
-                                         "text": iv.format("s", 3)}
-        except ValueError as e:
-            s["step_time_interval_s"] = {"error": str(e)}
+        from .calibrate_uncertainty import interval_summary
+        s["step_time_interval_s"] = interval_summary(
+            lambda e: train_step(model, system, plan, e).step_time, args.efficiency, args.gpu,
+            "train", "step_time")
     if args.json:
         print(json.dumps(s, indent=2))
     else:
