@@ -110,3 +110,20 @@ def check_divides(owner: str, small: str, a, big: str, b) -> None:
         va_b = np.broadcast_to(va, bad.shape)[bad].ravel()[0]
         vb_b = np.broadcast_to(vb, bad.shape)[bad].ravel()[0]
         raise ValueError(f"{owner}.{small}={va_b:g} does not divide {owner}.{big}={vb_b:g}")
+
+
+def check_finite_report(report, what: str, sizes: str) -> None:
+    """Raise ValueError when any numeric field of a concrete `report` (an equinox module of
+    arrays) is NaN or infinite, naming those fields and the input `sizes` (the usual cause:
+    lengths or counts so large that float32 arithmetic overflows). A report never reaches the
+    user with a silent NaN."""
+    import equinox as eqx
+    bad = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(eqx.filter(report, eqx.is_array))[0]:
+        a = np.asarray(leaf)
+        if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+            bad.append(jax.tree_util.keystr(path).lstrip("."))
+    if bad:
+        shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+        raise ValueError(f"{what} overflowed: {shown} came out NaN or infinite for {sizes}; "
+                         f"the inputs are too large for the model's float arithmetic")

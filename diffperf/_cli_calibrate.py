@@ -99,6 +99,10 @@ def run_calibrate(args) -> int:
                       progress=prog, command=command, **kwargs)
     prog.done(f"fit: loss {fit.loss:.6g}, {fit.metadata['n_cells']} measured values, "
               f"{fit.par.size} parameters, {fit.metadata['fit_seconds']} s")
+    if not fit.metadata.get("converged", True):
+        print(f"warning: the fit did not converge in {args.steps} Adam + {args.lbfgs_steps} "
+              f"L-BFGS steps (raise --lbfgs-steps); its factors are not at the optimum and "
+              f"its prediction intervals are not meaningful", file=sys.stderr)
     if args.cv != "none":
         cv = cross_validate(fit.problem, args.cv, k=args.folds, adam_steps=args.steps,
                             lbfgs_steps=args.lbfgs_steps, progress=prog)

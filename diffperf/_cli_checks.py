@@ -3,6 +3,7 @@ one-line error naming the option, never after minutes of work or with a tracebac
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -27,6 +28,10 @@ def _opt(dest: str) -> str:
 def check_values(args) -> None:
     """Raise CliError naming the first option whose value is out of its range."""
     get = lambda k: getattr(args, k, None)  # noqa: E731
+    for k, v in sorted(vars(args).items()):
+        for x in (v if isinstance(v, list) else [v]):
+            if isinstance(x, float) and not math.isfinite(x):
+                raise CliError(f"{_opt(k)} must be a finite number, got {x}")
     for k in _AT_LEAST_ONE:
         if get(k) is not None and get(k) < 1:
             raise CliError(f"{_opt(k)} must be >= 1, got {get(k)}")

@@ -322,7 +322,8 @@ def run_codesign(args) -> int:
     except ValueError as e:
         return _err(str(e))
     if not grad["feasible"]:
-        return _err("no design satisfies the budgets (try larger budgets)")
+        return _err(f"no feasible design found in {args.steps} steps from {args.starts} starts "
+                    f"(budgets too tight, or too few --steps)")
     design = C.check_design(prob, grad["x"])
     out = {"workload": args.workload,
            "gradient": {"evaluations": grad["evaluations"], "objective": grad["objective"],
@@ -333,6 +334,9 @@ def run_codesign(args) -> int:
                        "design": C.check_design(prob, grid["x"]) if grid["feasible"] else None}
         out["gap"] = grad["objective"] / grid["objective"] - 1.0
         out["evaluation_ratio"] = grid["evaluations"] / grad["evaluations"]
+    if args.area > C.RETICLE_MM2:
+        out["note"] = (f"the die area is bounded by the {C.RETICLE_MM2:g} mm^2 reticle limit, "
+                       f"not the {args.area:g} mm^2 budget")
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -346,6 +350,8 @@ def run_codesign(args) -> int:
           f"NVLink lanes; {d['flops_bf16'] / 1e12:.0f} TFLOP/s (clock x{d['freq_scale']:.2f}), "
           f"{d['hbm_bandwidth'] / 1e12:.2f} TB/s, {d['hbm_capacity'] / 1e9:.0f} GB; "
           f"{d['power_w']:.0f} W, {d['shoreline_mm']:.0f} mm shoreline, ${d['cost_usd']:,.0f}")
+    if "note" in out:
+        print(f"  note: {out['note']}")
     if grid is not None:
         print(f"  grid:     time {grid['objective']:.4g} s after {grid['evaluations']} evaluations "
               f"({grid['seconds']:.1f} s); gradient/grid - 1 = {out['gap']:+.2%}, "

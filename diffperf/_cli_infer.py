@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import check_finite_report
 from .feasibility import describe_failure, explain
 from .inference import infer
 from .inference_plan import InferencePlan
@@ -132,6 +133,8 @@ def run_infer(args) -> int:
                     else describe_failure(reason, mdl, plan))
             print(f"error: infeasible plan: {text}", file=sys.stderr)
             return 2
+        check_finite_report(rep, "the inference prediction",
+                            f"input={args.input}, output={args.output}, batch={args.batch}")
         table = boundedness(mdl, sys_, plan, eff)
         if args.plot:
             roofline_plot(table, args.plot, sys_, f"{args.model} on {args.gpu}, tp={args.tp}")

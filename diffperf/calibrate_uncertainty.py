@@ -43,6 +43,10 @@ import numpy as np
 #: TPOT) of a batch-1 run, bound by streaming the weights; `throughput` is a batched run's
 #: output tokens/s per GPU, and its latency or TPOT when a row measures those instead
 #: (`quantity_of(metric, batch)`).
+#: Largest z * sd (log scale) of a reported interval: beyond it (a factor of e^5 = 148 each
+#: way) the fit's covariance is degenerate and an interval would say nothing.
+MAX_LOG_HALF_WIDTH = 5.0
+
 QUANTITIES = {
     "step_time": ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu"),
     "latency": ("e2e_latency_s", "tpot_s"),
@@ -273,13 +277,57 @@ def load_uncertainty(fit=None) -> FitUncertainty:
             data = json.loads(Path(fit).read_text())
         except FileNotFoundError:
             raise ValueError(f"efficiency file {where} does not exist") from None
-    unc = data.get("uncertainty") or {}
-    if "covariance" not in unc or "parameterisation" not in unc:
+    unc = data.get("uncertainty") if isinstance(data, dict) else None
+    if unc is None or (isinstance(unc, dict) and not unc):
         raise ValueError(f"{where} has no uncertainty section (write it with diffperf calibrate)")
-    return FitUncertainty(Parameterisation.from_json(unc["parameterisation"]),
-                          np.asarray(unc["theta"], dtype=np.float64),
-                          np.asarray(unc["covariance"], dtype=np.float64),
-                          dict(unc.get("residual_sd", {})))
+    return _checked_uncertainty(unc, where)
+
+
+def _checked_uncertainty(unc, where: str) -> FitUncertainty:
+    """A `FitUncertainty` from a fitted file's "uncertainty" section, or a ValueError naming
+    the file and the bad key: a parameterisation with the fitted layout, a finite theta of
+    that length, a finite square covariance of that size with a non-negative diagonal, and
+    finite non-negative model errors."""
+    from .calibrate import Parameterisation
+    if not isinstance(unc, dict):
+        raise ValueError(f"{where}: 'uncertainty' must be an object, got {type(unc).__name__}")
+    for key in ("parameterisation", "theta", "covariance"):
+        if key not in unc:
+            raise ValueError(f"{where}: 'uncertainty' lacks {key!r} (write it with diffperf "
+                             f"calibrate)")
+    try:
+        par = Parameterisation.from_json(unc["parameterisation"])
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"{where}: 'uncertainty.parameterisation' is malformed "
+                         f"({type(e).__name__}: {e})") from None
+    n = par.size
+
+    def array(key, ndim):
+        try:
+            a = np.asarray(unc[key], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: 'uncertainty.{key}' must be numbers") from None
+        shape = (n,) * ndim
+        if a.shape != shape:
+            raise ValueError(f"{where}: 'uncertainty.{key}' has shape {a.shape}; the "
+                             f"parameterisation has {n} parameters, so {shape} is expected")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{where}: 'uncertainty.{key}' contains NaN or infinite values")
+        return a
+
+    theta, cov = array("theta", 1), array("covariance", 2)
+    if np.any(np.diag(cov) < 0):
+        i = int(np.argmin(np.diag(cov)))
+        raise ValueError(f"{where}: 'uncertainty.covariance' has a negative variance "
+                         f"{np.diag(cov)[i]:g} for {par.names()[i]!r}")
+    sd = unc.get("residual_sd", {})
+    if not isinstance(sd, dict):
+        raise ValueError(f"{where}: 'uncertainty.residual_sd' must be an object")
+    for k, v in sd.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{where}: 'uncertainty.residual_sd.{k}' must be a finite "
+                             f"number >= 0, got {v!r}")
+    return FitUncertainty(par, theta, cov, {k: float(v) for k, v in sd.items()})
 
 
 def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9,
@@ -317,10 +365,15 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     value, g = jax.value_and_grad(logf)(theta)
     value, g = float(value), np.asarray(g, dtype=np.float64)
     var = float(g @ u.covariance @ g)
-    if model_error:
-        var += model_error_sd(u.residual_sd, quantity, kind) ** 2
-    sd = math.sqrt(max(var, 0.0))
+    if not (math.isfinite(value) and math.isfinite(var)):
+        raise ValueError("the prediction or its variance is not finite; no interval")
+    error = model_error_sd(u.residual_sd, quantity, kind) if model_error else 0.0
+    sd = math.hypot(math.sqrt(max(var, 0.0)), error)
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    if z * sd > MAX_LOG_HALF_WIDTH:
+        raise ValueError(f"the log-prediction's standard deviation is {sd:.3g}, too wide for "
+                         f"a meaningful interval (a factor of e^{2 * z * sd:.3g}); the fit's "
+                         f"covariance is degenerate or it did not converge")
     v = math.exp(value)
     return PredictionInterval(v, v * math.exp(-z * sd), v * math.exp(z * sd), level, sd)
 

@@ -2,7 +2,7 @@
 
 Design space (continuous, the same for the gradient method and the grid):
 
-- `area_mm2` in [AREA_MIN, area budget]: logic-die area;
+- `area_mm2` in [AREA_MIN, min(area budget, RETICLE_MM2)]: logic-die area;
 - `sram_frac` in [0, SRAM_MAX_FRAC]: share of the die area in SRAM (L2);
 - `hbm_stacks` in [1, STACKS_MAX] (continuous relaxation of the stack count);
 - `nvlink_lanes` in [4, LANES_MAX] (continuous relaxation of the lane count).
@@ -51,6 +51,9 @@ from .presets import default_efficiency
 from .training import train_step
 
 AREA_MIN = 200.0
+#: Largest die one lithography exposure can print: the 26 mm x 33 mm scanner field, mm^2. A
+#: larger area budget still bounds the search at this size (bigger chips are several dies).
+RETICLE_MM2 = 858.0
 SRAM_MAX_FRAC = 0.3
 STACKS_MAX = 12.0
 LANES_MIN, LANES_MAX = 4.0, 72.0
@@ -93,9 +96,10 @@ class Problem(eqx.Module):
 
 
 def bounds(b: Budgets) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bounds of (area_mm2, sram_frac, hbm_stacks, nvlink_lanes)."""
+    """Lower and upper bounds of (area_mm2, sram_frac, hbm_stacks, nvlink_lanes); the die area
+    stops at the reticle limit whatever the budget."""
     return (np.array([AREA_MIN, 0.0, 1.0, LANES_MIN]),
-            np.array([b.area_mm2, SRAM_MAX_FRAC, STACKS_MAX, LANES_MAX]))
+            np.array([min(b.area_mm2, RETICLE_MM2), SRAM_MAX_FRAC, STACKS_MAX, LANES_MAX]))
 
 
 def design_of(prob: Problem, x) -> T.Design:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from . import collectives as coll
+from ._checks import check_finite_report
 from .efficiency import Efficiency, matmul_efficiency
 from .feasibility import training_reason
 from .hardware import System
@@ -368,6 +369,9 @@ def predict_training(model: Transformer, system: System, plan: TrainingPlan,
     reason = int(jax.device_get(report.reason))
     if reason not in (0, *MEMORY_REASONS):
         raise ValueError(f"infeasible plan: {describe_failure(reason, model, plan)}")
+    check_finite_report(report, "the training prediction",
+                        f"seq_len={float(model.seq_len):g}, global_batch="
+                        f"{float(plan.global_batch):g}, micro_batch={float(plan.micro_batch):g}")
     return report
 
 

@@ -107,6 +107,17 @@ def test_train_readable_output(capsys):
     (["calibrate", "--data", "benchmarks_data/train_calibration.csv", "--out", "x.json",
       "--cv", "kfold", "--folds", "1"], "--folds must be >= 2"),
     (["sensitivity", "--workload", "infer", "--tp", "3"], "tp does not divide heads (tp=3"),
+    (["calibrate", "--out", "x.json", "--prior-weight", "nan"],
+     "--prior-weight must be a finite number, got nan"),
+    (["search", "infer", "--latency", "inf"], "--latency must be a finite number, got inf"),
+    # float32 overflow: an error naming the inputs, never a report of NaN / inf.
+    (["train", "--model", "gpt-1.7b", "--gpus", "1", "--tp", "1", "--pp", "1", "--vp", "1",
+      "--global-batch", "1", "--seq-len", "1000000000000000"],
+     "the training prediction overflowed: step_time"),
+    (["infer", "--model", "llama2-7b", "--gpu", "a100-sxm4-80gb", "--input", "1" + "0" * 15],
+     "the inference prediction overflowed: ttft"),
+    (["infer", "--model", "llama2-7b", "--gpu", "a100-sxm4-80gb", "--output", "1" + "0" * 20],
+     "for input=128, output=" + "1" + "0" * 20),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -192,3 +203,18 @@ def test_train_notes_an_uneven_pipeline_layout(capsys):
     assert code == 0 and "uneven layout: 96 layers over pp*vp = 40" in out
     code, out, _ = run(capsys, "train")
     assert code == 0 and "uneven layout" not in out
+
+
+def test_unconverged_calibration_warns_and_its_intervals_are_refused(capsys, tmp_path):
+    import pandas as pd
+    small = tmp_path / "three.csv"
+    pd.read_csv("benchmarks_data/train_calibration.csv").head(3).to_csv(small, index=False)
+    fitted = tmp_path / "fitted.json"
+    code, _, err = run(capsys, "calibrate", "--data", str(small), "--out", str(fitted),
+                       "--steps", "0", "--lbfgs-steps", "0", "--quiet")
+    assert code == 0 and "warning: the fit did not converge" in err
+    code, out, err = run(capsys, "train", "--model", "gpt3-175b", "--gpus", "64", "--tp", "8",
+                         "--pp", "8", "--global-batch", "64", "--interval", "--efficiency",
+                         str(fitted), "--json")
+    assert code == 0 and "Traceback" not in err
+    assert "too wide for a meaningful interval" in json.loads(out)["step_time_interval_s"]["error"]

@@ -46,3 +46,15 @@ def test_bad_budgets_raise():
         C.Budgets(area_mm2=800.0, power_w=-1.0, perimeter_mm=100.0, cost_usd=1000.0)
     with pytest.raises(ValueError, match="workload"):
         C.default_problem("serve")
+
+
+def test_larger_budgets_stay_feasible_and_the_die_stops_at_the_reticle():
+    # Budgets far beyond any chip must not make the search fail (the die area box stops at the
+    # 858 mm^2 reticle field); the design respects every budget and the reticle.
+    huge = C.Budgets(area_mm2=1e6, power_w=1e6, perimeter_mm=1e6, cost_usd=1e9)
+    prob = C.default_problem("infer", node_nm=3.0, memory_index=3.0, network_index=3.0,
+                             budgets=huge)
+    res = C.optimise(prob, steps=30, starts=2)
+    assert res["feasible"]
+    _assert_within(prob, res["x"], huge)
+    assert C.check_design(prob, res["x"])["area_mm2"] <= C.RETICLE_MM2 + 1e-6

@@ -134,3 +134,59 @@ def test_infer_cli_prints_ttft_and_e2e_intervals(capsys, batch, e2e_quantity):
         assert math.log(iv["high"] / value) == pytest.approx(expected, rel=1e-4), field
     assert len({shipped["ttft"], shipped["latency"], shipped["throughput"], shipped["infer"]}) == 4
     assert "ms (90% interval" in s["ttft_interval_s"]["text"]
+
+
+def _shipped():
+    return json.loads(resources.files("diffperf.presets").joinpath("efficiency.json").read_text())
+
+
+def _corrupt(unc, how):
+    n = len(unc["theta"])
+    if how == "not an object":
+        return ["covariance"]
+    if how == "theta too short":
+        unc["theta"] = unc["theta"][:-1]
+    elif how == "covariance not square":
+        unc["covariance"] = [row[:-1] for row in unc["covariance"]]
+    elif how == "nan covariance":
+        unc["covariance"][0][0] = float("nan")
+    elif how == "negative variance":
+        unc["covariance"][2][2] = -1e-4
+    elif how == "parameterisation not an object":
+        unc["parameterisation"] = 5
+    elif how == "residual sd negative":
+        unc["residual_sd"]["step_time"] = -0.1
+    elif how == "degenerate covariance":  # an unconverged fit: parameter sd of order 1e5
+        unc["covariance"] = (np.eye(n) * 1e11).tolist()
+    elif how == "huge model error":
+        unc["residual_sd"]["step_time"] = 1e300
+    return unc
+
+
+@pytest.mark.parametrize("how, message", [
+    ("not an object", "'uncertainty' must be an object"),
+    ("theta too short", "'uncertainty.theta' has shape"),
+    ("covariance not square", "'uncertainty.covariance' has shape"),
+    ("nan covariance", "'uncertainty.covariance' contains NaN"),
+    ("negative variance", "negative variance"),
+    ("parameterisation not an object", "'uncertainty.parameterisation' is malformed"),
+    ("residual sd negative", "'uncertainty.residual_sd.step_time'"),
+    ("degenerate covariance", "too wide for a meaningful interval"),
+    ("huge model error", "too wide for a meaningful interval"),
+])
+def test_interval_from_a_corrupt_fitted_file_is_a_clear_message(tmp_path, capsys, how, message):
+    data = _shipped()
+    data["uncertainty"] = _corrupt(data["uncertainty"], how)
+    path = tmp_path / "fitted.json"
+    path.write_text(json.dumps(data))
+    code = main(["train", "--model", "gpt3-175b", "--gpu", "a100-sxm4-80gb", "--gpus", "64",
+                 "--tp", "8", "--pp", "8", "--global-batch", "64", "--interval",
+                 "--efficiency", str(path), "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err  # the prediction itself stands; only the interval is refused
+    s = json.loads(out.out)
+    assert math.isfinite(s["step_time_s"])
+    err = s["step_time_interval_s"]["error"]
+    assert message in err
+    if how not in ("degenerate covariance", "huge model error"):
+        assert str(path) in err
