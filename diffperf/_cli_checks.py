@@ -15,6 +15,11 @@ class CliError(Exception):
 _AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
                  "global_batch", "seq_len", "n", "batch", "input", "output", "max_gpus",
                  "starts")
+#: Of those, the sizes the model computes with in float32, which counts integers exactly only
+#: up to 2^24 (a larger GPU count or length would be silently rounded).
+_FLOAT32_EXACT = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
+                  "global_batch", "seq_len", "batch", "input", "output", "max_gpus")
+MAX_COUNT = 2 ** 24
 #: Options that are physical budgets or targets: > 0.
 _POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")
 #: Options where 0 is meaningful (no L-BFGS stage, no prior).
@@ -35,6 +40,10 @@ def check_values(args) -> None:
     for k in _AT_LEAST_ONE:
         if get(k) is not None and get(k) < 1:
             raise CliError(f"{_opt(k)} must be >= 1, got {get(k)}")
+    for k in _FLOAT32_EXACT:
+        if get(k) is not None and get(k) > MAX_COUNT:
+            raise CliError(f"{_opt(k)} must be <= {MAX_COUNT} (2^24: larger counts are not exact "
+                           f"in float32), got {get(k)}")
     for k in _POSITIVE:
         if get(k) is not None and not get(k) > 0:
             raise CliError(f"{_opt(k)} must be > 0, got {get(k)}")

@@ -175,7 +175,8 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
         r = infer(model, system, plan, eff)
         return {"e2e_latency_s": r.e2e_latency, "ttft_s": r.ttft, "tpot_s": r.tpot,
                 "output_tok_s_per_gpu": r.output_tok_s_per_gpu,
-                "memory_gb": r.memory.total / 1e9, "feasible": r.feasible}
+                "memory_gb": r.memory.total / 1e9, "feasible": r.feasible,
+                "reason": r.reason}
 
     out = evaluate_all(grid, evaluate, progress=False)
     df = pd.DataFrame(grid.decode_host(np.arange(grid.size))).astype(int)
@@ -192,7 +193,9 @@ def run_search_infer(args) -> int:
     df = search_inference(model, system, args.input, args.output, args.max_gpus,
                           args.precision, _efficiency(args.efficiency),
                           grouped_decode_attention=0 if args.per_head_decode else 1)
-    ok = df[df["feasible"]]
+    finite = np.isfinite(df[["e2e_latency_s", "ttft_s", "tpot_s"]].to_numpy()).all(axis=1)
+    ok = df[df["feasible"] & finite]
+    why = _infeasible_reasons(df[~(df["feasible"] & finite)], args.precision)
     target = ok
     if args.latency is not None:
         target = target[target["e2e_latency_s"] <= args.latency]
@@ -204,13 +207,18 @@ def run_search_infer(args) -> int:
     seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"evaluated": int(len(df)), "feasible": int(len(ok)),
-                          "seconds": seconds, "best": _records(best),
+                          "seconds": seconds, "infeasible_reasons": why, "best": _records(best),
                           "pareto_latency_vs_throughput": _records(front)}))
         return 0
     print(f"search infer: {args.model} on {args.gpu}, {args.input} in / {args.output} out, "
           f"{args.precision}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
     cols = ["tp", "pp", "batch", "e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu",
             "memory_gb"]
+    if len(ok) == 0:
+        print("  no feasible plan; why the plans fail (count):")
+        for text, n in why.items():
+            print(f"    {n:6d}  {text}")
+        return 0
     if len(best) == 0:
         print("  no feasible plan meets the latency target")
     else:
@@ -224,6 +232,19 @@ def run_search_infer(args) -> int:
     print("\nPareto front, end-to-end latency vs output tokens/s per GPU:")
     print(front[cols].to_string(index=False, float_format="%.4g"))
     return 0
+
+
+def _infeasible_reasons(bad: pd.DataFrame, precision: str) -> dict:
+    """{readable reason: number of plans}, most common first, for the plans that failed (a
+    plan whose latency overflowed float32 counts as 'prediction not finite')."""
+    from .feasibility import explain
+    code = precision_code(precision)
+    out = {}
+    for reason, feasible in zip(bad["reason"].to_numpy(), bad["feasible"].to_numpy()):
+        text = ("prediction not finite (lengths too large for float32)" if feasible
+                else explain(int(reason), precision=code))
+        out[text] = out.get(text, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def _latency_throughput_front(df: pd.DataFrame) -> np.ndarray:
