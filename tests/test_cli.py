@@ -229,7 +229,14 @@ def test_search_infer_without_a_feasible_plan_says_why(capsys):
 
 def test_a_prediction_that_overflows_float32_is_an_error_not_nan():
     # Sizes beyond the CLI's 2^24 cap reach the API: the checked entry points refuse a report
-    # with NaN / inf fields and name them.
+    # with NaN / inf fields and name them. Float32 as the CLI runs (another test may have
+    # switched the process to float64, where these sizes do not overflow).
+    import jax
+    with jax.enable_x64(False):
+        _overflow_checks()
+
+
+def _overflow_checks():
     import diffperf as dp
     from diffperf._checks import check_finite_report
     from diffperf.inference import infer
