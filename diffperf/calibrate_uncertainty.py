@@ -277,6 +277,11 @@ def load_uncertainty(fit=None) -> FitUncertainty:
             data = json.loads(Path(fit).read_text())
         except FileNotFoundError:
             raise ValueError(f"efficiency file {where} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"efficiency file {where} is not valid JSON: {e}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"efficiency file {where} is not UTF-8 text (a JSON file?)") \
+                from None
     unc = data.get("uncertainty") if isinstance(data, dict) else None
     if unc is None or (isinstance(unc, dict) and not unc):
         raise ValueError(f"{where} has no uncertainty section (write it with diffperf calibrate)")

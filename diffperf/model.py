@@ -134,6 +134,8 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> 
         raise ValueError(f"no Hugging Face config at {path}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text (a Hugging Face config.json?)") from None
 
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: expected a JSON object")

@@ -251,3 +251,13 @@ def _overflow_checks():
                 dp.InferencePlan(tp=1, batch=1, input_len=1e15, output_len=128))
     with pytest.raises(ValueError, match=r"overflowed: ttft.*input=1e15"):
         check_finite_report(rep, "the inference prediction", "input=1e15")
+
+
+@pytest.mark.parametrize("option, needle", [("--efficiency", "efficiency file"),
+                                            ("--model", "Hugging Face config")])
+def test_a_binary_input_file_is_named(capsys, tmp_path, option, needle):
+    binary = tmp_path / "blob.json"
+    binary.write_bytes(bytes(range(128, 256)))
+    code, _, err = run(capsys, "train", option, str(binary))
+    assert code == 2 and "Traceback" not in err
+    assert str(binary) in err and "is not UTF-8 text" in err and needle in err

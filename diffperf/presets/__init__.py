@@ -182,6 +182,8 @@ def efficiency_from_json(path: str | Path) -> GpuEfficiency:
         raise ValueError(f"efficiency file {path} does not exist") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"efficiency file {path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"efficiency file {path} is not UTF-8 text (a JSON file?)") from None
     if not isinstance(data, dict):
         raise ValueError(f"efficiency file {path}: expected a JSON object")
     if "factors" not in data and "per_gpu" not in data:
