@@ -3,7 +3,9 @@ one-line error naming the option, never after minutes of work or with a tracebac
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from pathlib import Path
 
 
@@ -109,8 +111,33 @@ def check_paths(args) -> None:
         v = getattr(args, k, None)
         if not isinstance(v, str):
             continue
+        if not v.strip():
+            raise CliError(f"{_opt(k)}: expected a file name, got an empty string")
         p = Path(v)
         if p.is_dir():
             raise CliError(f"{_opt(k)}: is a directory, expected a file name: {v}")
         if not p.resolve().parent.is_dir():
             raise CliError(f"{_opt(k)}: directory does not exist: {p.parent}")
+        if not os.access(p.resolve().parent, os.W_OK):
+            raise CliError(f"{_opt(k)}: directory is not writable: {p.parent}")
+        _check_format(args, k, p)
+
+
+def _check_format(args, option: str, path: Path) -> None:
+    """The output format must be one the command can write (checked before the work)."""
+    suffix = path.suffix.lower().lstrip(".")
+    if option == "plot":
+        try:
+            from matplotlib.figure import Figure
+        except ImportError:
+            raise CliError("--plot needs matplotlib: pip install matplotlib") from None
+        formats = sorted(Figure().canvas.get_supported_filetypes())
+        if suffix not in formats:
+            raise CliError(f"--plot: unsupported image format {path.suffix or '(none)'!r} of "
+                           f"{path}; use one of {', '.join('.' + f for f in formats)}")
+    elif option == "out" and getattr(args, "command", None) == "search":
+        if suffix not in ("csv", "parquet"):
+            raise CliError(f"--out: use a .csv or .parquet file name, got {path}")
+        if suffix == "parquet" and importlib.util.find_spec("pyarrow") is None:
+            raise CliError("--out: writing parquet needs pyarrow: pip install pyarrow "
+                           "(or use .csv)")

@@ -111,6 +111,12 @@ def test_train_readable_output(capsys):
      "--prior-weight must be a finite number, got nan"),
     (["search", "infer", "--latency", "inf"], "--latency must be a finite number, got inf"),
     (["train", "--gpus", "16777224"], "--gpus must be <= 16777216 (2^24"),
+    # Output formats are checked before the work, not after it.
+    (["search", "train", "--gpus", "8", "--out", "best.txt"],
+     "--out: use a .csv or .parquet file name, got best.txt"),
+    (["infer", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb", "--plot", "roof.xyz"],
+     "--plot: unsupported image format '.xyz' of roof.xyz; use one of"),
+    (["attribution", "--plot", ""], "--plot: expected a file name, got an empty string"),
     (["train", "--model", "gpt-1.7b", "--gpus", "1", "--tp", "1", "--pp", "1", "--vp", "1",
       "--global-batch", "1", "--seq-len", "1000000000000000"],
      "--seq-len must be <= 16777216"),
