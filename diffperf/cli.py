@@ -49,14 +49,17 @@ def _add_train(sub):
     p.add_argument("--system", default=None, help="system preset id (default: the GPU's system)")
     p.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
     p.add_argument("--nvlink-domain", type=int, default=None, help="GPUs per NVLink domain")
-    p.add_argument("--tp", type=int, default=8)
-    p.add_argument("--pp", type=int, default=8)
+    p.add_argument("--tp", type=int, default=8, help="tensor-parallel degree (default 8)")
+    p.add_argument("--pp", type=int, default=8, help="pipeline stages (default 8)")
     p.add_argument("--dp", type=int, default=None, help="default: gpus / (tp * pp * cp)")
-    p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--vp", type=int, default=3, help="interleaved chunks per stage (default 3)")
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--global-batch", type=int, default=1536)
+    p.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (default 1)")
+    p.add_argument("--vp", type=int, default=None,
+                   help="interleaved chunks per stage (default 3 with --pp > 1, else 1)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch "
+                                                               "(default 1)")
+    p.add_argument("--global-batch", type=int, default=1536,
+                   help="sequences per optimizer step (default 1536)")
     p.add_argument("--seq-len", type=int, default=None, help="default: the model's")
     p.add_argument("--recompute", default="selective", choices=["none", "selective", "full"])
     p.add_argument("--recompute-layers", type=int, default=0,
@@ -103,6 +106,8 @@ def _add_train(sub):
 
 def _train_inputs(args):
     from .plans import TrainingPlan, layer_count_error
+    if args.vp is None:
+        args.vp = 3 if args.pp > 1 else 1
     model = _load_model(args.model, args.seq_len)
     system = presets.system(args.system or args.gpu, nvlink_domain=args.nvlink_domain)
     if args.system and args.gpu:

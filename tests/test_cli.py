@@ -267,3 +267,14 @@ def test_a_binary_input_file_is_named(capsys, tmp_path, option, needle):
     code, _, err = run(capsys, "train", option, str(binary))
     assert code == 2 and "Traceback" not in err
     assert str(binary) in err and "is not UTF-8 text" in err and needle in err
+
+
+def test_vp_defaults_to_1_without_pipeline_and_3_with_it(capsys):
+    code, out, _ = run(capsys, "train", "--model", "gpt-1.7b", "--gpus", "8", "--pp", "1",
+                       "--global-batch", "8", "--json")
+    assert code == 0 and json.loads(out)["feasible"]
+    code, out, _ = run(capsys, "train", "--model", "gpt-1.7b", "--gpus", "8", "--pp", "1",
+                       "--global-batch", "8")
+    assert " vp=1 " in out
+    code, out, _ = run(capsys, "train")
+    assert " pp=8 " in out and " vp=3 " in out
