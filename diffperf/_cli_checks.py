@@ -101,7 +101,14 @@ def check_paths(args) -> None:
     any work is done)."""
     for k in _INPUTS:
         values = getattr(args, k, None)
-        for v in ([values] if isinstance(values, str) else values or []):
+        values = [values] if isinstance(values, str) else values or []
+        seen = set()
+        for v in values:
+            key = Path(v).resolve()
+            if key in seen:
+                raise CliError(f"{_opt(k)}: {v} is given twice (its rows would count twice)")
+            seen.add(key)
+        for v in values:
             p = Path(v)
             if not p.exists():
                 raise CliError(f"{_opt(k)}: no such file: {v}")

@@ -111,6 +111,8 @@ def test_train_readable_output(capsys):
      "--prior-weight must be a finite number, got nan"),
     (["search", "infer", "--latency", "inf"], "--latency must be a finite number, got inf"),
     (["train", "--gpus", "16777224"], "--gpus must be <= 16777216 (2^24"),
+    (["validate", "--data", "benchmarks_data/train_calibration.csv", "--data",
+      "./benchmarks_data/train_calibration.csv"], "is given twice (its rows would count twice)"),
     # Output formats are checked before the work, not after it.
     (["search", "train", "--gpus", "8", "--out", "best.txt"],
      "--out: use a .csv or .parquet file name, got best.txt"),
@@ -278,3 +280,12 @@ def test_vp_defaults_to_1_without_pipeline_and_3_with_it(capsys):
     assert " vp=1 " in out
     code, out, _ = run(capsys, "train")
     assert " pp=8 " in out and " vp=3 " in out
+
+
+def test_a_bad_per_gpu_factor_names_the_file_and_gpu(capsys, tmp_path):
+    bad = tmp_path / "eff.json"
+    bad.write_text(json.dumps({"factors": {}, "per_gpu": {"h100-sxm5-80gb": {"hbm": 1.5}}}))
+    code, _, err = run(capsys, "train", "--efficiency", str(bad))
+    assert code == 2
+    assert f"efficiency file {bad}, per_gpu.h100-sxm5-80gb: Efficiency.hbm must lie in (0, 1]" \
+        in err

@@ -160,7 +160,10 @@ def _gpu_efficiency(data: dict, path) -> GpuEfficiency:
             raise ValueError(f"efficiency file {path}: per_gpu has unknown gpu {g!r}; known: "
                              f"{', '.join(sorted(known_gpus))}")
         over = _check_factors(path, per_gpu[g], f"per_gpu.{g}")
-        Efficiency(**{**factors, **over})  # validates the merged factors (ranges)
+        try:
+            Efficiency(**{**factors, **over})  # validates the merged factors (ranges)
+        except ValueError as e:
+            raise ValueError(f"efficiency file {path}, per_gpu.{g}: {e}") from None
         entries.append((g.lower(), tuple(sorted((k, float(v)) for k, v in over.items()))))
     try:
         return GpuEfficiency(**factors, per_gpu=tuple(entries))
