@@ -86,6 +86,9 @@ def run_search_train(args) -> int:
     offload = sorted(set(args.offload_layers)) if args.offload_layers else [0]
     if offload[0] < 0:
         raise CliError(f"--offload-layers must be >= 0, got {offload[0]}")
+    if offload[-1] >= float(model.layers):
+        raise CliError(f"--offload-layers must be fewer than the model's {float(model.layers):g} "
+                       f"layers (a pipeline chunk holds at most that many), got {offload[-1]}")
     grid = default_training_grid(model, args.gpus, args.global_batch, precisions=codes,
                                  fp32_gradients=[int(args.fp32_gradients)],
                                  offload_layers=offload)

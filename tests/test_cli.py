@@ -111,6 +111,8 @@ def test_train_readable_output(capsys):
      "--prior-weight must be a finite number, got nan"),
     (["search", "infer", "--latency", "inf"], "--latency must be a finite number, got inf"),
     (["train", "--gpus", "16777224"], "--gpus must be <= 16777216 (2^24"),
+    (["search", "train", "--model", "gpt-1.7b", "--gpus", "8", "--offload-layers", "24"],
+     "--offload-layers must be fewer than the model's 24 layers"),
     (["validate", "--data", "benchmarks_data/train_calibration.csv", "--data",
       "./benchmarks_data/train_calibration.csv"], "is given twice (its rows would count twice)"),
     # Output formats are checked before the work, not after it.
