@@ -125,5 +125,5 @@ def check_finite_report(report, what: str, sizes: str) -> None:
             bad.append(jax.tree_util.keystr(path).lstrip("."))
     if bad:
         shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
-        raise ValueError(f"{what} overflowed: {shown} came out NaN or infinite for {sizes}; "
-                         f"the inputs are too large for the model's float arithmetic")
+        raise ValueError(f"{what} is not finite: {shown} came out NaN or infinite for "
+                         f"{sizes} (usually sizes too large for float32 arithmetic)")

@@ -37,16 +37,16 @@ from typing import Callable
 import numpy as np
 
 
+#: Largest z * sd (log scale) of a reported interval: beyond it (a factor of e^5 = 148 each
+#: way) the fit's covariance is degenerate and an interval would say nothing.
+MAX_LOG_HALF_WIDTH = 5.0
+
 #: Measured columns grouped by the quantity they measure; one model error per quantity.
 #: Training tokens/s and model TFLOP/s are the step time in other units. Inference splits by
 #: regime, because the two err at different scales: `latency` is the end-to-end latency (and
 #: TPOT) of a batch-1 run, bound by streaming the weights; `throughput` is a batched run's
 #: output tokens/s per GPU, and its latency or TPOT when a row measures those instead
 #: (`quantity_of(metric, batch)`).
-#: Largest z * sd (log scale) of a reported interval: beyond it (a factor of e^5 = 148 each
-#: way) the fit's covariance is degenerate and an interval would say nothing.
-MAX_LOG_HALF_WIDTH = 5.0
-
 QUANTITIES = {
     "step_time": ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu"),
     "latency": ("e2e_latency_s", "tpot_s"),
