@@ -6,6 +6,9 @@ checked by the feasibility logic of the phase models instead).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,3 +130,16 @@ def check_finite_report(report, what: str, sizes: str) -> None:
         shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
         raise ValueError(f"{what} is not finite: {shown} came out NaN or infinite for "
                          f"{sizes} (usually sizes too large for float32 arithmetic)")
+
+
+def read_json(path, what: str):
+    """The parsed JSON of file `path`, or a ValueError naming `what` and the file when it is
+    missing, not UTF-8 text or not valid JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{what} {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {path} is not UTF-8 text (a JSON file?)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} {path} is not valid JSON: {e}") from None

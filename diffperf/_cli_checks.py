@@ -17,10 +17,10 @@ class CliError(Exception):
 _AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
                  "global_batch", "seq_len", "n", "batch", "input", "output", "max_gpus",
                  "starts")
-#: Of those, the sizes the model computes with in float32, which counts integers exactly only
-#: up to 2^24 (a larger GPU count or length would be silently rounded).
-_FLOAT32_EXACT = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
-                  "global_batch", "seq_len", "batch", "input", "output", "max_gpus")
+#: Of those, the sizes the model computes with in float32 (all but the sweep size `n` and the
+#: optimiser's `starts`), which counts integers exactly only up to 2^24 (a larger GPU count or
+#: length would be silently rounded).
+_FLOAT32_EXACT = tuple(k for k in _AT_LEAST_ONE if k not in ("n", "starts"))
 MAX_COUNT = 2 ** 24
 #: Options that are physical budgets or targets: > 0.
 _POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")

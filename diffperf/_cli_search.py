@@ -242,11 +242,11 @@ def _infeasible_reasons(bad: pd.DataFrame, precision: str) -> dict:
     plan whose latency overflowed float32 counts as 'prediction not finite')."""
     from .feasibility import explain
     code = precision_code(precision)
-    out = {}
-    for reason, feasible in zip(bad["reason"].to_numpy(), bad["feasible"].to_numpy()):
+    out: dict = {}
+    for (feasible, reason), n in bad.groupby(["feasible", "reason"]).size().items():
         text = ("prediction not finite (lengths too large for float32)" if feasible
                 else explain(int(reason), precision=code))
-        out[text] = out.get(text, 0) + 1
+        out[text] = out.get(text, 0) + int(n)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 

@@ -17,20 +17,17 @@ parameter covariance is optimistic; the prediction interval therefore also adds 
 
 `residual_sd[q]` is the RMS log residual of the predicted quantity q (`QUANTITIES`: a training
 step, a batch-1 end-to-end latency, a batched decode throughput, a first-token latency), one
-residual per measurement.
-Estimated from cross-validated residuals, it already contains some parameter error, so adding
-`g^T cov g` on top is slightly conservative (1.9 % log sd for the median cell in quadrature). `calibrate` sets it from the
-in-sample residuals; `calibration/refit.py` replaces it with the leave-one-source-out residuals
+residual per measurement. Estimated from cross-validated residuals, it already contains some
+parameter error, so adding `g^T cov g` on top is slightly conservative (1.9 % log sd for the
+median cell in quadrature). `calibrate` sets it from the in-sample residuals; `calibration/refit.py` replaces it with the leave-one-source-out residuals
 (the error on tables the fit never saw, which is what a new configuration faces) and measures
 how many held-out values fall inside their interval (`interval_coverage`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import NormalDist
 from typing import Callable
 
@@ -259,7 +256,7 @@ class FitUncertainty:
 
 def load_uncertainty(fit=None) -> FitUncertainty:
     """From a `Fit`, a fitted JSON path, or None (the shipped `presets/efficiency.json`)."""
-    from .calibrate import Fit, Parameterisation
+    from .calibrate import Fit
     if isinstance(fit, FitUncertainty):
         return fit
     if isinstance(fit, Fit):
@@ -268,20 +265,11 @@ def load_uncertainty(fit=None) -> FitUncertainty:
         return FitUncertainty(fit.par, np.asarray(fit.theta), np.asarray(fit.covariance),
                               dict(fit.residual_sd))
     if fit is None:
-        from importlib import resources
-        text = resources.files("diffperf.presets").joinpath("efficiency.json").read_text()
-        data, where = json.loads(text), "diffperf/presets/efficiency.json"
+        from .presets import _default_efficiency_data
+        data, where = _default_efficiency_data(), "diffperf/presets/efficiency.json"
     else:
-        where = str(fit)
-        try:
-            data = json.loads(Path(fit).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"efficiency file {where} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"efficiency file {where} is not valid JSON: {e}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"efficiency file {where} is not UTF-8 text (a JSON file?)") \
-                from None
+        from ._checks import read_json
+        data, where = read_json(fit, "efficiency file"), str(fit)
     unc = data.get("uncertainty") if isinstance(data, dict) else None
     if unc is None or (isinstance(unc, dict) and not unc):
         raise ValueError(f"{where} has no uncertainty section (write it with diffperf calibrate)")
@@ -387,7 +375,8 @@ def interval_summary(fn_of_efficiency: Callable, efficiency_path, gpu: str | Non
                      quantity: str, unit: str = "s", scale: float = 1.0) -> dict:
     """The CLIs' `--interval` entry: `prediction_interval` at 90 % of `fn_of_efficiency` (in
     s) as `{"level", "low", "high", "quantity", "text"}` (text in `unit` = s / `scale`), or
-    `{"error"}` when the efficiency file carries no uncertainty."""
+    `{"error"}` when the efficiency file carries no usable uncertainty (none, malformed, or so
+    wide that no interval is meaningful)."""
     try:
         iv = prediction_interval(lambda e: fn_of_efficiency(e) * scale, efficiency_path, 0.9,
                                  gpu, kind, quantity=quantity)

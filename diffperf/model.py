@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import equinox as eqx
@@ -10,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import as_float, check_divides, check_fraction, check_integer, is_concrete
+from ._checks import (as_float, check_divides, check_fraction, check_integer, is_concrete,
+                      read_json)
 
 def _F():
     return eqx.field(converter=as_float)
@@ -128,14 +128,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> 
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"no Hugging Face config at {path}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text (a Hugging Face config.json?)") from None
+    cfg = read_json(path, "Hugging Face config")
 
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: expected a JSON object")

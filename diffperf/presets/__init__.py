@@ -9,6 +9,7 @@ from pathlib import Path
 
 import equinox as eqx
 
+from .._checks import read_json
 from ..efficiency import Efficiency
 from ..hardware import Accelerator, Network, System
 from ..model import Transformer
@@ -179,14 +180,7 @@ def efficiency_from_json(path: str | Path) -> GpuEfficiency:
     `.for_gpu(name)` gives a GPU's factors (used per row by `diffperf validate`).
     """
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"efficiency file {path} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"efficiency file {path} is not valid JSON: {e}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"efficiency file {path} is not UTF-8 text (a JSON file?)") from None
+    data = read_json(path, "efficiency file")
     if not isinstance(data, dict):
         raise ValueError(f"efficiency file {path}: expected a JSON object")
     if "factors" not in data and "per_gpu" not in data:
