@@ -8,7 +8,8 @@ one training step is decomposed over F factors:
   (so it is separable from the `tensor_flops` factor);
 - `tensor_flops`: bf16 / tf32 / vector FLOP/s, L2 capacity and bandwidth, SM count;
 - `hbm_bandwidth`, `hbm_capacity`;
-- `nvlink_bandwidth`, `nvlink_domain` (GPUs per NVLink domain);
+- `nvlink_bandwidth` (with the NVLink generation's hop latency and in-switch reduction),
+  `nvlink_domain` (GPUs per NVLink domain);
 - `scaleout_bandwidth` (InfiniBand per GPU);
 - `best_plan`: re-optimising the parallel plan for the coalition's hardware. Without it the base
   system's best plan is kept (at the coalition's precision).
@@ -51,10 +52,11 @@ _ACC_FACTOR = {"flops_fp32": "tensor_flops", "flops_bf16": "tensor_flops",
                "vector_flops": "tensor_flops", "l2_capacity": "tensor_flops",
                "l2_bandwidth": "tensor_flops", "num_sms": "tensor_flops",
                "hbm_bandwidth": "hbm_bandwidth", "hbm_capacity": "hbm_capacity"}
-# NVLink SHARP (in-switch reduction) comes with the NVLink / NVSwitch generation: it is part of
-# the "NVLink bandwidth" factor.
+# NVLink SHARP (in-switch reduction) and the hop latency come with the NVLink / NVSwitch
+# generation: they are part of the "NVLink bandwidth" factor.
 _NET_FACTOR = {"nvlink_domain": "nvlink_domain", "nvlink_bandwidth": "nvlink_bandwidth",
-               "nvlink_sharp": "nvlink_bandwidth", "scaleout_bandwidth": "scaleout_bandwidth"}
+               "nvlink_sharp": "nvlink_bandwidth", "nvlink_latency": "nvlink_bandwidth",
+               "scaleout_bandwidth": "scaleout_bandwidth"}
 
 
 def candidate_plans(model: Transformer, gpus: int, global_batch: int) -> Grid:

@@ -34,11 +34,19 @@ def _fixed(n, eff: Efficiency):
     return jnp.where(n > 1, eff.collective_overhead, 0.0)
 
 
-def _in_domain_steps(net: Network, n_in, ring_steps):
-    """Hop latencies an in-domain collective pays: a ring's `ring_steps`, or with in-switch
-    reduction (NVLink SHARP) at most 2, independent of the group size."""
-    sharp = jnp.minimum(ring_steps, 2.0 * jnp.minimum(n_in - 1.0, 1.0))
-    return jnp.where(net.nvlink_sharp > 0, sharp, ring_steps)
+#: Latency of an NVLS (NVLink SHARP, in-switch) all-reduce inside one NVLink domain, s: NCCL's
+#: tuning model (`src/graph/tuning.cc`, hwLat NVLINK / NVLS / Simple = 23 us, base latency 0).
+NVLS_LATENCY = 23e-6
+
+
+def _in_domain_all_reduce_latency(net: Network, n_in):
+    """Latency of the in-domain part of an all-reduce over `n_in` GPUs, s: a ring's 2 (n_in - 1)
+    hops, or with in-switch reduction (NVLink SHARP) whichever of the ring and NVLS is faster,
+    as NCCL's tuner picks. At NCCL's 0.6 us LL hop an 8-GPU ring (8.4 us) beats NVLS; a 72-GPU
+    NVL72 group (85 us) does not."""
+    ring = 2.0 * (n_in - 1.0) * net.nvlink_latency
+    nvls = jnp.where(n_in > 1, NVLS_LATENCY, 0.0)
+    return jnp.where(net.nvlink_sharp > 0, jnp.minimum(ring, nvls), ring)
 
 
 def _ring_latency(net: Network, n, n_out):
@@ -51,11 +59,11 @@ def _ring_latency(net: Network, n, n_out):
 def all_reduce(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     """Hierarchical ring all-reduce of `size` bytes over `n` ranks: reduce-scatter in-domain,
     all-reduce across domains on 1/n_in of the data, all-gather in-domain. With NVLink SHARP
-    the in-domain latency is two hops (the bandwidth term is kept at the ring's)."""
+    the in-domain latency is at most NVLS's (the bandwidth term is kept at the ring's)."""
     n_in, n_out = tier_split(net, n, stride)
     bw_in, bw_out = _bw(net, eff)
     t_in = (2 * (n_in - 1) / n_in * size / bw_in
-            + _in_domain_steps(net, n_in, 2 * (n_in - 1)) * net.nvlink_latency)
+            + _in_domain_all_reduce_latency(net, n_in))
     t_out = (2 * (n_out - 1) / n_out * size / n_in / bw_out
              + 2 * (n_out - 1) * net.scaleout_latency)
     return t_in + t_out + _fixed(n, eff)

@@ -102,7 +102,8 @@ class Network(eqx.Module):
     - `scaleout_latency`: latency of one scale-out hop (one ring step), s.
     - `nvlink_sharp`: 1 if the NVLink switches reduce in the network (NVLink SHARP / NVLS,
       third-generation NVSwitch and later: H100 systems on): an in-domain all-reduce then pays
-      two hop latencies whatever the group size, instead of a ring's 2 (n - 1).
+      the smaller of a ring's 2 (n - 1) hop latencies and NCCL's flat NVLS latency
+      (`collectives.NVLS_LATENCY`, 23 us), as NCCL's tuner picks.
     """
 
     nvlink_domain: jax.Array = _F()

@@ -278,21 +278,26 @@ def test_unsupported_precision_gives_finite_time(a100):
     assert np.isfinite(t) and t > 1.0
 
 
-def test_nvlink_sharp_makes_small_all_reduce_latency_independent_of_group_size():
-    """In-switch reduction (NVLS): two hop latencies for any in-domain group, versus a ring's
-    2 (n - 1); the bandwidth term is the ring's either way."""
+def test_nvlink_sharp_caps_small_all_reduce_latency_at_nccl_nvls_latency():
+    """In-switch reduction (NVLS): an in-domain all-reduce pays the faster of the ring's
+    2 (n - 1) hops and NCCL's flat 23 us NVLS latency; the bandwidth term is the ring's either
+    way. At 2 us per hop the ring wins up to 6 GPUs (20 us) and NVLS from 7 (24 us > 23 us)."""
     sharp = eqx.tree_at(lambda n: n.nvlink_sharp, NET, jnp.float32(1.0))
     tiny = 16.0  # bytes: latency-bound
-    for n in (2, 4, 8):
+    for n, nvls_latency in ((2, 4e-6), (4, 12e-6), (6, 20e-6), (7, 23e-6), (8, 23e-6)):
         ring = float(coll.all_reduce(NET, EFF, tiny, n, 1))
         nvls = float(coll.all_reduce(sharp, EFF, tiny, n, 1))
         bw = 2 * (n - 1) / n * tiny / BW_IN
         close(ring, bw + 2 * (n - 1) * 2e-6 + OVH)
-        close(nvls, bw + 2 * 2e-6 + OVH)
+        close(nvls, bw + nvls_latency + OVH)
+    # a 72-GPU domain (NVL72) at NCCL's 0.6 us LL hop: ring 85.2 us, so NVLS's 23 us
+    nvl72 = eqx.tree_at(lambda n: (n.nvlink_domain, n.nvlink_latency), sharp,
+                        (jnp.float32(72.0), jnp.float32(0.6e-6)))
+    close(float(coll.all_reduce(nvl72, EFF, tiny, 72, 1)), 2 * 71 / 72 * tiny / BW_IN + 23e-6 + OVH)
     # large messages: identical bandwidth term, so the same time up to the latency difference
     big = 1e9
     diff = float(coll.all_reduce(NET, EFF, big, 8, 1)) - float(coll.all_reduce(sharp, EFF, big, 8, 1))
-    close(diff, (14 - 2) * 2e-6, rtol=1e-3)
+    close(diff, 14 * 2e-6 - 23e-6, rtol=1e-3)
 
 
 def test_nvlink_sharp_must_be_a_flag():
