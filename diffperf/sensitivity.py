@@ -126,7 +126,7 @@ def technology_elasticities(time_fn, gpu: str, nvlink_domain: float = 8.0) -> tu
 
     value, el = elasticities(fn, {"tech": tech, "design": design, "arch": arch})
     names = {k: v for k, v in el.items()
-             if k not in ("design.dies", "design.nvlink_domain")}
+             if k not in ("design.dies", "design.nvlink_domain", "tech.nvlink_sharp")}
 
     def by_coord(coords):
         n, mi, ni = coords

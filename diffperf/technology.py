@@ -6,7 +6,7 @@ The tables of `presets/technology.json` (every number with its source) describe
   access energy, leakage, wafer price;
 - DRAM generations HBM2 .. HBM4e: bandwidth, capacity and energy per stack, PHY shoreline/area;
 - network generations NVLink2 .. NVLink7: SerDes lane rate, energy per bit, lane shoreline/area,
-  scale-out NIC rate per GPU.
+  scale-out NIC rate per GPU, NVLink hop latency and in-switch reduction (NVLS, from NVLink4).
 
 `technology(node_nm, memory_index, network_index)` interpolates the tables **in log space**
 (log value piecewise linear in log node, and in the generation index), so a node such as 4 nm
@@ -50,8 +50,8 @@ from .hardware import Accelerator, Network
 SMOOTH_P = 8.0
 #: Die area outside compute, SRAM and IO PHYs (command processors, NoC, die-to-die, media), share.
 OTHER_FRAC = 0.15
-#: Per-hop latencies of the generated network (as in presets/systems.json), s.
-NVLINK_LATENCY = 2e-6
+#: Scale-out ring hop latency of the generated network (as in presets/systems.json), s; the
+#: NVLink hop latency and NVLS come with the network generation (`technology`).
 SCALEOUT_LATENCY = 14e-6
 #: Fixed kernel launch cost of generated accelerators (as in presets/gpus.json), s.
 LAUNCH_OVERHEAD = 3e-6
@@ -62,7 +62,8 @@ _LOGIC_KEYS = ("logic_mtr_per_mm2", "fmax_ghz", "vdd_v", "pj_per_flop", "sram_mb
                "sram_pj_per_bit", "leakage_w_per_mm2", "wafer_usd")
 _MEM_KEYS = ("gb_s_per_stack", "gb_per_stack", "pj_per_bit", "phy_shoreline_mm", "phy_area_mm2",
              "usd_per_gb")
-_NET_KEYS = ("serdes_gbps", "pj_per_bit", "lane_shoreline_mm", "lane_area_mm2", "scaleout_gbps")
+_NET_KEYS = ("serdes_gbps", "pj_per_bit", "lane_shoreline_mm", "lane_area_mm2", "scaleout_gbps",
+             "hop_latency_us")
 ARCHITECTURES = ("ampere", "hopper", "blackwell")
 
 
@@ -98,7 +99,9 @@ class TechParams(eqx.Module):
     `sram_density` bit/mm^2, `sram_energy` J/bit, `leakage` W/mm^2, `wafer_cost` USD.
     Memory (per HBM stack): `hbm_bw` B/s, `hbm_cap` B, `hbm_energy` J/bit, `hbm_shoreline` mm,
     `hbm_phy_area` mm^2, `hbm_cost` USD/B. Network: `lane_rate` bit/s per direction,
-    `link_energy` J/bit, `lane_shoreline` mm, `lane_area` mm^2, `scaleout_bw` B/s per GPU.
+    `link_energy` J/bit, `lane_shoreline` mm, `lane_area` mm^2, `scaleout_bw` B/s per GPU,
+    `nvlink_latency` s per ring hop, `nvlink_sharp` 1 if the switches reduce in-network (NVLS;
+    the nearest generation's, a step, not interpolated).
     """
 
     logic_density: jax.Array = _F()
@@ -120,6 +123,8 @@ class TechParams(eqx.Module):
     lane_shoreline: jax.Array = _F()
     lane_area: jax.Array = _F()
     scaleout_bw: jax.Array = _F()
+    nvlink_latency: jax.Array = _F()
+    nvlink_sharp: jax.Array = _F()
 
 
 class ArchParams(eqx.Module):
@@ -220,7 +225,15 @@ def technology(node_nm, memory_index, network_index) -> TechParams:
         hbm_phy_area=M["phy_area_mm2"], hbm_cost=M["usd_per_gb"] / 1e9,
         lane_rate=N["serdes_gbps"] * 1e9, link_energy=N["pj_per_bit"] * 1e-12,
         lane_shoreline=N["lane_shoreline_mm"], lane_area=N["lane_area_mm2"],
-        scaleout_bw=N["scaleout_gbps"] * 1e9 / 8.0)
+        scaleout_bw=N["scaleout_gbps"] * 1e9 / 8.0, nvlink_latency=N["hop_latency_us"] * 1e-6,
+        nvlink_sharp=_nearest_row(network_index, _column(net, "nvls")))
+
+
+def _nearest_row(index, column):
+    """`column` at the table row nearest to a continuous generation `index` (clamped): for
+    flags, which do not interpolate."""
+    i = jnp.clip(jnp.round(jnp.asarray(index)), 0, len(column) - 1).astype(jnp.int32)
+    return jnp.asarray(column)[i]
 
 
 def _die_cost(tech: TechParams, design: Design):
@@ -275,8 +288,8 @@ def generate(tech: TechParams, design: Design, arch: ArchParams) -> Generated:
         l2_capacity=jnp.maximum(sram_bytes, 1.0), l2_bandwidth=flops * l2_bw_per_flop,
         num_sms=sms, launch_overhead=LAUNCH_OVERHEAD)
     net = Network(nvlink_domain=design.nvlink_domain, nvlink_bandwidth=nvlink_bw,
-                  nvlink_latency=NVLINK_LATENCY, scaleout_bandwidth=tech.scaleout_bw,
-                  scaleout_latency=SCALEOUT_LATENCY)
+                  nvlink_latency=tech.nvlink_latency, scaleout_bandwidth=tech.scaleout_bw,
+                  scaleout_latency=SCALEOUT_LATENCY, nvlink_sharp=tech.nvlink_sharp)
     cost = (_die_cost(tech, design) + design.hbm_stacks * tech.hbm_cap * tech.hbm_cost
             + costs["package_usd"] + design.nvlink_lanes * costs["usd_per_nvlink_lane"])
     usage = Usage(compute_mm2=compute_mm2, io_mm2=io_mm2, shoreline_mm=shoreline, power_w=power,

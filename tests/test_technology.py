@@ -14,6 +14,28 @@ def test_generator_reproduces_datasheets_within_10_percent(row):
         assert abs(row[f"{key}_ratio"] - 1.0) < 0.10, (row["gpu"], key, row[f"{key}_ratio"])
 
 
+@pytest.mark.parametrize("gpu, system", [("a100", "dgx-a100"), ("h100", "dgx-h100"),
+                                         ("b200", "dgx-b200")])
+def test_generated_network_latency_and_nvls_match_the_preset_system(gpu, system):
+    """The NVLink generation carries its hop latency (2 us to NVLink3, NCCL's 0.6 us LL hop
+    from NVLink4) and NVLS, as the shipped systems do."""
+    from diffperf import presets
+    net = T.reference(gpu).network
+    want = presets.system(system).network
+    assert np.isclose(float(net.nvlink_latency), float(want.nvlink_latency), rtol=1e-5)
+    assert float(net.nvlink_sharp) == float(want.nvlink_sharp)
+    assert np.isclose(float(net.scaleout_latency), float(want.scaleout_latency), rtol=1e-6)
+
+
+def test_nvls_flag_is_the_nearest_generation_and_vmaps():
+    flags = jax.vmap(lambda i: T.technology(5.0, 2.0, i).nvlink_sharp)(
+        jnp.array([0.0, 1.0, 1.4, 1.6, 2.0, 5.0, 9.0]))
+    assert np.asarray(flags).tolist() == [0, 0, 0, 1, 1, 1, 1]
+    # the hop latency interpolates in log space between NVLink3 (2 us) and NVLink4 (0.6 us)
+    mid = float(T.technology(5.0, 2.0, 1.5).nvlink_latency)
+    assert np.isclose(mid, np.sqrt(2e-6 * 0.6e-6), rtol=1e-4)
+
+
 def test_interpolation_hits_table_rows_and_is_monotonic():
     rows = T.tables()["logic"]["rows"]
     for r in rows:
