@@ -99,7 +99,7 @@ for s, w, ratio in A.CLAIMS:
 # %% [markdown]
 # **Finding.** At an equal 1,024 GPUs, B200 trains GPT-3 175B 8.1x faster than A100 in fp8
 # (16.86 s to 2.07 s per step) and 11.7x in fp4 (1.44 s); GB200 NVL72 reaches 9.6x and H100 3.8x.
-# Tensor FLOP/s (4.34x) and precision (1.29x) give 82 % of the B200 log speed-up, the three
-# network factors together 1.17x, HBM bandwidth and capacity 1.08x, the re-chosen plan 1.16x.
+# Tensor FLOP/s (4.35x) and precision (1.28x) give 82 % of the B200 log speed-up, the three
+# network factors together 1.17x, HBM bandwidth and capacity 1.08x, the re-chosen plan 1.15x.
 # The paper's ~35x is a system-scale comparison (more GPUs per system, fp4, best plans): the
 # per-GPU ratio leaves 3.0x (fp4) to 4.3x (fp8) of it to system scale.
