@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,7 +121,6 @@ def check_finite_report(report, what: str, sizes: str) -> None:
     arrays) is NaN or infinite, naming those fields and the input `sizes` (the usual cause:
     lengths or counts so large that float32 arithmetic overflows). A report never reaches the
     user with a silent NaN."""
-    import equinox as eqx
     bad = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(eqx.filter(report, eqx.is_array))[0]:
         a = np.asarray(leaf)

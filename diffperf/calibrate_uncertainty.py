@@ -19,9 +19,10 @@ parameter covariance is optimistic; the prediction interval therefore also adds 
 step, a batch-1 end-to-end latency, a batched decode throughput, a first-token latency), one
 residual per measurement. Estimated from cross-validated residuals, it already contains some
 parameter error, so adding `g^T cov g` on top is slightly conservative (1.9 % log sd for the
-median cell in quadrature). `calibrate` sets it from the in-sample residuals; `calibration/refit.py` replaces it with the leave-one-source-out residuals
-(the error on tables the fit never saw, which is what a new configuration faces) and measures
-how many held-out values fall inside their interval (`interval_coverage`).
+median cell in quadrature). `calibrate` sets it from the in-sample residuals;
+`calibration/refit.py` replaces it with the leave-one-source-out residuals (the error on tables
+the fit never saw, which is what a new configuration faces) and measures how many held-out
+values fall inside their interval (`interval_coverage`).
 """
 
 from __future__ import annotations

@@ -200,6 +200,13 @@ def _column(rows, key):
     return np.asarray([float(r[key]) for r in rows])
 
 
+def _nearest_row(index, column):
+    """`column` at the table row nearest to a continuous generation `index` (clamped): for
+    flags, which do not interpolate."""
+    i = jnp.clip(jnp.round(jnp.asarray(index)), 0, len(column) - 1).astype(jnp.int32)
+    return jnp.asarray(column)[i]
+
+
 def technology(node_nm, memory_index, network_index) -> TechParams:
     """Interpolate the tables at a (continuous) logic node (nm), HBM generation index
     (0 HBM2, 1 HBM2e, 2 HBM3, 3 HBM3e, 4 HBM4, 5 HBM4e) and network index (0 NVLink2 ..
@@ -227,13 +234,6 @@ def technology(node_nm, memory_index, network_index) -> TechParams:
         lane_shoreline=N["lane_shoreline_mm"], lane_area=N["lane_area_mm2"],
         scaleout_bw=N["scaleout_gbps"] * 1e9 / 8.0, nvlink_latency=N["hop_latency_us"] * 1e-6,
         nvlink_sharp=_nearest_row(network_index, _column(net, "nvls")))
-
-
-def _nearest_row(index, column):
-    """`column` at the table row nearest to a continuous generation `index` (clamped): for
-    flags, which do not interpolate."""
-    i = jnp.clip(jnp.round(jnp.asarray(index)), 0, len(column) - 1).astype(jnp.int32)
-    return jnp.asarray(column)[i]
 
 
 def _die_cost(tech: TechParams, design: Design):
