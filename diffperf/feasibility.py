@@ -30,8 +30,18 @@ REASONS = {
 MEMORY_REASONS = (10, 12)
 
 
-def _divides(a, b) -> jax.Array:
-    return jnp.mod(b, a) == 0
+def divides(a, b) -> jax.Array:
+    """Whether `a` divides `b` (integer-valued floats): `b` is `a` times the integer nearest to
+    `b / a`.
+
+    Exact while the products are exact (b < 2^24 in float32): even an approximate quotient
+    (XLA's vectorised division is not correctly rounded) rounds to the right integer when a
+    divides b, and otherwise no integer multiple of a equals b. Unlike `jnp.mod`, which on
+    floats lowers to a scalar `fmod` call per element and made the feasibility checks as
+    costly as the step time, this vectorises.
+    """
+    k = jnp.round(b / a)
+    return (k * a == b) & jnp.isfinite(k)
 
 
 def _first_failure(checks: list[jax.Array]) -> jax.Array:
@@ -48,14 +58,14 @@ def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
     bytes per GPU in host memory."""
     m = plan.num_micro_batches
     checks = [
-        _divides(plan.tp, model.heads),
-        _divides(plan.tp, model.kv_heads) | _divides(model.kv_heads, plan.tp),
-        _divides(plan.tp, model.ffn_hidden),
-        _divides(plan.dp * plan.micro_batch, plan.global_batch),
+        divides(plan.tp, model.heads),
+        divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp),
+        divides(plan.tp, model.ffn_hidden),
+        divides(plan.dp * plan.micro_batch, plan.global_batch),
         plan.pp * plan.vp <= model.layers,
-        (plan.vp == 1) | ((plan.pp > 1) & _divides(plan.pp, m)),
-        _divides(plan.cp, model.seq_len),
-        _divides(plan.ep, model.num_experts) & _divides(plan.ep, plan.dp * plan.cp),
+        (plan.vp == 1) | ((plan.pp > 1) & divides(plan.pp, m)),
+        divides(plan.cp, model.seq_len),
+        divides(plan.ep, model.num_experts) & divides(plan.ep, plan.dp * plan.cp),
         acc.peak_flops(plan.precision) > 0,
         memory_total <= acc.hbm_capacity,
         jnp.asarray(True),  # 11: inference only

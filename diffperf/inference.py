@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from . import collectives as coll
 from .efficiency import Efficiency, matmul_efficiency
+from .feasibility import divides
 from .hardware import System
 from .inference_plan import InferencePlan
 from .model import Transformer
@@ -407,11 +408,10 @@ def inference_reason(model: Transformer, plan: InferencePlan, system: System,
     """Reason code of an inference plan (0 feasible; codes of `diffperf.feasibility.REASONS`:
     1 tp does not divide heads, 2 tp vs kv_heads, 3 tp does not divide ffn_hidden, 5 pp exceeds
     layers, 9 no tensor cores for the GEMM precision, 10 does not fit in HBM)."""
-    div = lambda a, b: jnp.mod(b, a) == 0
     checks = [
-        (1, div(plan.tp, model.heads)),
-        (2, div(plan.tp, model.kv_heads) | div(model.kv_heads, plan.tp)),
-        (3, div(plan.tp, model.ffn_hidden)),
+        (1, divides(plan.tp, model.heads)),
+        (2, divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp)),
+        (3, divides(plan.tp, model.ffn_hidden)),
         (5, plan.pp <= model.layers),
         (9, system.accelerator.peak_flops(plan.math_precision) > 0),
         (10, memory_total <= system.accelerator.hbm_capacity),

@@ -65,9 +65,18 @@ def exposed_after_overlap(total: jax.Array, window: jax.Array) -> jax.Array:
     return jnp.minimum(soft, total)
 
 
-def ste_ceil(x: jax.Array) -> jax.Array:
-    """`ceil(x)` in the forward pass with a straight-through (identity) gradient."""
-    return x + jax.lax.stop_gradient(jnp.ceil(x) - x)
+def ceil_div(a: jax.Array, b: jax.Array) -> jax.Array:
+    """`ceil(a / b)` in the forward pass with the gradient of `a / b` (straight-through).
+
+    Exact for integer-valued a, b (below 2^24 in float32) even though XLA evaluates `a / b` as
+    `a` times a rounded reciprocal when `b` is a constant, which can put an exact quotient one
+    ulp above the integer (21 / 7 -> 3.0000002, so 4 waves instead of 3): a ceiling k whose
+    predecessor times b already reaches a is lowered to k - 1.
+    """
+    q = a / b
+    k = jnp.ceil(q)
+    k = jnp.where((k - 1.0) * b >= a, k - 1.0, k)
+    return q + jax.lax.stop_gradient(k - q)
 
 
 def peak_matmul_flops(acc: Accelerator, precision) -> jax.Array:
@@ -119,12 +128,12 @@ def tile_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
     tiles than SMs the kernel splits the k loop (split-K) and keeps every SM busy. Exact
     ceilings forward, straight-through gradients.
     """
-    tile_m = jnp.minimum(TILE, ste_ceil(m / MMA_ROWS) * MMA_ROWS)
-    tiles_m = ste_ceil(m / tile_m)
-    tiles_n = ste_ceil(n / TILE)
+    tile_m = jnp.minimum(TILE, ceil_div(m, MMA_ROWS) * MMA_ROWS)
+    tiles_m = ceil_div(m, tile_m)
+    tiles_n = ceil_div(n, TILE)
     padding = (m * n) / (tiles_m * tile_m * tiles_n * TILE)
     tiles = tiles_m * tiles_n * batch
-    waves = ste_ceil(tiles / acc.num_sms)
+    waves = ceil_div(tiles, acc.num_sms)
     wave = jnp.where(tiles >= acc.num_sms, tiles / (waves * acc.num_sms), 1.0)
     return padding * wave
 
@@ -141,7 +150,7 @@ def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
     b = bytes_per_element(precision)
     ab = b if act_bytes is None else act_bytes
     flops = 2.0 * batch * m * n * k
-    m_pad = ste_ceil(m / MMA_ROWS) * MMA_ROWS  # size effects act on the padded tile rows
+    m_pad = ceil_div(m, MMA_ROWS) * MMA_ROWS  # size effects act on the padded tile rows
     rate = (peak_matmul_flops(acc, precision) * matmul_efficiency(eff, m_pad, n, k, precision)
             * tile_efficiency(acc, m, n, batch))
     hbm = batch * (m * k * ab + k * n * b + m * n * ab)

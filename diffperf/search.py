@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .efficiency import Efficiency
-from .feasibility import REASONS
+from .feasibility import REASONS, divides
 from .grid import Grid
 from .hardware import PRECISIONS, System
 from .model import Transformer
@@ -99,7 +99,7 @@ def even_layout(model: Transformer, plan) -> jax.Array:
     balanced (fractional layers per stage), which needs a custom pipeline layout in practice
     and is optimistic when the per-GPU layer counts differ, so searches skip them by default."""
     slots = model.layers + jnp.where((plan.account_embedding_loss > 0) & (plan.pp > 1), 2.0, 0.0)
-    return jnp.mod(slots, plan.pp * plan.vp) == 0
+    return divides(plan.pp * plan.vp, slots)
 
 
 def offload_supported(model: Transformer, plan) -> jax.Array:
@@ -125,7 +125,7 @@ def _gpus_reason(reason, values, gpus):
         | ((values.get("zero", 0.0) > 0) & (dp * cp == 1))
         | ((values.get("recompute", 0.0) == 1) & (values.get("flash_attention", 0.0) > 0)))
     reason = jnp.where((reason == 0) & no_effect, REASON_DUPLICATE, reason)
-    return jnp.where(jnp.mod(gpus, per) == 0, reason, REASON_GPUS)
+    return jnp.where(divides(per, gpus), reason, REASON_GPUS)
 
 
 def search_training(model: Transformer, system: System, gpus: int, global_batch: int,

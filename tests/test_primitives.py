@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import diffperf as dp
 from diffperf import collectives as coll
-from diffperf.roofline import (SHARPNESS, exposed_after_overlap, gemm_time, op_time, smooth_max,
-                               ste_ceil)
+from diffperf.roofline import (SHARPNESS, ceil_div, exposed_after_overlap, gemm_time, op_time,
+                               smooth_max)
 
 # A hand-made network with round numbers so every term is visible.
 NET = dp.Network(nvlink_domain=8, nvlink_bandwidth=300e9, nvlink_latency=2e-6,
@@ -211,10 +211,22 @@ def test_smooth_max_gradient_goes_to_the_binding_resource():
     assert float(ga) > 0.9 and 0.0 <= float(gb) < 0.1
 
 
-@pytest.mark.parametrize("x", [0.2, 1.0, 2.3, 127.9, 128.0, 128.01])
-def test_ste_ceil_forward_is_ceil_gradient_is_one(x):
-    assert float(ste_ceil(jnp.float32(x))) == np.ceil(np.float32(x))
-    assert float(jax.grad(ste_ceil)(jnp.float32(x))) == 1.0
+@pytest.mark.parametrize("a,b", [(0.2, 1.0), (1.0, 1.0), (2.3, 1.0), (127.9, 16.0), (128.0, 16.0),
+                                 (128.01, 16.0), (21.0, 7.0), (360.0, 120.0)])
+def test_ceil_div_forward_is_ceil_gradient_is_the_quotients(a, b):
+    assert float(ceil_div(jnp.float32(a), jnp.float32(b))) == np.ceil(np.float32(a) / np.float32(b))
+    ga, gb = jax.grad(ceil_div, argnums=(0, 1))(jnp.float32(a), jnp.float32(b))
+    np.testing.assert_allclose([float(ga), float(gb)], [1.0 / b, -a / b**2], rtol=1e-6)
+
+
+@pytest.mark.parametrize("sms", [7.0, 56.0, 108.0, 120.0, 132.0, 148.0])
+def test_ceil_div_exact_by_a_constant_divisor_under_vmap(sms):
+    """XLA turns a division by a constant into a product with its rounded reciprocal, which puts
+    e.g. 360 / 120 above 3 (np.ceil would then count 4 waves of 120 SMs for 360 tiles);
+    `ceil_div` must match integer arithmetic on every numerator."""
+    tiles = np.arange(0, 20001, dtype=np.float32)
+    got = np.asarray(jax.jit(jax.vmap(lambda x: ceil_div(x, jnp.float32(sms))))(tiles))
+    np.testing.assert_array_equal(got, -(-tiles.astype(np.int64) // int(sms)))
 
 
 @pytest.fixture(scope="module")

@@ -112,3 +112,19 @@ def test_predict_training_raises_with_fields_and_values():
     r = dp.predict_training(model, system, dp.TrainingPlan(tp=1, pp=1, dp=1, global_batch=8,
                                                            recompute="none"))
     assert not bool(r.fits) and not bool(r.feasible) and float(r.step_time) > 0
+
+
+def test_divides_matches_integer_arithmetic_in_float32():
+    """`divides` (vectorised float arithmetic) agrees with Python's integer % on every pair of
+    divisors 1..1024 and dividends 0..20000, and just below 2^24 where float32 spacing reaches
+    1, although XLA's vectorised division is not correctly rounded (21 / 3 < 7 happens); a zero
+    divisor or an infinite dividend never counts as dividing."""
+    from diffperf.feasibility import divides
+    a = np.arange(1, 1025, dtype=np.float32)[:, None]
+    b = np.concatenate([np.arange(0, 20001), 2**24 - np.arange(1, 2000)]).astype(np.float32)[None]
+    got = np.asarray(jax.jit(divides)(a, b))
+    want = (b.astype(np.int64) % a.astype(np.int64)) == 0
+    assert got.shape == want.shape and (got == want).all()
+    assert not bool(divides(np.float32(0), np.float32(8)))
+    assert not bool(divides(np.float32(2), np.float32(np.inf)))
+    assert bool(divides(np.float32(7), np.float32(0)))
