@@ -168,6 +168,7 @@ def _run_worker(devices: int) -> dict:
     import subprocess
     import sys
     env = dict(os.environ)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # cold: compilation included
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                         f" --xla_force_host_platform_device_count={devices}").strip()
     out = subprocess.run([sys.executable, "-c", _WORKER], env=env, capture_output=True,

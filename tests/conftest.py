@@ -8,10 +8,17 @@ the tests do not depend on whichever calibration file happens to ship.
 
 from __future__ import annotations
 
+import os
+
 import equinox as eqx
 import pytest
 
 import diffperf as dp
+
+# The CLI's on-disk compilation cache stays off in tests that call `main()` in-process (it would
+# reconfigure JAX for the rest of the session and write to the home directory);
+# tests/test_compile_cache.py turns it on in subprocesses.
+os.environ.setdefault("DIFFPERF_COMPILATION_CACHE", "0")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,58 @@
+"""The command line's on-disk compilation cache: where it lives, that it is private, that a
+second run reuses it with identical output, and that it can be turned off."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+from diffperf.compile_cache import cache_directory
+
+TRAIN = ["-m", "diffperf.cli", "train", "--model", "gpt3-175b", "--gpus", "64", "--tp", "8",
+         "--pp", "8", "--global-batch", "64", "--json"]
+
+
+def _run(env_cache, tmp_path):
+    env = dict(os.environ, DIFFPERF_COMPILATION_CACHE=env_cache, XDG_CACHE_HOME=str(tmp_path))
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    out = subprocess.run([sys.executable, *TRAIN], env=env, capture_output=True, text=True,
+                         check=True)
+    return out.stdout
+
+
+def test_cache_directory_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DIFFPERF_COMPILATION_CACHE", "0")
+    assert cache_directory() is None
+    monkeypatch.setenv("DIFFPERF_COMPILATION_CACHE", "off")
+    assert cache_directory() is None
+    monkeypatch.setenv("DIFFPERF_COMPILATION_CACHE", str(tmp_path / "c"))
+    assert cache_directory() == tmp_path / "c"
+    monkeypatch.delenv("DIFFPERF_COMPILATION_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_directory() == tmp_path / "diffperf" / "jax"
+
+
+def test_second_run_reuses_the_private_cache_with_identical_output(tmp_path):
+    cache = tmp_path / "jaxcache"
+    first = _run(str(cache), tmp_path)
+    entries = sorted(p.name for p in cache.iterdir())
+    assert entries, "the first run wrote no compiled program"
+    assert stat.S_IMODE(cache.stat().st_mode) & 0o077 == 0  # private to the user
+    second = _run(str(cache), tmp_path)
+    assert second == first
+    assert sorted(p.name for p in cache.iterdir()) == entries  # all hits, nothing new
+
+
+def test_turned_off_writes_nothing(tmp_path):
+    _run("0", tmp_path)
+    assert not (tmp_path / "diffperf").exists()
+
+
+def test_a_directory_others_can_write_is_not_trusted(tmp_path):
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    os.chmod(cache, 0o777)
+    _run(str(cache), tmp_path)
+    assert not any(cache.iterdir())
