@@ -181,9 +181,13 @@ def run_sweep(grid: Grid, evaluate: Callable, k: int = 10, devices=None,
                      in_shardings=(rep, shard), out_shardings=shard)
     reduce = jax.jit(reduce_block, in_shardings=(rep, shard, shard, shard, rep, shard, shard),
                      out_shardings=rep, donate_argnums=(0,))
-    carry = (jnp.full((k,), inf), jnp.full((k,), -1, jnp.int32), jnp.zeros(n_reasons, jnp.int32),
-             jnp.full((PARETO_BINS,), inf), jnp.full((PARETO_BINS,), -1, jnp.int32),
-             jnp.full((PARETO_BINS,), inf), jnp.zeros((), jnp.int32))
+    # Explicit dtypes: a weakly typed initial carry would compile `reduce` a second time for
+    # the (strongly typed) carry it returns.
+    f32 = jnp.result_type(float)  # float32, or float64 with jax_enable_x64
+    carry = (jnp.full((k,), inf, f32), jnp.full((k,), -1, jnp.int32),
+             jnp.zeros(n_reasons, jnp.int32), jnp.full((PARETO_BINS,), inf, f32),
+             jnp.full((PARETO_BINS,), -1, jnp.int32), jnp.full((PARETO_BINS,), inf, f32),
+             jnp.zeros((), jnp.int32))
     carry = jax.device_put(carry, rep)
     mine = range(jax.process_index(), blocks.n_outer, jax.process_count())
     bar = Progress(grid.size, label, enabled=progress)
