@@ -403,8 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "bench":  # benchmarks report cold, compilation-included times
-        from .compile_cache import enable_compilation_cache
+    from .compile_cache import disable_compilation_cache, enable_compilation_cache
+    if args.command == "bench":  # benchmarks report cold, compilation-included times
+        disable_compilation_cache()
+    else:
         enable_compilation_cache()
     try:
         check_values(args)

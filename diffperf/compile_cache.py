@@ -1,7 +1,8 @@
 """On-disk cache of compiled XLA programs for the command line, so that only the first
 `diffperf train` / `infer` / `search` / `validate` run pays the compilation (seconds on a
-2-core CPU: measured cold -> warm, `diffperf train` 6.0 -> 3.6 s, `infer` 4.4 -> 2.6 s,
-`validate --summary` 9.7 -> 5.1 s, the GPT-3 175B / 1,024 GPU `search train` 10.9 -> 6.3 s).
+2-core CPU: measured cold -> warm, `diffperf train` 5.7-6.1 -> 3.0-3.2 s, `infer` 4.0-4.3 ->
+2.7-2.9 s, `validate --summary` 10.3-11.4 -> 4.8-5.9 s, the GPT-3 175B / 1,024 GPU
+`search train` 9.9-11.2 -> 5.1-5.7 s).
 
 Used by `diffperf.cli.main` (not on import: a library should not change JAX's configuration).
 The directory is `$DIFFPERF_COMPILATION_CACHE` if that is a path, else
@@ -54,3 +55,9 @@ def enable_compilation_cache() -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return path
+
+
+def disable_compilation_cache() -> None:
+    """No persistent cache in this process, even one set through `JAX_COMPILATION_CACHE_DIR`
+    (`diffperf bench` measures cold, compilation-included times)."""
+    jax.config.update("jax_enable_compilation_cache", False)

@@ -183,10 +183,10 @@ def run_sweep(grid: Grid, evaluate: Callable, k: int = 10, devices=None,
                      out_shardings=rep, donate_argnums=(0,))
     # Explicit dtypes: a weakly typed initial carry would compile `reduce` a second time for
     # the (strongly typed) carry it returns.
-    f32 = jnp.result_type(float)  # float32, or float64 with jax_enable_x64
-    carry = (jnp.full((k,), inf, f32), jnp.full((k,), -1, jnp.int32),
-             jnp.zeros(n_reasons, jnp.int32), jnp.full((PARETO_BINS,), inf, f32),
-             jnp.full((PARETO_BINS,), -1, jnp.int32), jnp.full((PARETO_BINS,), inf, f32),
+    real = jnp.result_type(float)  # float32, or float64 with jax_enable_x64
+    carry = (jnp.full((k,), inf, real), jnp.full((k,), -1, jnp.int32),
+             jnp.zeros(n_reasons, jnp.int32), jnp.full((PARETO_BINS,), inf, real),
+             jnp.full((PARETO_BINS,), -1, jnp.int32), jnp.full((PARETO_BINS,), inf, real),
              jnp.zeros((), jnp.int32))
     carry = jax.device_put(carry, rep)
     mine = range(jax.process_index(), blocks.n_outer, jax.process_count())

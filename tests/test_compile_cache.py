@@ -56,3 +56,19 @@ def test_a_directory_others_can_write_is_not_trusted(tmp_path):
     os.chmod(cache, 0o777)
     _run(str(cache), tmp_path)
     assert not any(cache.iterdir())
+
+
+def test_disabled_for_benchmarks_even_with_jax_cache_set(tmp_path):
+    """`diffperf bench` measures cold: `disable_compilation_cache` keeps a cache set through
+    JAX_COMPILATION_CACHE_DIR unused (the control run without it does write there)."""
+    code = ("import sys, jax, jax.numpy as jnp\n"
+            "from diffperf.compile_cache import disable_compilation_cache\n"
+            "if sys.argv[1] == 'off': disable_compilation_cache()\n"
+            "jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(3)).block_until_ready()\n")
+    for mode in ("off", "on"):
+        cache = tmp_path / mode
+        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+        subprocess.run([sys.executable, "-c", code, mode], env=env, check=True)
+        written = cache.exists() and any(cache.iterdir())
+        assert written == (mode == "on"), mode
