@@ -209,7 +209,10 @@ def _print_training(args, s: dict, plan) -> None:
         if k == "offload_exposed" and not args.offload_layers:
             continue  # no offloading: keep the table to the terms that apply
         share = v / s["step_time_s"] * 100 if s["step_time_s"] > 0 else 0.0
-        print(f"    {k:18s} {v:10.3f} s  {share:5.1f} %")
+        why = ""
+        if k == "recompute" and v == 0.0 and rc.startswith("selective") and args.flash_attention:
+            why = "  (selective: flash attention recomputes inside its backward, in compute)"
+        print(f"    {k:18s} {v:10.3f} s  {share:5.1f} %{why}")
     print(f"  MFU / HFU            {s['mfu'] * 100:9.1f} % / {s['hfu'] * 100:.1f} %")
     print(f"  tokens/s             {s['tokens_per_s']:12.0f}  ({s['tokens_per_s_per_gpu']:.0f} per GPU)")
     m = s["memory_gb"]

@@ -86,6 +86,23 @@ def test_train_readable_output(capsys):
     assert "step time" in out and "MFU / HFU" in out and "memory per GPU" in out
 
 
+@pytest.mark.parametrize("flash", ["--flash", "--no-flash"])
+def test_train_explains_zero_selective_recompute_only_with_flash(capsys, flash):
+    """Selective recompute with a flash kernel costs 0 s in the recompute row (the kernel's own
+    backward recomputes the scores); the readable output says so, and without flash the row is
+    a positive time with no such remark."""
+    code, out, _ = run(capsys, "train", "--model", "gpt-7.5b", "--gpus", "16", "--tp", "8",
+                       "--pp", "1", "--vp", "1", "--global-batch", "32",
+                       "--recompute", "selective", flash)
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.strip().startswith("recompute "))
+    seconds = float(row.split()[1])
+    if flash == "--flash":
+        assert seconds == 0.0 and "inside its backward" in row
+    else:
+        assert seconds > 0.0 and "inside its backward" not in row
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["train", "--gpus", "1000", "--tp", "8", "--pp", "8"], "not divisible by tp*pp*cp"),
     (["train", "--gpu", "tpu-v9"], "unknown gpu or system 'tpu-v9'"),
