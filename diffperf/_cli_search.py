@@ -65,8 +65,10 @@ def add_search_parser(sub) -> None:
     i.set_defaults(func=run_search_infer)
 
 
-def _efficiency(path):
-    return presets.default_efficiency() if path is None else presets.efficiency_from_json(path)
+def _efficiency(path, gpu):
+    """The shipped (or `path`'s) factors with `gpu`'s per-GPU overrides, as `train` uses."""
+    from .cli import _load_efficiency
+    return _load_efficiency(path, gpu)
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -93,7 +95,7 @@ def run_search_train(args) -> int:
                                  fp32_gradients=[int(args.fp32_gradients)],
                                  offload_layers=offload)
     result = search_training(model, system, args.gpus, args.global_batch, grid=grid,
-                             efficiency=_efficiency(args.efficiency), top_k=args.top,
+                             efficiency=_efficiency(args.efficiency, args.gpu), top_k=args.top,
                              progress=not args.json, even_layouts=not args.uneven_layouts)
     top, pareto = result["top"], result["pareto"]
     if args.out:
@@ -194,7 +196,7 @@ def run_search_infer(args) -> int:
     model = _load_model(args.model)
     system = presets.system(args.gpu)
     df = search_inference(model, system, args.input, args.output, args.max_gpus,
-                          args.precision, _efficiency(args.efficiency),
+                          args.precision, _efficiency(args.efficiency, args.gpu),
                           grouped_decode_attention=0 if args.per_head_decode else 1)
     finite = np.isfinite(df[["e2e_latency_s", "ttft_s", "tpot_s"]].to_numpy()).all(axis=1)
     ok = df[df["feasible"] & finite]

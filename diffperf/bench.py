@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .plans import TrainingPlan
-from .presets import default_efficiency, model, system
+from .presets import default_efficiency, efficiency_for, model, system
 from .training import train_step
 
 #: Configurations per compiled call: large enough to amortise dispatch, small enough that the
@@ -213,11 +213,11 @@ def megatron_comparison(log=print, data=None) -> list[dict]:
     from .data import read_benchmarks, train_specs
     from .search import default_training_grid, search_training
     say = log or (lambda *a: None)
-    eff = default_efficiency()
     by_id = {r.id: r for r in read_benchmarks(data or BENCHMARKS / "train_calibration.csv")}
     rows = []
     for rid in MEGATRON_IDS:
         m, s, plan = train_specs(by_id[rid])
+        eff = efficiency_for(None, by_id[rid].values["gpu"])  # that GPU's fitted factors
         gpus, gbs = int(round(float(plan.num_gpus))), int(round(float(plan.global_batch)))
         theirs = train_step(m, s, plan, eff)
         grid = default_training_grid(m, gpus, gbs, precisions=(1,))

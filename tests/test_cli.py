@@ -180,6 +180,27 @@ def test_search_train_json(capsys):
     assert times == sorted(times) and len(times) == 3
 
 
+def test_search_train_and_train_agree_on_the_best_plan(capsys):
+    """Both commands use the GPU's own fitted factors: the step time `search train` reports for
+    its best plan is the one `train` prints for that plan (H100 has per-GPU overrides)."""
+    common = ["--model", "gpt-1.7b", "--gpu", "h100-sxm5-80gb", "--gpus", "8",
+              "--global-batch", "32", "--precision", "bf16"]
+    code, out, _ = run(capsys, "search", "train", *common, "--top", "1", "--json")
+    assert code == 0
+    p = json.loads(out)["top"][0]
+    flag = lambda on, name: f"--{name}" if on else f"--no-{name}"
+    code, out, _ = run(capsys, "train", *common, "--json", "--tp", str(p["tp"]),
+                       "--pp", str(p["pp"]), "--vp", str(p["vp"]), "--cp", str(p["cp"]),
+                       "--ep", str(p["ep"]), "--micro-batch", str(p["micro_batch"]),
+                       "--recompute", p["recompute"], "--zero", str(p["zero"]),
+                       flag(p["sequence_parallel"], "sp"), flag(p["flash_attention"], "flash"),
+                       flag(p["overlap_tp"], "overlap-tp"), flag(p["overlap_dp"], "overlap-dp"),
+                       flag(p["fp32_gradients"], "fp32-gradients"),
+                       "--offload-layers", str(p["offload_layers"]))
+    assert code == 0
+    assert json.loads(out)["step_time_s"] == pytest.approx(p["step_time_s"], rel=1e-6)
+
+
 def test_presets_lists_everything(capsys):
     code, out, _ = run(capsys, "presets")
     assert code == 0
