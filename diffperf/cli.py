@@ -261,7 +261,8 @@ def _add_validate(sub):
     p = sub.add_parser("validate", help="compare predictions with published measurements",
                        description="Predict every row of benchmark CSV(s) and report errors.")
     p.add_argument("--data", action="append", default=None,
-                   help="benchmark CSV (repeatable; default: the shipped train and infer sets)")
+                   help="benchmark CSV, columns as in docs/benchmark-format.md (repeatable; "
+                        "default: the shipped train and infer sets)")
     p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--summary", action="store_true", help="print only the summary")

@@ -1,4 +1,4 @@
-"""Benchmark CSV loading (the schema of benchmark-schema.md) and conversion of rows to specs."""
+"""Benchmark CSV loading (the format of docs/benchmark-format.md) and conversion of rows to specs."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ TRAIN_OPTIONAL_COUNTS = {"recompute_layers": 0.0, "offload_layers": 0.0}
 INFER_OPTIONAL_FLAGS = {"grouped_decode_attention": 1.0}
 TRAIN_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb")
 INFER_METRICS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
-#: Documented defaults for empty plan cells (benchmark-schema.md).
+#: Documented defaults for empty plan cells (docs/benchmark-format.md).
 TRAIN_DEFAULTS = {"vp": 1, "micro_batch": 1, "zero": 1, "flash_attention": 1, "recompute": "none",
                   "cp": 1, "ep": 1}
 #: Columns that must hold a number in every row of a kind (others may be empty).

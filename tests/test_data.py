@@ -1,4 +1,4 @@
-"""Benchmark CSVs (benchmark-schema.md), `validate`, and Hugging Face config import."""
+"""Benchmark CSVs (docs/benchmark-format.md), `validate`, and Hugging Face config import."""
 
 from __future__ import annotations
 
@@ -412,3 +412,28 @@ def test_narayanan_table1_rows_follow_nvidias_reproduction_script():
                 assert rows[rid].values["micro_batch"] == mbs, rid
                 assert rows[rid].values["vp"] == vp, rid
     assert seen == 7 + 6
+
+
+def test_benchmark_format_doc_example_validates_and_lists_every_extension_column(tmp_path):
+    """docs/benchmark-format.md stays true: its example file (one train, one infer row) is
+    predicted without failures, and its extension-column table names exactly the optional
+    columns the reader knows, with the reader's defaults."""
+    from diffperf import data
+    doc = (ROOT / "docs" / "benchmark-format.md").read_text()
+    example = doc.split("```csv\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.csv"
+    path.write_text(example)
+    result = validate([path])
+    assert not result["failed"]
+    assert {r["id"] for r in result["rows"]} == {"my-run", "my-decode"}
+    assert all(np.isfinite(r["predicted"]) and r["ape"] < 50 for r in result["rows"])
+
+    section = doc.split("## diffperf extension columns", 1)[1].split("## A minimal file", 1)[0]
+    documented = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            documented[cells[0].strip("`")] = float(cells[2])
+    known = {**data.TRAIN_OPTIONAL_FLAGS, **data.MODEL_OPTIONAL_FLAGS,
+             **data.TRAIN_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FLAGS}
+    assert documented == known
