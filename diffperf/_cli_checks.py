@@ -142,6 +142,9 @@ def _check_format(args, option: str, path: Path) -> None:
         if suffix not in formats:
             raise CliError(f"--plot: unsupported image format {path.suffix or '(none)'!r} of "
                            f"{path}; use one of {', '.join('.' + f for f in formats)}")
+    elif option == "out" and getattr(args, "command", None) == "predict":
+        if suffix != "csv":
+            raise CliError(f"--out: use a .csv file name, got {path}")
     elif option == "out" and getattr(args, "command", None) == "search":
         if suffix not in ("csv", "parquet"):
             raise CliError(f"--out: use a .csv or .parquet file name, got {path}")

@@ -322,6 +322,51 @@ def print_validation_summary(result: dict, paths) -> None:
             print(f"  {name}: {metric} n={v['n']} MAPE {v['mape']:.1f} % (max {v['max_ape']:.1f} %)")
 
 
+# --------------------------------------------------------------------------------- predict
+def _add_predict(sub):
+    p = sub.add_parser("predict", help="predict every configuration listed in CSV file(s)",
+                       description="Predict each row of benchmark-format CSV(s) "
+                                   "(docs/benchmark-format.md; measured columns optional): "
+                                   "training step time, tokens/s, TFLOP/s or inference "
+                                   "latencies and throughput, memory per GPU, and whether the "
+                                   "plan fits. Rows that cannot be evaluated say why.")
+    p.add_argument("--data", action="append", required=True, metavar="CSV",
+                   help="configurations to predict (repeatable)")
+    p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    p.add_argument("--out", default=None, help="write the predictions to this .csv file")
+    p.add_argument("--json", action="store_true", help='print one JSON object {"rows": [...]}')
+    p.set_defaults(func=run_predict)
+
+
+def run_predict(args) -> int:
+    from .batch_predict import predict_csv
+    df = predict_csv(args.data, _load_efficiency(args.efficiency))
+    if df.empty:
+        raise CliError(f"no rows in {', '.join(args.data)}")
+    status = 2 if df["status"].str.startswith("invalid").all() else 0  # nothing predicted
+    if args.out:
+        df.to_csv(args.out, index=False, float_format="%.6g")
+    if args.json:
+        print(json.dumps({"rows": json.loads(df.to_json(orient="records"))}))
+        return status
+    if args.out:
+        print(f"wrote {len(df)} predictions to {args.out}")
+    else:
+        print(f"{'id':40s} {'kind':5s} {'time (s)':>10s} {'tok/s/GPU':>10s} {'mem GB':>7s}  status")
+        for r in df.itertuples():
+            train = r.kind == "train"
+            time = r.step_time_s if train else r.e2e_latency_s
+            rate = r.tokens_per_s_per_gpu if train else r.output_tok_s_per_gpu
+            cells = (f"{time:10.4g} {rate:10.1f} {r.peak_memory_gb:7.1f}"
+                     if r.fits is not None else f"{'-':>10s} {'-':>10s} {'-':>7s}")
+            print(f"{r.id[:40]:40s} {r.kind:5s} {cells}  {r.status}")
+        print("time = step time (train) or end-to-end latency (infer); --out F.csv or --json "
+              "for every column (TTFT, TPOT, TFLOP/s)")
+    bad = int(df["status"].str.startswith("invalid").sum())
+    if bad:
+        print(f"{bad} of {len(df)} rows could not be evaluated (status column)", file=sys.stderr)
+    return status
+
 # ----------------------------------------------------------------------------------- bench
 def _add_bench(sub):
     p = sub.add_parser("bench", help="measure evaluations per second and gradient cost",
@@ -387,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     _add_train(sub)
     _add_validate(sub)
+    _add_predict(sub)
     _add_bench(sub)
     _add_presets(sub)
     from ._cli_infer import add_infer_parser

@@ -97,11 +97,13 @@ def _flags(path, i, rec, flags: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
+def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[BenchmarkRow]:
     """Read and check a benchmark CSV of either kind (`train` / `infer`, per row).
 
     Raises `BenchmarkError` naming the file, row (1-based, header excluded) and column for a
     missing required column, an unknown kind, precision, recompute mode or GPU, or a bad number.
+    `require_measured=False` accepts rows without any measured column (configurations to
+    predict, `diffperf predict`).
     """
     path = Path(path)
     try:
@@ -180,7 +182,7 @@ def read_benchmarks(path: str | Path) -> list[BenchmarkRow]:
                     if x <= 0:
                         raise _err(path, i, c, f"measured value must be > 0, got {x:g}")
                     measured[c] = x
-        if not measured:
+        if not measured and require_measured:
             raise _err(path, i, "/".join(metrics), "no measured column is filled")
         rows.append(BenchmarkRow(rid, kind, rec.get("source", ""), measured, values, defaults))
     return rows

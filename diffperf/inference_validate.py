@@ -60,9 +60,10 @@ def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None,
     or None (the shipped default, per GPU).
 
     **Returns:** `(predictions, failed)`: predictions is a list of `(row, {metric: predicted},
-    warning or None)` with metrics e2e_latency_s, ttft_s, tpot_s, output_tok_s_per_gpu; failed
-    a list of `{"id", "error"}` for rows that cannot be evaluated (invalid or infeasible plan).
-    A plan that only exceeds HBM capacity is predicted with a warning.
+    warning or None)` with metrics e2e_latency_s, ttft_s, tpot_s, output_tok_s_per_gpu and
+    peak_memory_gb (weights + KV cache + activations + reserve per GPU; not a measured
+    column); failed a list of `{"id", "error"}` for rows that cannot be evaluated (invalid or
+    infeasible plan). A plan that only exceeds HBM capacity is predicted with a warning.
     """
     from .validate import capacity_warning, row_efficiencies
     st = stacked if stacked is not None else stacked_infer_specs(rows)
@@ -80,7 +81,8 @@ def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None,
             continue
         pred = {"e2e_latency_s": float(rep.e2e_latency[i]), "ttft_s": float(rep.ttft[i]),
                 "tpot_s": float(rep.tpot[i]),
-                "output_tok_s_per_gpu": float(rep.output_tok_s_per_gpu[i])}
+                "output_tok_s_per_gpu": float(rep.output_tok_s_per_gpu[i]),
+                "peak_memory_gb": float(rep.memory.total[i]) / 1e9}
         out.append((row, pred, capacity_warning(reason, rep.memory.total[i],
                                                 systems.accelerator.hbm_capacity[i])))
     return out, failed

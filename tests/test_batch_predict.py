@@ -1,0 +1,101 @@
+"""`diffperf predict` / `batch_predict.predict_csv`: every listed configuration predicted, as
+`validate` would predict it, without needing measurements."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from diffperf.batch_predict import COLUMNS, predict_csv
+from diffperf.cli import main
+from diffperf.validate import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = [ROOT / "benchmarks_data" / "train_calibration.csv",
+           ROOT / "benchmarks_data" / "infer_calibration.csv"]
+MEASURED = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "e2e_latency_s",
+            "ttft_s", "tpot_s", "output_tok_s_per_gpu", "peak_memory_gb")
+
+
+def test_predictions_equal_validates_on_the_shipped_rows():
+    """Same rows, same factors: every value `validate` compares is the value `predict` lists."""
+    df = predict_csv(SHIPPED).set_index("id")
+    result = validate(SHIPPED)
+    assert len(result["rows"]) > 300
+    for r in result["rows"]:
+        assert df.loc[r["id"], r["metric"]] == pytest.approx(r["predicted"], rel=1e-9)
+    assert (df["status"] == "ok").all() and df["fits"].all()
+
+
+@pytest.fixture()
+def configs(tmp_path):
+    """The shipped Korthikanti 175B row and a Llama-2 latency row with their measurements
+    removed, the 175B row with tp 5 (invalid) and on 8 GPUs (does not fit)."""
+    rows = {}
+    for path in SHIPPED:
+        with open(path, newline="") as f:
+            for rec in csv.DictReader(f):
+                rows[rec["id"]] = rec
+    train = dict(rows["imec-korthi-175b-selsp-paper"])
+    infer = dict(rows["imec-inf-h100-llama-2-70b-tp4"])
+    for rec in (train, infer):
+        for c in MEASURED:
+            if c in rec:
+                rec[c] = ""
+    invalid = dict(train, id="tp5", tp="5", num_gpus="40")
+    squeezed = dict(train, id="on-8-gpus", num_gpus="8", pp="1", vp="1", global_batch="8")
+    header = list(dict.fromkeys([*train, *infer]))
+    path = tmp_path / "configs.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header, restval="")
+        w.writeheader()
+        for rec in (train, infer, invalid, squeezed):
+            w.writerow(rec)
+    return path
+
+
+def test_rows_without_measurements_are_predicted_and_explained(configs):
+    df = predict_csv(configs).set_index("id")
+    assert list(df.reset_index().columns) == list(COLUMNS)
+    train, infer = df.loc["imec-korthi-175b-selsp-paper"], df.loc["imec-inf-h100-llama-2-70b-tp4"]
+    assert train["status"] == "ok" and 10 < train["step_time_s"] < 20  # paper: 13.75 s
+    assert pd.isna(train["ttft_s"]) and pd.isna(infer["step_time_s"])
+    assert infer["status"] == "ok" and 1 < infer["e2e_latency_s"] < 10
+    assert 0 < infer["ttft_s"] < infer["e2e_latency_s"]
+    assert df.loc["tp5", "status"] == "invalid: tp does not divide heads (tp=5, heads=96)"
+    assert pd.isna(df.loc["tp5", "step_time_s"]) and pd.isna(df.loc["tp5", "fits"])
+    squeezed = df.loc["on-8-gpus"]
+    assert not squeezed["fits"] and squeezed["status"].startswith("does not fit in HBM")
+    assert squeezed["peak_memory_gb"] > 80 and np.isfinite(squeezed["step_time_s"])
+
+
+def test_cli_writes_csv_and_json_without_nan(configs, tmp_path, capsys):
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--data", str(configs), "--out", str(out)]) == 0
+    written = pd.read_csv(out)
+    assert list(written["id"]) == ["imec-korthi-175b-selsp-paper",
+                                   "imec-inf-h100-llama-2-70b-tp4", "tp5", "on-8-gpus"]
+    capsys.readouterr()
+    assert main(["predict", "--data", str(configs), "--json"]) == 0
+    text = capsys.readouterr().out
+    assert "NaN" not in text and "Infinity" not in text
+    rows = json.loads(text)["rows"]
+    assert rows[2]["step_time_s"] is None and rows[2]["status"].startswith("invalid")
+    assert main(["predict", "--data", str(configs)]) == 0
+    table = capsys.readouterr().out
+    assert "invalid: tp does not divide heads" in table and "does not fit in HBM" in table
+
+
+def test_cli_fails_when_no_row_can_be_evaluated_and_checks_the_output_name(configs, tmp_path,
+                                                                            capsys):
+    only_bad = tmp_path / "bad.csv"
+    df = pd.read_csv(configs, dtype=str, keep_default_na=False)
+    df[df["id"] == "tp5"].to_csv(only_bad, index=False)
+    assert main(["predict", "--data", str(only_bad)]) == 2
+    assert main(["predict", "--data", str(configs), "--out", str(tmp_path / "p.txt")]) == 2
+    assert "--out: use a .csv file name" in capsys.readouterr().err
