@@ -367,6 +367,7 @@ def run_predict(args) -> int:
         print(f"{bad} of {len(df)} rows could not be evaluated (status column)", file=sys.stderr)
     return status
 
+
 # ----------------------------------------------------------------------------------- bench
 def _add_bench(sub):
     p = sub.add_parser("bench", help="measure evaluations per second and gradient cost",

@@ -1,4 +1,4 @@
-"""Benchmark CSV loading (the format of docs/benchmark-format.md) and conversion of rows to specs."""
+"""Benchmark CSV loading (the format of docs/benchmark-format.md) and rows to specs."""
 
 from __future__ import annotations
 
