@@ -15,6 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 
 
+#: Largest count (layers, widths, lengths, GPUs, batch) accepted from the command line, a
+#: Hugging Face config or a benchmark CSV: float32 represents every integer only up to 2^24, so a
+#: larger count would be silently rounded (and means a typo, e.g. a 10^12-token context).
+MAX_EXACT_COUNT = 2 ** 24
+
 #: Arrays of Python numbers already converted, by (exact value, dtype): building a spec from
 #: Python numbers is then ~10x faster (spec fields repeat the same few values).
 _SCALARS: dict = {}
@@ -25,7 +30,11 @@ def as_float(x) -> jax.Array:
     dtype = jnp.result_type(float)
     if type(x) not in (int, float):
         return jnp.asarray(x, dtype=dtype)
-    key = (float(x).hex(), dtype)
+    try:
+        x = float(x)
+    except OverflowError:  # an int beyond the float range (e.g. from JSON): +-inf, which the
+        x = float("inf") if x > 0 else float("-inf")  # range checks then reject by name
+    key = (x.hex(), dtype)
     a = _SCALARS.get(key)
     if a is None or a.is_deleted():  # deleted: a caller donated a spec leaf
         a = jnp.asarray(x, dtype=dtype)
@@ -139,6 +148,8 @@ def read_json(path, what: str):
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ValueError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {path} is a directory, not a JSON file") from None
     except UnicodeDecodeError:
         raise ValueError(f"{what} {path} is not UTF-8 text (a JSON file?)") from None
     except json.JSONDecodeError as e:

@@ -82,8 +82,11 @@ def run_calibrate(args) -> int:
     if out.parent and not out.parent.exists():
         raise ValueError(f"--out {out}: directory {out.parent} does not exist")
     fields = None
-    if args.fields:
+    if args.fields is not None:
         fields = [f.strip() for f in args.fields.split(",") if f.strip()]
+        if not fields:
+            raise ValueError(f"--fields names no factor (got {args.fields!r}); give comma-"
+                             f"separated factor names or leave it out to fit all")
     grouping = None if args.groups == "gpu" else {}
     kwargs = {}
     if args.prior_weight is not None:

@@ -8,6 +8,8 @@ import math
 import os
 from pathlib import Path
 
+from ._checks import MAX_EXACT_COUNT
+
 
 class CliError(Exception):
     """A user error: printed as `error: ...` with exit code 2, never a traceback."""
@@ -21,7 +23,7 @@ _AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "m
 #: optimiser's `starts`), which counts integers exactly only up to 2^24 (a larger GPU count or
 #: length would be silently rounded).
 _FLOAT32_EXACT = tuple(k for k in _AT_LEAST_ONE if k not in ("n", "starts"))
-MAX_COUNT = 2 ** 24
+MAX_COUNT = MAX_EXACT_COUNT
 #: Options that are physical budgets or targets: > 0.
 _POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")
 #: Options where 0 is meaningful (no L-BFGS stage, no prior).

@@ -51,7 +51,8 @@ def add_design_parsers(subparsers) -> None:
     p.add_argument("--targets", nargs="+", default=["dgx-h100", "dgx-b200", "gb200-nvl72"])
     p.add_argument("--gpus", type=int, default=1024)
     p.add_argument("--global-batch", type=int, default=1536)
-    p.add_argument("--precision", default="fp8", help="target plan precision (fp8 / fp4 / bf16)")
+    p.add_argument("--precision", default="fp8", choices=["bf16", "fp8", "fp4"],
+                   help="target plan precision (default fp8; the base runs bf16)")
     p.add_argument("--plot", default=None, help="save a bar chart (PNG)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_attribution)
@@ -236,6 +237,9 @@ def _plot_attribution(results, args) -> None:
 
 def run_technology(args) -> int:
     from . import technology as T
+    if args.references_only and (args.csv or args.plot):
+        return _err("--references-only prints the datasheet check only; --csv and --plot need "
+                    "the node study (drop --references-only)")
     try:
         refs = T.reference_table()
         df = None

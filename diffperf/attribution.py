@@ -187,7 +187,8 @@ def attribute(model: Transformer, base: System, target: System, gpus: int, globa
     t = res["step_time"]
     if not np.isfinite(t[0]):
         raise ValueError("no candidate plan is feasible on the base system")
-    value = np.log(t[0] / np.where(np.isfinite(t), t, np.inf))
+    with np.errstate(divide="ignore"):  # an infeasible coalition: log 0 = -inf, named below
+        value = np.log(t[0] / np.where(np.isfinite(t), t, np.inf))
     if not np.all(np.isfinite(value)):
         bad = [" + ".join(f for f, on in zip(FACTORS, m) if on) for m in
                res["masks"][~np.isfinite(value)]][:3]

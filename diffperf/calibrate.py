@@ -237,6 +237,28 @@ class Parameterisation:
 
     @staticmethod
     def from_json(d: dict) -> "Parameterisation":
+        """Inverse of `to_json`; ValueError naming the key when the layout is not one
+        `build` could have written (unknown or non-string factor names, a grouped factor that
+        is not fitted, a base or center value missing or not a finite number)."""
+        for key in ("fields", "grouped", "groups"):
+            if not isinstance(d[key], list):
+                raise ValueError(f"{key!r} must be a list of names, got {d[key]!r}")
+            bad = [x for x in d[key] if not isinstance(x, str)]
+            if bad:
+                raise ValueError(f"{key!r} must hold names, got {bad[0]!r}")
+        unknown = sorted(set(f for f in d["fields"] if f not in ALL_FIELDS))
+        if unknown:
+            raise ValueError(f"'fields' names unknown factors {unknown}")
+        if not set(d["grouped"]) <= set(d["fields"]):
+            raise ValueError(f"'grouped' {d['grouped']} must be among 'fields'")
+        for key in ("base", "center"):
+            values = d[key]
+            if not isinstance(values, dict):
+                raise ValueError(f"{key!r} must be an object of factor values")
+            for f in ALL_FIELDS:
+                v = values.get(f)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise ValueError(f"{key!r}.{f} must be a finite number, got {v!r}")
         return Parameterisation(tuple(d["fields"]), tuple(d["grouped"]), tuple(d["groups"]),
                                 tuple(d["base"].items()), tuple(d["center"].items()))
 

@@ -27,6 +27,9 @@ def _load_efficiency(path, gpu=None):
 
 def _load_model(name_or_path: str, seq_len=None):
     from .model import transformer_from_hf_config
+    if not name_or_path.strip():
+        raise CliError("--model is empty; give a preset id (diffperf presets) or the path of a "
+                       "Hugging Face config.json")
     p = Path(name_or_path)
     if p.suffix == ".json" or p.is_dir():
         return transformer_from_hf_config(p, seq_len=seq_len)
@@ -128,6 +131,9 @@ def _train_inputs(args):
                                 name=lambda f: "--" + f.replace("_", "-"))
     if problem:
         raise CliError(problem)
+    if args.zero3_per_matrix and args.zero != 3:
+        raise CliError(f"--zero3-per-matrix describes ZeRO-3's gathers; it needs --zero 3 "
+                       f"(got --zero {args.zero})")
     plan = TrainingPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep,
                         micro_batch=args.micro_batch, global_batch=args.global_batch,
                         vp=args.vp, sequence_parallel=int(sp), recompute=args.recompute,
@@ -292,16 +298,22 @@ def run_validate(args) -> int:
         print(f"{'id':58s} {'metric':22s} {'measured':>11s} {'predicted':>11s} {'error':>7s}")
         for r in result["rows"]:
             print(f"{r['id'][:58]:58s} {r['metric']:22s} {r['measured']:11.4g} "
-                  f"{r['predicted']:11.4g} {r['ape']:6.1f}%")
+                  f"{r['predicted']:11.4g} {_pct(r['ape'])}%")
         print()
     print_validation_summary(result, paths)
     return status
 
 
+def _pct(x: float) -> str:
+    """A percentage in 6 characters; beyond 10^6 % (a measurement off by orders of magnitude,
+    e.g. a unit error in the CSV) in exponent form instead of hundreds of digits."""
+    return f"{x:6.1f}" if x < 1e6 else f"{x:6.2g}"
+
+
 def print_validation_summary(result: dict, paths) -> None:
     print(f"validation on {', '.join(Path(p).name for p in paths)}:")
     for metric, s in result["summary"].items():
-        print(f"  {metric:22s} n={s['n']:3d}  MAPE {s['mape']:6.1f} %  max {s['max_ape']:6.1f} %")
+        print(f"  {metric:22s} n={s['n']:3d}  MAPE {_pct(s['mape'])} %  max {_pct(s['max_ape'])} %")
     if result["failed"]:
         print(f"  failed rows: {len(result['failed'])}")
         shown = {}
@@ -319,7 +331,8 @@ def print_validation_summary(result: dict, paths) -> None:
     from .validate import imec_summaries
     for name, summary in imec_summaries(result).items():
         for metric, v in summary.items():
-            print(f"  {name}: {metric} n={v['n']} MAPE {v['mape']:.1f} % (max {v['max_ape']:.1f} %)")
+            print(f"  {name}: {metric} n={v['n']} MAPE {_pct(v['mape']).strip()} % "
+                  f"(max {_pct(v['max_ape']).strip()} %)")
 
 
 # --------------------------------------------------------------------------------- predict

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ._checks import MAX_EXACT_COUNT
 from .hardware import PRECISION_CODES
 from .model import Transformer
 from .plans import RECOMPUTE_CODES, TrainingPlan, layer_count_error
@@ -52,6 +53,11 @@ _REQUIRED_NUMBERS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "voc
                      "num_experts", "experts_per_token", "num_gpus", "gpus_per_node", "tp", "pp")
 
 
+#: Columns holding counts (sizes, lengths, degrees, GPUs, batches): at most `MAX_EXACT_COUNT`.
+_COUNTS = frozenset(_REQUIRED_NUMBERS + ("seq_len", "dp", "global_batch", "cp", "ep", "vp",
+                                         "micro_batch") + INFER + tuple(TRAIN_OPTIONAL_COUNTS))
+
+
 class BenchmarkError(ValueError):
     """A malformed benchmark CSV: the message names the file, row (1-based) and column."""
 
@@ -83,6 +89,9 @@ def _number(path, i, col, value, required=True):
         raise _err(path, i, col, f"{value!r} is not a number") from None
     if not np.isfinite(x):
         raise _err(path, i, col, f"{value!r} is not a finite number")
+    if col in _COUNTS and x > MAX_EXACT_COUNT:
+        raise _err(path, i, col, f"must be <= {MAX_EXACT_COUNT} (2^24: larger counts are not "
+                                 f"exact in float32), got {value}")
     return x
 
 

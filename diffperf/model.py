@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import (as_float, check_divides, check_fraction, check_integer, is_concrete,
-                      read_json)
+from ._checks import (MAX_EXACT_COUNT, as_float, check_divides, check_fraction, check_integer,
+                      is_concrete, read_json)
 
 def _F():
     return eqx.field(converter=as_float)
@@ -140,6 +140,11 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None) -> 
                 numeric = not isinstance(default, str)
                 if numeric and (isinstance(v, bool) or not isinstance(v, (int, float))):
                     raise ValueError(f"{path}: field {n!r} must be a number, got {v!r}")
+                if numeric and v > MAX_EXACT_COUNT:
+                    shown = (f"{v:.6g}" if isinstance(v, float) or len(str(v)) <= 20
+                             else f"an integer of {len(str(v))} digits")
+                    raise ValueError(f"{path}: field {n!r} must be <= {MAX_EXACT_COUNT} (2^24: "
+                                     f"larger counts are not exact in float32), got {shown}")
                 return v
         if default is not None:
             return default

@@ -96,7 +96,7 @@ def implausible_measurements(rows: list[BenchmarkRow], stacked=None) -> list[dic
                 found.append({
                     "id": r.id, "metric": metric, "measured": measured, "bound": bound,
                     "factor": factor,
-                    "warning": (f"{metric} {measured:.4g} is {factor:.2f}x beyond the ideal-"
+                    "warning": (f"{metric} {measured:.4g} is {factor:.3g}x beyond the ideal-"
                                 f"hardware bound {bound:.4g} of the recorded configuration "
                                 f"(100 % of every peak, no overheads): the run cannot have used "
                                 f"this batch / precision / plan")})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,13 @@ def test_train_explains_zero_selective_recompute_only_with_flash(capsys, flash):
     (["train", "--model", "gpt-1.7b", "--gpus", "1", "--tp", "1", "--pp", "1", "--vp", "1",
       "--global-batch", "1", "--seq-len", "1000000000000000"],
      "--seq-len must be <= 16777216"),
+    (["train", "--zero3-per-matrix"], "--zero3-per-matrix describes ZeRO-3's gathers; it needs "
+                                      "--zero 3 (got --zero 1)"),
+    (["infer", "--model", " ", "--gpu", "h100-sxm5-80gb"], "--model is empty"),
+    (["technology", "--references-only", "--csv", "nodes.csv"],
+     "--references-only prints the datasheet check only"),
+    (["calibrate", "--data", "benchmarks_data/train_calibration.csv", "--out", "x.json",
+      "--fields", ",,"], "--fields names no factor (got ',,')"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -329,3 +337,41 @@ def test_a_bad_per_gpu_factor_names_the_file_and_gpu(capsys, tmp_path):
     assert code == 2
     assert f"efficiency file {bad}, per_gpu.h100-sxm5-80gb: Efficiency.hbm must lie in (0, 1]" \
         in err
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("hidden_size", 10 ** 400, "field 'hidden_size' must be <= 16777216 (2^24: larger counts are "
+                               "not exact in float32), got an integer of 401 digits"),
+    ("max_position_embeddings", 10 ** 12, "field 'max_position_embeddings' must be <= 16777216"),
+])
+def test_huge_counts_in_a_hf_config_are_one_clear_line(capsys, tmp_path, field, value, needle):
+    """JSON integers beyond float range or float32 exactness: named, never a traceback or an
+    absurd prediction (a 10^12-token context gave a 10^16 s step)."""
+    cfg = {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
+           "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096,
+           "model_type": "llama", field: value}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, _, err = run(capsys, "train", "--model", str(path), "--gpus", "8", "--tp", "1",
+                       "--pp", "1", "--vp", "1", "--global-batch", "8")
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_an_efficiency_factor_beyond_float_range_is_named(capsys, tmp_path):
+    path = tmp_path / "eff.json"
+    path.write_text('{"factors": {"hbm": 1' + "0" * 400 + "}}")
+    code, _, err = run(capsys, "train", "--efficiency", str(path))
+    assert code == 2 and "Efficiency.hbm must lie in (0, 1], got inf" in err
+
+
+def test_a_measurement_off_by_orders_of_magnitude_prints_compactly(capsys, tmp_path):
+    import pandas as pd
+    df = pd.read_csv("benchmarks_data/infer_calibration.csv", dtype=str, keep_default_na=False)
+    row = df[df["id"] == "imec-inf-a100-llama-2-7b-tp1"].copy()
+    row["e2e_latency_s"] = "1e-300"
+    path = tmp_path / "tiny.csv"
+    row.to_csv(path, index=False)
+    code, out, _ = run(capsys, "validate", "--data", str(path))
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) < 400
+    assert re.search(r"e2e_latency_s +n= +1  MAPE +\d\.\de\+30\d %  max +\d\.\de\+30\d %", out)

@@ -437,3 +437,15 @@ def test_benchmark_format_doc_example_validates_and_lists_every_extension_column
     known = {**data.TRAIN_OPTIONAL_FLAGS, **data.MODEL_OPTIONAL_FLAGS,
              **data.TRAIN_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FLAGS}
     assert documented == known
+
+
+def test_a_count_beyond_float32_exactness_is_named(tmp_path):
+    """A 10^12-token sequence length is a typo, not a prediction: the reader names it."""
+    import pandas as pd
+    df = pd.read_csv(TRAIN_CSV, dtype=str, keep_default_na=False).head(1)
+    df["seq_len"] = "1e12"
+    path = tmp_path / "huge.csv"
+    df.to_csv(path, index=False)
+    with pytest.raises(BenchmarkError, match=r"row 1, column 'seq_len': must be <= 16777216 "
+                                             r"\(2\^24"):
+        read_benchmarks(path)

@@ -154,6 +154,12 @@ def _corrupt(unc, how):
         unc["covariance"][2][2] = -1e-4
     elif how == "parameterisation not an object":
         unc["parameterisation"] = 5
+    elif how == "unknown fitted factor":
+        unc["parameterisation"]["fields"][0] = "bogus"
+    elif how == "factor name not a string":
+        unc["parameterisation"]["fields"][0] = 5
+    elif how == "center empty":
+        unc["parameterisation"]["center"] = {}
     elif how == "residual sd negative":
         unc["residual_sd"]["step_time"] = -0.1
     elif how == "degenerate covariance":  # an unconverged fit: parameter sd of order 1e5
@@ -170,6 +176,9 @@ def _corrupt(unc, how):
     ("nan covariance", "'uncertainty.covariance' contains NaN"),
     ("negative variance", "negative variance"),
     ("parameterisation not an object", "'uncertainty.parameterisation' is malformed"),
+    ("unknown fitted factor", "'fields' names unknown factors ['bogus']"),
+    ("factor name not a string", "'fields' must hold names, got 5"),
+    ("center empty", "'center'.matmul_peak must be a finite number, got None"),
     ("residual sd negative", "'uncertainty.residual_sd.step_time'"),
     ("degenerate covariance", "too wide for a meaningful interval"),
     ("huge model error", "too wide for a meaningful interval"),
