@@ -202,7 +202,8 @@ def _print_training(args, s: dict, plan) -> None:
         rc += f" + {args.recompute_layers} full layers/chunk"
     if args.offload_layers:
         rc += f", offload {args.offload_layers} layers/chunk"
-    print(f"diffperf train: {args.model} on {s['num_gpus']} x {args.gpu}  "
+    where = f" in {args.system}" if args.system else ""  # the network of another system
+    print(f"diffperf train: {args.model} on {s['num_gpus']} x {args.gpu}{where}  "
           f"(tp={args.tp} pp={args.pp} dp={s['num_gpus'] // (args.tp * args.pp * args.cp)} "
           f"cp={args.cp} vp={args.vp} mb={args.micro_batch} gb={args.global_batch} "
           f"recompute={rc} zero={args.zero} {args.precision})")
