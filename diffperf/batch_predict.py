@@ -21,32 +21,48 @@ ROW_COLUMNS = ("id", "kind", "gpu", "num_gpus")
 TRAIN_COLUMNS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
 INFER_COLUMNS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 COLUMNS = ROW_COLUMNS + TRAIN_COLUMNS + INFER_COLUMNS + ("peak_memory_gb", "fits", "status")
+#: With intervals: the 90 % prediction interval of the row's headline time (step_time_s of a
+#: train row, e2e_latency_s of an infer row), s.
+INTERVAL_COLUMNS = ("interval_low_s", "interval_high_s")
 
 
-def predict_csv(paths, efficiency: Efficiency | None = None) -> pd.DataFrame:
+def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = False,
+                fit=None) -> pd.DataFrame:
     """Predict every row of the CSV files in `paths` (docs/benchmark-format.md; measured
     columns optional and ignored).
 
     `efficiency`: as in `validate.validate` (None: the shipped calibration, per GPU).
+    `intervals`: add `INTERVAL_COLUMNS`, from the uncertainty of `fit` (a fitted JSON path, or
+    None: the shipped calibration; see `calibrate_uncertainty.row_intervals`).
 
-    **Returns:** a DataFrame with `COLUMNS`, one row per input row in file order. Prediction
-    columns of the other kind are empty (None). `status` is `ok`, the HBM (or host memory)
-    overflow of a plan that does not fit (`fits` False, still predicted), or `invalid: <reason>`
-    for a row that cannot be evaluated (no predictions).
+    **Returns:** a DataFrame with `COLUMNS` (then `INTERVAL_COLUMNS`), one row per input row in
+    file order. Prediction columns of the other kind are empty (None). `status` is `ok`, the
+    HBM (or host memory) overflow of a plan that does not fit (`fits` False, still predicted),
+    or `invalid: <reason>` for a row that cannot be evaluated (no predictions); a predicted row
+    without an interval says so in its status.
     """
-    from .inference_validate import predict_infer_rows
-    from .validate import predict_train_rows
+    from .inference_validate import predict_infer_rows, stacked_infer_specs
+    from .validate import predict_train_rows, stacked_train_specs
     if isinstance(paths, (str, Path)):
         paths = [paths]
     rows = [r for p in paths for r in read_benchmarks(p, require_measured=False)]
     train = [r for r in rows if r.kind == "train"]
     infer = [r for r in rows if r.kind == "infer"]
-    results, failed = {}, {}
-    for predict, kind_rows in ((predict_train_rows, train), (predict_infer_rows, infer)):
+    results, failed, bounds = {}, {}, {}
+    no_interval = "too wide or not finite"
+    for predict, stack, kind, kind_rows in (
+            (predict_train_rows, stacked_train_specs, "train", train),
+            (predict_infer_rows, stacked_infer_specs, "infer", infer)):
         if kind_rows:
-            predicted, bad = predict(kind_rows, efficiency)
+            stacked = stack(kind_rows)
+            predicted, bad = predict(kind_rows, efficiency, stacked)
             results.update({row.id: (pred, warning) for row, pred, warning in predicted})
             failed.update({f["id"]: f["error"] for f in bad})
+            if intervals and stacked.rows:
+                try:
+                    bounds.update(_intervals(kind, stacked, fit))
+                except ValueError as e:  # e.g. a fitted file without an uncertainty section
+                    no_interval = str(e)
     records = []
     for r in rows:
         rec = dict.fromkeys(COLUMNS)
@@ -62,7 +78,32 @@ def predict_csv(paths, efficiency: Efficiency | None = None) -> pd.DataFrame:
                 rec[c] = value
             rec["fits"] = warning is None
             rec["status"] = "ok" if warning is None else warning
+            if intervals:
+                low, high = bounds.get(r.id, (np.nan, np.nan))
+                if np.isfinite(low) and np.isfinite(high):
+                    rec.update(interval_low_s=float(low), interval_high_s=float(high))
+                else:
+                    rec["status"] += f"; no interval ({no_interval})"
         else:
             rec["status"] = f"invalid: {failed.get(r.id, 'could not be evaluated')}"
         records.append(rec)
-    return pd.DataFrame.from_records(records, columns=list(COLUMNS))
+    columns = COLUMNS + (INTERVAL_COLUMNS if intervals else ())
+    return pd.DataFrame.from_records(records, columns=list(columns))
+
+
+def _intervals(kind: str, stacked, fit) -> dict:
+    """`{row id: (low, high)}`: 90 % intervals of the headline time of `stacked`'s rows."""
+    import jax
+    from .calibrate_uncertainty import decode_quantity, row_intervals
+    from .inference import infer
+    from .training import train_step
+    ms, ss, ps = stacked.models, stacked.systems, stacked.plans
+    if kind == "train":
+        predict = lambda e: jax.vmap(train_step)(ms, ss, ps, e).step_time  # noqa: E731
+        quantities = ["step_time"] * len(stacked.rows)
+    else:
+        predict = lambda e: jax.vmap(infer)(ms, ss, ps, e).e2e_latency  # noqa: E731
+        quantities = [decode_quantity(r.values["batch"]) for r in stacked.rows]
+    gpus = [r.values["gpu"] for r in stacked.rows]
+    _, low, high = row_intervals(predict, gpus, quantities, kind, fit)
+    return {r.id: (lo, hi) for r, lo, hi in zip(stacked.rows, low, high)}

@@ -349,12 +349,16 @@ def _add_predict(sub):
     p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     p.add_argument("--out", default=None, help="write the predictions to this .csv file")
     p.add_argument("--json", action="store_true", help='print one JSON object {"rows": [...]}')
+    p.add_argument("--interval", action="store_true",
+                   help="add the 90%% prediction interval of each row's step time (train) or "
+                        "end-to-end latency (infer), from the calibration's uncertainty")
     p.set_defaults(func=run_predict)
 
 
 def run_predict(args) -> int:
     from .batch_predict import predict_csv
-    df = predict_csv(args.data, _load_efficiency(args.efficiency))
+    df = predict_csv(args.data, _load_efficiency(args.efficiency), intervals=args.interval,
+                     fit=args.efficiency)
     if df.empty:
         raise CliError(f"no rows in {', '.join(args.data)}")
     status = 2 if df["status"].str.startswith("invalid").all() else 0  # nothing predicted
@@ -366,13 +370,18 @@ def run_predict(args) -> int:
     if args.out:
         print(f"wrote {len(df)} predictions to {args.out}")
     else:
-        print(f"{'id':40s} {'kind':5s} {'time (s)':>10s} {'tok/s/GPU':>10s} {'mem GB':>7s}  status")
+        head = f"{'id':40s} {'kind':5s} {'time (s)':>10s} {'tok/s/GPU':>10s} {'mem GB':>7s}"
+        print(head + ("  90% interval (s)   " if args.interval else "") + "  status")
         for r in df.itertuples():
             train = r.kind == "train"
             time = r.step_time_s if train else r.e2e_latency_s
             rate = r.tokens_per_s_per_gpu if train else r.output_tok_s_per_gpu
             cells = (f"{time:10.4g} {rate:10.1f} {r.peak_memory_gb:7.1f}"
                      if r.fits is not None else f"{'-':>10s} {'-':>10s} {'-':>7s}")
+            if args.interval:
+                low, high = getattr(r, "interval_low_s"), getattr(r, "interval_high_s")
+                cells += (f"  {low:8.4g} to {high:<8.4g}" if low is not None and low == low
+                          else f"  {'-':>8s}    {'-':<8s}")
             print(f"{r.id[:40]:40s} {r.kind:5s} {cells}  {r.status}")
         print("time = step time (train) or end-to-end latency (infer); --out F.csv or --json "
               "for every column (TTFT, TPOT, TFLOP/s)")

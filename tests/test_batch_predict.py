@@ -99,3 +99,42 @@ def test_cli_fails_when_no_row_can_be_evaluated_and_checks_the_output_name(confi
     assert main(["predict", "--data", str(only_bad)]) == 2
     assert main(["predict", "--data", str(configs), "--out", str(tmp_path / "p.txt")]) == 2
     assert "--out: use a .csv file name" in capsys.readouterr().err
+
+
+def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path):
+    """The batched delta method (one Jacobian for all rows) gives each row the interval that
+    `prediction_interval` (one gradient per configuration, what `train --interval` prints)
+    gives it; an efficiency file without uncertainty leaves the rows predicted, with the reason
+    in their status."""
+    import diffperf as dp
+    from diffperf.calibrate_uncertainty import prediction_interval
+    from diffperf.data import read_benchmarks, train_specs
+    df = predict_csv(configs, intervals=True).set_index("id")
+    row = df.loc["imec-korthi-175b-selsp-paper"]
+    m, s, p = train_specs(read_benchmarks(configs, require_measured=False)[0])
+    single = prediction_interval(lambda e: dp.train_step(m, s, p, e).step_time, None, 0.9,
+                                 "a100-sxm4-80gb", "train", quantity="step_time")
+    assert row["interval_low_s"] == pytest.approx(single.low, rel=1e-4)
+    assert row["interval_high_s"] == pytest.approx(single.high, rel=1e-4)
+    infer = df.loc["imec-inf-h100-llama-2-70b-tp4"]
+    assert infer["interval_low_s"] < infer["e2e_latency_s"] < infer["interval_high_s"]
+    assert pd.isna(df.loc["tp5", "interval_low_s"])
+
+    bare = tmp_path / "factors_only.json"
+    bare.write_text(json.dumps({"factors": {"hbm": 0.8}}))
+    df = predict_csv(configs, dp.presets.efficiency_from_json(bare), intervals=True, fit=bare)
+    ok = df[df["id"] == "imec-korthi-175b-selsp-paper"].iloc[0]
+    assert np.isfinite(ok["step_time_s"]) and pd.isna(ok["interval_low_s"])
+    assert "no interval (" in ok["status"] and "no uncertainty section" in ok["status"]
+
+
+def test_cli_interval_column(configs, capsys, tmp_path):
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--data", str(configs), "--interval", "--out", str(out)]) == 0
+    df = pd.read_csv(out).set_index("id")
+    row = df.loc["imec-korthi-175b-selsp-paper"]
+    assert row["interval_low_s"] < row["step_time_s"] < row["interval_high_s"]
+    capsys.readouterr()
+    assert main(["predict", "--data", str(configs), "--interval"]) == 0
+    table = capsys.readouterr().out
+    assert "90% interval (s)" in table and " to " in table
