@@ -33,7 +33,8 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
 
     `efficiency`: as in `validate.validate` (None: the shipped calibration, per GPU).
     `intervals`: add `INTERVAL_COLUMNS`, from the uncertainty of `fit` (a fitted JSON path, or
-    None: the shipped calibration; see `calibrate_uncertainty.row_intervals`).
+    None: the shipped calibration; see `calibrate_uncertainty.row_intervals`). Pass the file
+    `efficiency` was loaded from, so that the intervals belong to the same fit.
 
     **Returns:** a DataFrame with `COLUMNS` (then `INTERVAL_COLUMNS`), one row per input row in
     file order. Prediction columns of the other kind are empty (None). `status` is `ok`, the
@@ -49,7 +50,7 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
     train = [r for r in rows if r.kind == "train"]
     infer = [r for r in rows if r.kind == "infer"]
     results, failed, bounds = {}, {}, {}
-    no_interval = "too wide or not finite"
+    no_interval = {"train": "too wide or not finite", "infer": "too wide or not finite"}
     for predict, stack, kind, kind_rows in (
             (predict_train_rows, stacked_train_specs, "train", train),
             (predict_infer_rows, stacked_infer_specs, "infer", infer)):
@@ -62,7 +63,7 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
                 try:
                     bounds.update(_intervals(kind, stacked, fit))
                 except ValueError as e:  # e.g. a fitted file without an uncertainty section
-                    no_interval = str(e)
+                    no_interval[kind] = str(e)
     records = []
     for r in rows:
         rec = dict.fromkeys(COLUMNS)
@@ -83,7 +84,7 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
                 if np.isfinite(low) and np.isfinite(high):
                     rec.update(interval_low_s=float(low), interval_high_s=float(high))
                 else:
-                    rec["status"] += f"; no interval ({no_interval})"
+                    rec["status"] += f"; no interval ({no_interval[r.kind]})"
         else:
             rec["status"] = f"invalid: {failed.get(r.id, 'could not be evaluated')}"
         records.append(rec)
