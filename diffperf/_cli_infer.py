@@ -57,8 +57,8 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _specs(args):
-    from .cli import _load_model
-    from .presets import default_efficiency, efficiency_from_json, system
+    from .cli import _load_efficiency, _load_model
+    from .presets import system
     mdl = _load_model(args.model)
     sys_ = system(args.gpu)
     act = args.activation_precision or args.precision
@@ -67,10 +67,7 @@ def _specs(args):
                          activation_precision=act, kv_precision=args.kv_precision or args.precision,
                          flash_attention=0 if args.no_flash else 1,
                          grouped_decode_attention=0 if args.per_head_decode else 1)
-    eff = efficiency_from_json(args.efficiency) if args.efficiency else default_efficiency()
-    if hasattr(eff, "for_gpu"):
-        eff = eff.for_gpu(args.gpu)  # the GPU's calibrated factors, when the file has them
-    return mdl, sys_, plan, eff
+    return mdl, sys_, plan, _load_efficiency(args.efficiency, args.gpu)
 
 
 def _summary(rep) -> dict:

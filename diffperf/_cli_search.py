@@ -65,18 +65,12 @@ def add_search_parser(sub) -> None:
     i.set_defaults(func=run_search_infer)
 
 
-def _efficiency(path, gpu):
-    """The shipped (or `path`'s) factors with `gpu`'s per-GPU overrides, as `train` uses."""
-    from .cli import _load_efficiency
-    return _load_efficiency(path, gpu)
-
-
 def _records(df: pd.DataFrame) -> list[dict]:
     return json.loads(df.to_json(orient="records")) if len(df) else []
 
 
 def run_search_train(args) -> int:
-    from .cli import _load_model
+    from .cli import _load_efficiency, _load_model
     from .search import default_training_grid, search_training
     model = _load_model(args.model, args.seq_len)
     system = presets.system(args.system or args.gpu)
@@ -95,7 +89,7 @@ def run_search_train(args) -> int:
                                  fp32_gradients=[int(args.fp32_gradients)],
                                  offload_layers=offload)
     result = search_training(model, system, args.gpus, args.global_batch, grid=grid,
-                             efficiency=_efficiency(args.efficiency, args.gpu), top_k=args.top,
+                             efficiency=_load_efficiency(args.efficiency, args.gpu), top_k=args.top,
                              progress=not args.json, even_layouts=not args.uneven_layouts)
     top, pareto = result["top"], result["pareto"]
     if args.out:
@@ -191,12 +185,12 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
 
 
 def run_search_infer(args) -> int:
-    from .cli import _load_model
+    from .cli import _load_efficiency, _load_model
     t0 = time.perf_counter()
     model = _load_model(args.model)
     system = presets.system(args.gpu)
     df = search_inference(model, system, args.input, args.output, args.max_gpus,
-                          args.precision, _efficiency(args.efficiency, args.gpu),
+                          args.precision, _load_efficiency(args.efficiency, args.gpu),
                           grouped_decode_attention=0 if args.per_head_decode else 1)
     finite = np.isfinite(df[["e2e_latency_s", "ttft_s", "tpot_s"]].to_numpy()).all(axis=1)
     ok = df[df["feasible"] & finite]

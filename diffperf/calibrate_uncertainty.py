@@ -362,14 +362,27 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     if not (math.isfinite(value) and math.isfinite(var)):
         raise ValueError("the prediction or its variance is not finite; no interval")
     error = model_error_sd(u.residual_sd, quantity, kind) if model_error else 0.0
-    sd = math.hypot(math.sqrt(max(var, 0.0)), error)
+    low, high, sd = _bounds(np.array([value]), np.array([var]), np.array([error]), level)
+    if not np.isfinite(low[0]):
+        z = NormalDist().inv_cdf(0.5 + level / 2.0)
+        raise ValueError(f"the log-prediction's standard deviation is {sd[0]:.3g}, too wide "
+                         f"for a meaningful interval (a factor of e^{2 * z * sd[0]:.3g}); the "
+                         f"fit's covariance is degenerate or it did not converge")
+    return PredictionInterval(math.exp(value), float(low[0]), float(high[0]), level,
+                              float(sd[0]))
+
+
+def _bounds(log_value: np.ndarray, parameter_var: np.ndarray, model_error: np.ndarray,
+            level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(low, high, sd)` of log-normal intervals: sd^2 = parameter variance + model error^2;
+    low / high NaN where z * sd exceeds `MAX_LOG_HALF_WIDTH` or anything is not finite."""
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    if z * sd > MAX_LOG_HALF_WIDTH:
-        raise ValueError(f"the log-prediction's standard deviation is {sd:.3g}, too wide for "
-                         f"a meaningful interval (a factor of e^{2 * z * sd:.3g}); the fit's "
-                         f"covariance is degenerate or it did not converge")
-    v = math.exp(value)
-    return PredictionInterval(v, v * math.exp(-z * sd), v * math.exp(z * sd), level, sd)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow only where not `ok`
+        sd = np.sqrt(np.maximum(parameter_var, 0.0) + model_error ** 2)
+        ok = np.isfinite(log_value) & np.isfinite(sd) & (z * sd <= MAX_LOG_HALF_WIDTH)
+        low = np.where(ok, np.exp(log_value - z * sd), np.nan)
+        high = np.where(ok, np.exp(log_value + z * sd), np.nan)
+    return low, high, sd
 
 
 def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str], kind: str,
@@ -397,13 +410,9 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
     theta = jnp.asarray(u.theta, dtype=jnp.result_type(float))
     value, jac = jax.jit(lambda th: (logf(th), jax.jacfwd(logf)(th)))(theta)
     value, jac = np.asarray(value, dtype=np.float64), np.asarray(jac, dtype=np.float64)
-    var = np.maximum(np.einsum("rp,pq,rq->r", jac, u.covariance, jac), 0.0)
+    var = np.einsum("rp,pq,rq->r", jac, u.covariance, jac)
     error = np.array([model_error_sd(u.residual_sd, q, kind) for q in quantities])
-    sd = np.sqrt(var + error ** 2)
-    z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    ok = np.isfinite(value) & np.isfinite(sd) & (z * sd <= MAX_LOG_HALF_WIDTH)
-    low = np.where(ok, np.exp(value - z * sd), np.nan)
-    high = np.where(ok, np.exp(value + z * sd), np.nan)
+    low, high, _ = _bounds(value, var, error, level)
     return np.exp(value), low, high
 
 

@@ -356,12 +356,14 @@ def _add_predict(sub):
 
 
 def run_predict(args) -> int:
+    import pandas as pd
     from .batch_predict import predict_csv
     df = predict_csv(args.data, _load_efficiency(args.efficiency), intervals=args.interval,
                      fit=args.efficiency)
     if df.empty:
         raise CliError(f"no rows in {', '.join(args.data)}")
-    status = 2 if df["status"].str.startswith("invalid").all() else 0  # nothing predicted
+    invalid = df["status"].str.startswith("invalid")
+    status = 2 if invalid.all() else 0  # nothing predicted
     if args.out:
         df.to_csv(args.out, index=False, float_format="%.6g")
     if args.json:
@@ -379,15 +381,15 @@ def run_predict(args) -> int:
             cells = (f"{time:10.4g} {rate:10.1f} {r.peak_memory_gb:7.1f}"
                      if r.fits is not None else f"{'-':>10s} {'-':>10s} {'-':>7s}")
             if args.interval:
-                low, high = getattr(r, "interval_low_s"), getattr(r, "interval_high_s")
-                cells += (f"  {low:8.4g} to {high:<8.4g}" if low is not None and low == low
+                low, high = r.interval_low_s, r.interval_high_s
+                cells += (f"  {low:8.4g} to {high:<8.4g}" if pd.notna(low)
                           else f"  {'-':>8s}    {'-':<8s}")
             print(f"{r.id[:40]:40s} {r.kind:5s} {cells}  {r.status}")
         print("time = step time (train) or end-to-end latency (infer); --out F.csv or --json "
               "for every column (TTFT, TPOT, TFLOP/s)")
-    bad = int(df["status"].str.startswith("invalid").sum())
-    if bad:
-        print(f"{bad} of {len(df)} rows could not be evaluated (status column)", file=sys.stderr)
+    if invalid.any():
+        print(f"{int(invalid.sum())} of {len(df)} rows could not be evaluated (status column)",
+              file=sys.stderr)
     return status
 
 
