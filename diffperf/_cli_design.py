@@ -31,10 +31,11 @@ def add_design_parsers(subparsers) -> None:
     p.add_argument("--workload", choices=("train", "infer"), default="train")
     p.add_argument("--model", default=None, help="model preset (default gpt3-175b / llama2-70b)")
     p.add_argument("--gpu", default="a100-sxm4-80gb", help="GPU or system preset")
-    p.add_argument("--gpus", type=int, default=1024, help="training GPUs (default 1024)")
-    p.add_argument("--global-batch", type=int, default=1536, help="training global batch")
-    p.add_argument("--tp", type=int, default=8, help="inference tensor parallel (default 8)")
-    p.add_argument("--batch", type=int, default=1, help="inference batch (default 1)")
+    p.add_argument("--gpus", type=int, default=None, help="training GPUs (default 1024)")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="training global batch (default 1536)")
+    p.add_argument("--tp", type=int, default=None, help="inference tensor parallel (default 8)")
+    p.add_argument("--batch", type=int, default=None, help="inference batch (default 1)")
     p.add_argument("--technology", action="store_true",
                    help="also technology elasticities (a100 / h100 / b200 reference designs)")
     p.add_argument("--top", type=int, default=0, help="show only the top N rows")
@@ -98,9 +99,23 @@ def add_design_parsers(subparsers) -> None:
 # ----------------------------------------------------------------------------- sensitivity
 
 
+#: Workload sizes of `diffperf sensitivity` when not given (training / inference flags).
+_SENSITIVITY_DEFAULTS = {"gpus": 1024, "global_batch": 1536, "tp": 8, "batch": 1}
+
+
 def run_sensitivity(args) -> int:
     from . import sensitivity as S
     from .presets import model, system
+    other = {"train": ("tp", "batch"), "infer": ("gpus", "global_batch")}[args.workload]
+    ignored = [f"--{k.replace('_', '-')}" for k in other if getattr(args, k) is not None]
+    if ignored:
+        verb = "does" if len(ignored) == 1 else "do"
+        return _err(f"{' and '.join(ignored)} {verb} not apply to --workload {args.workload} "
+                    f"(training: --gpus, --global-batch and the best plan for them; "
+                    f"inference: --tp, --batch)")
+    for k, default in _SENSITIVITY_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
     try:
         sys_ = system(args.gpu)
         if args.workload == "train":

@@ -14,10 +14,17 @@ from ._cli_checks import CliError
 from ._cli_infer import add_per_head_decode
 from .hardware import precision_code
 
+#: Exit status when the search found no plan (feasible, or meeting the target): like grep's 1
+#: for "no match", distinct from 2 for invalid input.
+NO_PLAN = 1
+
 
 def add_search_parser(sub) -> None:
     p = sub.add_parser("search", help="exhaustive search for the best parallel plan",
-                       description="Search every plan of a grid on the device and rank them.")
+                       description="Search every plan of a grid on the device and rank them. "
+                                   "Exit status: 0 when a plan was found, 1 when no plan is "
+                                   "feasible (or, for infer, none meets --latency / --tpot), "
+                                   "2 on invalid input.")
     kinds = p.add_subparsers(dest="search_kind", required=True)
 
     t = kinds.add_parser("train", help="fastest training plans for a model on N GPUs")
@@ -100,7 +107,7 @@ def run_search_train(args) -> int:
                           "seconds": result["seconds"], "grid": repr(grid),
                           "infeasible_by_reason": result["reasons"], "top": _records(top),
                           "pareto_memory_vs_time": _records(pareto)}))
-        return 0
+        return 0 if len(top) else NO_PLAN
     print(f"search: {args.model} on {args.gpus} x {args.gpu}, global batch {args.global_batch}")
     print(f"  {grid}")
     print(f"  evaluated {result['evaluated']:,} plans, {result['feasible']:,} feasible, in "
@@ -109,7 +116,7 @@ def run_search_train(args) -> int:
         print(f"    infeasible: {count:>12,}  {reason}")
     if len(top) == 0:
         print("  no feasible plan")
-        return 0
+        return NO_PLAN
     cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
             "sequence_parallel", "flash_attention"] + (["offload_layers"] if offload != [0]
                                                        else []) + [
@@ -208,7 +215,7 @@ def run_search_infer(args) -> int:
         print(json.dumps({"evaluated": int(len(df)), "feasible": int(len(ok)),
                           "seconds": seconds, "infeasible_reasons": why, "best": _records(best),
                           "pareto_latency_vs_throughput": _records(front)}))
-        return 0
+        return 0 if len(best) else NO_PLAN
     print(f"search infer: {args.model} on {args.gpu}, {args.input} in / {args.output} out, "
           f"{args.precision}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
     cols = ["tp", "pp", "batch", "e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu",
@@ -217,7 +224,7 @@ def run_search_infer(args) -> int:
         print("  no feasible plan; why the plans fail (count):")
         for text, n in why.items():
             print(f"    {n:6d}  {text}")
-        return 0
+        return NO_PLAN
     if len(best) == 0:
         print("  no feasible plan meets the latency target")
     else:
@@ -230,7 +237,7 @@ def run_search_infer(args) -> int:
         print(best[cols].to_string(index=False, float_format="%.4g"))
     print("\nPareto front, end-to-end latency vs output tokens/s per GPU:")
     print(front[cols].to_string(index=False, float_format="%.4g"))
-    return 0
+    return 0 if len(best) else NO_PLAN
 
 
 def _infeasible_reasons(bad: pd.DataFrame, precision: str) -> dict:

@@ -240,17 +240,21 @@ def run_train(args) -> int:
     model, system, plan, eff = _train_inputs(args)
     report = predict_training(model, system, plan, eff)  # ValueError for invalid plans
     s = training_summary(report, system)
-    from .search import even_layout
+    notes = []
+    from .search import even_layout, offload_supported
     if not bool(even_layout(model, plan)):
         layers, chunks = float(model.layers), args.pp * args.vp
-        s["note"] = (f"uneven layout: {layers:g} layers over pp*vp = {chunks} stages/chunks "
+        notes.append(f"uneven layout: {layers:g} layers over pp*vp = {chunks} stages/chunks "
                      f"({layers / chunks:.2f} each) needs a custom pipeline layout; modelled as "
                      f"perfectly balanced (optimistic when the per-GPU layer counts differ)")
-    from .search import offload_supported
     if not bool(offload_supported(model, plan)):
-        note = ("Megatron-core offloads activations only with pp = 1, no recomputation and fewer "
-                "layers than the model has; modelled anyway")
-        s["note"] = f"{s['note']}; {note}" if "note" in s else note
+        notes.append("Megatron-core offloads activations only with pp = 1, no recomputation and "
+                     "fewer layers than the model has; modelled anyway")
+    if args.sequence_parallel and args.tp == 1:
+        notes.append("--sp has no effect with --tp 1 (nothing to split the sequence over; "
+                     "Megatron-LM turns it off)")
+    if notes:
+        s["note"] = "; ".join(notes)
     if args.interval:
         from .calibrate_uncertainty import interval_summary
         s["step_time_interval_s"] = interval_summary(
@@ -497,8 +501,28 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:  # unreadable / unwritable files named by the user
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_os_error_message(e, args)}", file=sys.stderr)
         return 2
+
+
+def _os_error_message(e: OSError, args) -> str:
+    """An OS error with the command-line option of the file it concerns (`--out x.csv: [Errno
+    28] No space left on device`): the error's own file name if one option names it, else the
+    output options given (a full disk reports no file name)."""
+    from ._cli_checks import _INPUTS, _OUTPUTS, _opt
+    named = []
+    for k in _INPUTS + _OUTPUTS:
+        v = getattr(args, k, None)
+        for x in [v] if isinstance(v, str) else (v or []):
+            if isinstance(x, str):
+                named.append((k, x))
+    if e.filename is not None:
+        hits = [(k, x) for k, x in named if Path(x).resolve() == Path(str(e.filename)).resolve()]
+    else:
+        hits = [(k, x) for k, x in named if k in _OUTPUTS]
+    where = ", ".join(f"{_opt(k)} {x}" for k, x in hits)
+    reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
+    return f"{where}: {reason}" if where else str(e)
 
 
 if __name__ == "__main__":

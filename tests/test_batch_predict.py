@@ -101,6 +101,20 @@ def test_cli_fails_when_no_row_can_be_evaluated_and_checks_the_output_name(confi
     assert "--out: use a .csv file name" in capsys.readouterr().err
 
 
+def test_a_write_failure_names_the_output_option(configs, tmp_path, capsys, monkeypatch):
+    """A full disk reports no file name; the error still says which option's file failed."""
+    import errno
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", full_disk)
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--data", str(configs), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --out {out}: [Errno {errno.ENOSPC}] No space left on device")
+
+
 def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path):
     """The batched delta method (one Jacobian for all rows) gives each row the interval that
     `prediction_interval` (one gradient per configuration, what `train --interval` prints)

@@ -125,6 +125,9 @@ def test_train_explains_zero_selective_recompute_only_with_flash(capsys, flash):
     (["calibrate", "--data", "benchmarks_data/train_calibration.csv", "--out", "x.json",
       "--cv", "kfold", "--folds", "1"], "--folds must be >= 2"),
     (["sensitivity", "--workload", "infer", "--tp", "3"], "tp does not divide heads (tp=3"),
+    (["sensitivity", "--tp", "4"], "--tp does not apply to --workload train"),
+    (["sensitivity", "--workload", "infer", "--gpus", "8", "--global-batch", "8"],
+     "--gpus and --global-batch do not apply to --workload infer"),
     (["calibrate", "--out", "x.json", "--prior-weight", "nan"],
      "--prior-weight must be a finite number, got nan"),
     (["search", "infer", "--latency", "inf"], "--latency must be a finite number, got inf"),
@@ -257,6 +260,18 @@ def test_train_notes_an_uneven_pipeline_layout(capsys):
     assert code == 0 and "uneven layout" not in out
 
 
+def test_train_notes_that_sp_does_nothing_at_tp_1(capsys):
+    """--sp with --tp 1 is accepted (Megatron-LM turns it off) and said to have no effect:
+    the step time equals the run without it."""
+    base = ("train", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1", "--pp", "1", "--vp", "1",
+            "--global-batch", "64", "--json")
+    code, with_sp, _ = run(capsys, *base, "--sp")
+    assert code == 0 and "--sp has no effect with --tp 1" in json.loads(with_sp)["note"]
+    code, without, _ = run(capsys, *base)
+    assert code == 0 and "note" not in json.loads(without)
+    assert json.loads(with_sp)["step_time_s"] == json.loads(without)["step_time_s"]
+
+
 def test_unconverged_calibration_warns_and_its_intervals_are_refused(capsys, tmp_path):
     import pandas as pd
     small = tmp_path / "three.csv"
@@ -276,11 +291,19 @@ def test_search_infer_without_a_feasible_plan_says_why(capsys):
     code, out, _ = run(capsys, "search", "infer", "--gpu", "a100-sxm4-80gb", "--precision",
                        "fp8", "--json")
     r = json.loads(out)
-    assert code == 0 and r["feasible"] == 0 and r["best"] == []
+    assert code == 1 and r["feasible"] == 0 and r["best"] == []  # 1: no plan, like grep
     assert r["infeasible_reasons"] == {
         "the GPU has no tensor cores for this precision (fp8)": r["evaluated"]}
     code, out, _ = run(capsys, "search", "infer", "--gpu", "a100-sxm4-80gb", "--precision", "fp8")
+    assert code == 1
     assert "no feasible plan; why the plans fail" in out and "Empty DataFrame" not in out
+
+
+def test_search_train_without_a_feasible_plan_exits_1(capsys):
+    """GPT-3 175B cannot train on 8 A100s: the reasons are listed and the exit status says
+    that nothing was found (2 stays for invalid input)."""
+    code, out, _ = run(capsys, "search", "train", "--gpus", "8", "--global-batch", "8")
+    assert code == 1 and "no feasible plan" in out and "does not fit in HBM" in out
 
 
 def test_a_prediction_that_overflows_float32_is_an_error_not_nan():
@@ -375,3 +398,18 @@ def test_a_measurement_off_by_orders_of_magnitude_prints_compactly(capsys, tmp_p
     assert code == 0
     assert max(len(line) for line in out.splitlines()) < 400
     assert re.search(r"e2e_latency_s +n= +1  MAPE +\d\.\de\+30\d %  max +\d\.\de\+30\d %", out)
+
+
+def test_an_os_error_on_a_named_file_names_its_option(tmp_path):
+    """An unreadable input is reported with the option that named it (--data), not as a bare
+    errno; an error about some other file keeps its own message."""
+    import argparse
+    import errno
+
+    from diffperf.cli import _os_error_message
+    data = tmp_path / "rows.csv"
+    args = argparse.Namespace(data=[str(tmp_path / "other.csv"), str(data)], out="pred.csv")
+    e = PermissionError(errno.EACCES, "Permission denied", str(data))
+    assert _os_error_message(e, args) == f"--data {data}: [Errno {errno.EACCES}] Permission denied"
+    elsewhere = PermissionError(errno.EACCES, "Permission denied", "/somewhere/else")
+    assert _os_error_message(elsewhere, args) == str(elsewhere)
