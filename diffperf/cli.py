@@ -277,6 +277,9 @@ def _add_validate(sub):
     p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--summary", action="store_true", help="print only the summary")
+    p.add_argument("--plot", default=None,
+                   help="also save predicted vs measured and the errors by source to this "
+                        "image file (matplotlib)")
     p.set_defaults(func=run_validate)
 
 
@@ -295,6 +298,11 @@ def run_validate(args) -> int:
     if not result["rows"] and not result["failed"]:
         raise CliError(f"no benchmark rows in {', '.join(map(str, paths))}")
     status = 2 if not result["rows"] else 0  # every row failed: bad input
+    if args.plot and result["rows"]:
+        from .validation_plot import validation_plot
+        validation_plot(result["rows"], args.plot,
+                        title=f"diffperf validate: {', '.join(Path(p).name for p in paths)}")
+        print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
         print(json.dumps({k: result[k] for k in ("rows", "summary", "failed")}
                          | {k: result[k] for k in ("defaults", "warnings", "implausible")}))
