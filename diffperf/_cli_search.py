@@ -117,18 +117,24 @@ def run_search_train(args) -> int:
     if len(top) == 0:
         print("  no feasible plan")
         return NO_PLAN
-    cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
-            "sequence_parallel", "flash_attention"] + (["offload_layers"] if offload != [0]
-                                                       else []) + [
-            "step_time_s", "mfu", "memory_gb", "vs_best"]
+    plan_cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
+                 "sequence_parallel", "flash_attention", "ep", "overlap_tp", "overlap_dp",
+                 "precision", "fp32_gradients", "offload_layers"]
     print("\nbest plans:")
-    print(top[[c for c in cols if c in top]].to_string(index=False, float_format="%.3f"))
+    print(top[_shown(top, plan_cols, always=10) + ["step_time_s", "mfu", "memory_gb",
+                                                   "vs_best"]]
+          .to_string(index=False, float_format="%.3f"))
     if len(pareto):
         print("\nPareto front, memory per GPU vs step time:")
-        front_cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero"] + (
-            ["offload_layers"] if offload != [0] else []) + ["memory_gb", "step_time_s"]
-        print(pareto[front_cols].to_string(index=False, float_format="%.2f"))
+        print(pareto[_shown(pareto, plan_cols, always=8) + ["memory_gb", "step_time_s"]]
+              .to_string(index=False, float_format="%.2f"))
     return 0
+
+
+def _shown(df: pd.DataFrame, cols: list[str], always: int) -> list[str]:
+    """The first `always` plan columns, then those of the rest that differ between the rows
+    shown (two rows must never look identical while their times differ)."""
+    return cols[:always] + [c for c in cols[always:] if c in df and df[c].nunique() > 1]
 
 
 def _suffixed(path: str, suffix: str) -> str:

@@ -413,3 +413,15 @@ def test_an_os_error_on_a_named_file_names_its_option(tmp_path):
     assert _os_error_message(e, args) == f"--data {data}: [Errno {errno.EACCES}] Permission denied"
     elsewhere = PermissionError(errno.EACCES, "Permission denied", "/somewhere/else")
     assert _os_error_message(elsewhere, args) == str(elsewhere)
+
+
+def test_search_tables_show_the_columns_in_which_the_plans_differ():
+    """Plans that differ only in, e.g., TP overlap must not print as identical rows."""
+    import pandas as pd
+
+    from diffperf._cli_search import _shown
+    cols = ["tp", "pp", "overlap_tp", "precision", "offload_layers"]
+    df = pd.DataFrame({"tp": [2, 2], "pp": [1, 1], "overlap_tp": [1, 0],
+                       "precision": ["bf16", "bf16"], "step_time_s": [10.70, 10.78]})
+    assert _shown(df, cols, always=2) == ["tp", "pp", "overlap_tp"]
+    assert _shown(df.iloc[:1], cols, always=2) == ["tp", "pp"]
