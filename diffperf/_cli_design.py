@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 
+from .what_if import add_set_argument, system_with_overrides
+
 #: GPU presets that have a technology reference design.
 _REFERENCE_OF = {"a100-sxm4-80gb": "a100", "a100-sxm4-40gb": "a100", "dgx-a100": "a100",
                  "a100": "a100", "h100-sxm5-80gb": "h100", "dgx-h100": "h100", "h100": "h100",
@@ -36,6 +38,7 @@ def add_design_parsers(subparsers) -> None:
                    help="training global batch (default 1536)")
     p.add_argument("--tp", type=int, default=None, help="inference tensor parallel (default 8)")
     p.add_argument("--batch", type=int, default=None, help="inference batch (default 1)")
+    add_set_argument(p)
     p.add_argument("--technology", action="store_true",
                    help="also technology elasticities (a100 / h100 / b200 reference designs)")
     p.add_argument("--top", type=int, default=0, help="show only the top N rows")
@@ -113,11 +116,14 @@ def run_sensitivity(args) -> int:
         return _err(f"{' and '.join(ignored)} {verb} not apply to --workload {args.workload} "
                     f"(training: --gpus, --global-batch and the best plan for them; "
                     f"inference: --tp, --batch)")
+    if args.set and args.technology:
+        return _err("--set does not apply with --technology (the technology elasticities are "
+                    "those of the GPU's reference design)")
     for k, default in _SENSITIVITY_DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, default)
     try:
-        sys_ = system(args.gpu)
+        sys_ = system_with_overrides(system(args.gpu), args.set)
         if args.workload == "train":
             mdl = model(args.model or "gpt3-175b")
             plan = S.best_training_plan(mdl, sys_, args.gpus, args.global_batch)
@@ -146,7 +152,8 @@ def run_sensitivity(args) -> int:
             tv, tech = S.technology_elasticities(fn, ref, float(sys_.network.nvlink_domain))
     except ValueError as e:
         return _err(str(e))
-    out = {"workload": args.workload, "time_s": value, "bottlenecks": S.bottlenecks(el),
+    out = {"workload": args.workload, "set": args.set or [], "time_s": value,
+           "bottlenecks": S.bottlenecks(el),
            "hardware": dict(S.ranked(el, args.top or None))}
     if tech is not None:
         out["technology_time_s"] = tv
@@ -155,7 +162,9 @@ def run_sensitivity(args) -> int:
         print(json.dumps(out, indent=2))
         return 0
     what = "step time" if args.workload == "train" else "e2e latency"
-    print(f"{args.workload}: {what} {value:.4g} s on {args.gpu}; elasticity = d log(time) / "
+    what_if = f" [what-if {' '.join(args.set)}]" if args.set else ""
+    print(f"{args.workload}: {what} {value:.4g} s on {args.gpu}{what_if}; elasticity = "
+          f"d log(time) / "
           f"d log(parameter) (-0.5: +1 % parameter -> -0.5 % time)")
     print("bottleneck shares: " + ", ".join(f"{k} {v:.1%}" for k, v in out["bottlenecks"].items()))
     for title, table in (("hardware", out["hardware"]), ("technology", out.get("technology"))):

@@ -16,6 +16,12 @@ from ._checks import check_finite_report
 from .feasibility import describe_failure, explain
 from .inference import infer
 from .inference_plan import InferencePlan
+from .what_if import add_set_argument, change, describe, parse_overrides, system_with_overrides
+
+#: What `infer --set` compares with the preset: (summary key, label, unit, scale).
+_WHAT_IF_ROWS = (("ttft_s", "TTFT", "ms", 1e3), ("tpot_s", "TPOT", "ms", 1e3),
+                 ("e2e_latency_s", "e2e latency", "s", 1.0),
+                 ("output_tok_s_per_gpu", "tok/s per GPU", "", 1.0))
 
 
 def add_per_head_decode(parser) -> None:
@@ -46,6 +52,7 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
     p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
     add_per_head_decode(p)
+    add_set_argument(p)
     p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
     p.add_argument("--interval", action="store_true",
                    help="also print the 90%% prediction intervals of TTFT and end-to-end latency "
@@ -60,7 +67,7 @@ def _specs(args):
     from .cli import _load_efficiency, _load_model
     from .presets import system
     mdl = _load_model(args.model)
-    sys_ = system(args.gpu)
+    sys_ = system_with_overrides(system(args.gpu), args.set)
     act = args.activation_precision or args.precision
     plan = InferencePlan(tp=args.tp, pp=args.pp, batch=args.batch, input_len=args.input,
                          output_len=args.output, weight_precision=args.precision,
@@ -90,7 +97,8 @@ def _summary(rep) -> dict:
 
 def _print(args, s: dict, table, capacity: float) -> None:
     m = s["memory_gb"]
-    print(f"{args.model} on {s['num_gpus']} x {args.gpu} (tp={args.tp}, pp={args.pp}), "
+    what_if = f" [what-if {' '.join(args.set)}]" if args.set else ""
+    print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}), "
           f"batch {args.batch}, {args.input} in / {args.output} out, {args.precision}")
     def interval(field):
         if field in s:
@@ -113,6 +121,14 @@ def _print(args, s: dict, table, capacity: float) -> None:
         b = s[f"{phase}_s"]
         parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in b.items() if k != "total")
         print(f"  {phase:7s} {b['total'] * 1e3:10.2f} ms = {parts} ms")
+    if "what_if" in s:
+        w = s["what_if"]
+        print(f"  what-if vs the preset ({'; '.join(w['changes'])}):")
+        for key, label, unit, scale in _WHAT_IF_ROWS:
+            print(f"    {label:14s} {change(w['preset'][key] * scale, s[key] * scale, unit)}")
+        print(f"    {'fits':14s} {'yes' if w['preset']['fits'] else 'no'} -> "
+              f"{'yes' if s['fits'] else 'no'} (max batch {w['preset']['max_batch']} -> "
+              f"{s['max_batch']})")
     print()
     cols = ["phase", "op", "bound", "intensity", "machine_balance", "time_s", "share"]
     print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
@@ -140,6 +156,17 @@ def run_infer(args) -> int:
         return 2
     capacity = float(sys_.accelerator.hbm_capacity)
     summary = _summary(rep)
+    if args.set:
+        from .presets import system
+        base_system = system(args.gpu)
+        base = _summary(jax.device_get(infer(mdl, base_system, plan, eff)))
+        overrides = parse_overrides(args.set)
+        summary["what_if"] = {
+            "set": [o.text for o in overrides],
+            "changes": describe(base_system, sys_, overrides),
+            "preset": {k: base[k] for k, *_ in _WHAT_IF_ROWS}
+            | {"fits": base["fits"], "max_batch": base["max_batch"],
+               "memory_gb": base["memory_gb"]["total"]}}
     if args.interval:
         from .calibrate_uncertainty import decode_quantity, interval_summary
         for field, quantity, unit, scale in (

@@ -13,6 +13,7 @@ from . import presets
 from ._cli_checks import CliError
 from ._cli_infer import add_per_head_decode
 from .hardware import precision_code
+from .what_if import add_set_argument, system_with_overrides
 
 #: Exit status when the search found no plan (feasible, or meeting the target): like grep's 1
 #: for "no match", distinct from 2 for invalid input.
@@ -46,6 +47,7 @@ def add_search_parser(sub) -> None:
                         "--offload-layers 40; default 0)")
     t.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
     t.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    add_set_argument(t)
     t.add_argument("--out", default=None,
                    help="also write the best plans and the Pareto front to FILE.csv or "
                         "FILE.parquet (parquet needs pyarrow); the front goes to "
@@ -68,6 +70,7 @@ def add_search_parser(sub) -> None:
     i.add_argument("--precision", default="bf16")
     add_per_head_decode(i)
     i.add_argument("--efficiency", default=None)
+    add_set_argument(i)
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=run_search_infer)
 
@@ -80,7 +83,7 @@ def run_search_train(args) -> int:
     from .cli import _load_efficiency, _load_model
     from .search import default_training_grid, search_training
     model = _load_model(args.model, args.seq_len)
-    system = presets.system(args.system or args.gpu)
+    system = system_with_overrides(presets.system(args.system or args.gpu), args.set)
     acc = system.accelerator
     if args.precision:
         codes = sorted({precision_code(p) for p in args.precision})
@@ -108,7 +111,9 @@ def run_search_train(args) -> int:
                           "infeasible_by_reason": result["reasons"], "top": _records(top),
                           "pareto_memory_vs_time": _records(pareto)}))
         return 0 if len(top) else NO_PLAN
-    print(f"search: {args.model} on {args.gpus} x {args.gpu}, global batch {args.global_batch}")
+    what_if = f" [what-if {' '.join(args.set)}]" if args.set else ""
+    print(f"search: {args.model} on {args.gpus} x {args.gpu}{what_if}, global batch "
+          f"{args.global_batch}")
     print(f"  {grid}")
     print(f"  evaluated {result['evaluated']:,} plans, {result['feasible']:,} feasible, in "
           f"{result['seconds']:.2f} s (compilation included)")
@@ -201,7 +206,7 @@ def run_search_infer(args) -> int:
     from .cli import _load_efficiency, _load_model
     t0 = time.perf_counter()
     model = _load_model(args.model)
-    system = presets.system(args.gpu)
+    system = system_with_overrides(presets.system(args.gpu), args.set)
     df = search_inference(model, system, args.input, args.output, args.max_gpus,
                           args.precision, _load_efficiency(args.efficiency, args.gpu),
                           grouped_decode_attention=0 if args.per_head_decode else 1)
@@ -222,8 +227,9 @@ def run_search_infer(args) -> int:
                           "seconds": seconds, "infeasible_reasons": why, "best": _records(best),
                           "pareto_latency_vs_throughput": _records(front)}))
         return 0 if len(best) else NO_PLAN
-    print(f"search infer: {args.model} on {args.gpu}, {args.input} in / {args.output} out, "
-          f"{args.precision}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
+    what_if = f" [what-if {' '.join(args.set)}]" if args.set else ""
+    print(f"search infer: {args.model} on {args.gpu}{what_if}, {args.input} in / {args.output} "
+          f"out, {args.precision}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
     cols = ["tp", "pp", "batch", "e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu",
             "memory_gb"]
     if len(ok) == 0:

@@ -14,6 +14,7 @@ from pathlib import Path
 from . import presets
 from ._cli_checks import CliError, check_paths, check_values
 from .data import BenchmarkError
+from .what_if import add_set_argument, change, describe, parse_overrides, system_with_overrides
 
 #: The shipped benchmark data (present in a source checkout / editable install).
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks_data"
@@ -99,6 +100,7 @@ def _add_train(sub):
     p.add_argument("--zero3-per-matrix", action="store_true",
                    help="with --zero 3: DeepSpeed-style gathers, one per weight matrix (default: "
                         "FSDP-style, one per transformer layer)")
+    add_set_argument(p)
     p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     p.add_argument("--interval", action="store_true",
                    help="also print the 90%% prediction interval of the step time (calibration "
@@ -107,15 +109,21 @@ def _add_train(sub):
     p.set_defaults(func=run_train)
 
 
+def _train_system(args):
+    """The preset system of `train` (--gpu, --system, --nvlink-domain), before any --set."""
+    system = presets.system(args.system or args.gpu, nvlink_domain=args.nvlink_domain)
+    if args.system and args.gpu:
+        import equinox as eqx
+        system = eqx.tree_at(lambda s: s.accelerator, system, presets.gpu(args.gpu))
+    return system
+
+
 def _train_inputs(args):
     from .plans import TrainingPlan, layer_count_error
     if args.vp is None:
         args.vp = 3 if args.pp > 1 else 1
     model = _load_model(args.model, args.seq_len)
-    system = presets.system(args.system or args.gpu, nvlink_domain=args.nvlink_domain)
-    if args.system and args.gpu:
-        import equinox as eqx
-        system = eqx.tree_at(lambda s: s.accelerator, system, presets.gpu(args.gpu))
+    system = system_with_overrides(_train_system(args), args.set)
     per_replica = args.tp * args.pp * args.cp
     if args.dp is None:
         if args.gpus % per_replica:
@@ -203,6 +211,8 @@ def _print_training(args, s: dict, plan) -> None:
     if args.offload_layers:
         rc += f", offload {args.offload_layers} layers/chunk"
     where = f" in {args.system}" if args.system else ""  # the network of another system
+    if args.set:
+        where += f" [what-if {' '.join(args.set)}]"
     print(f"diffperf train: {args.model} on {s['num_gpus']} x {args.gpu}{where}  "
           f"(tp={args.tp} pp={args.pp} dp={s['num_gpus'] // (args.tp * args.pp * args.cp)} "
           f"cp={args.cp} vp={args.vp} mb={args.micro_batch} gb={args.global_batch} "
@@ -233,6 +243,14 @@ def _print_training(args, s: dict, plan) -> None:
     print(f"  feasible             {'yes' if s['feasible'] else 'NO: ' + s['reason']}")
     if "note" in s:
         print(f"  note: {s['note']}")
+    if "what_if" in s:
+        w, b = s["what_if"], s["what_if"]["preset"]
+        print(f"  what-if vs the preset ({'; '.join(w['changes'])}):")
+        print(f"    step time          {change(b['step_time_s'], s['step_time_s'], 's')}")
+        print(f"    MFU                {change(b['mfu'] * 100, s['mfu'] * 100, '%', False)}")
+        print(f"    memory per GPU     {change(b['memory_gb'], m['total'], 'GB')}")
+        print(f"    feasible           {'yes' if b['feasible'] else 'no'} -> "
+              f"{'yes' if s['feasible'] else 'no'}")
 
 
 def run_train(args) -> int:
@@ -260,6 +278,15 @@ def run_train(args) -> int:
         s["step_time_interval_s"] = interval_summary(
             lambda e: train_step(model, system, plan, e).step_time, args.efficiency, args.gpu,
             "train", "step_time")
+    if args.set:
+        base_system = _train_system(args)
+        base = training_summary(predict_training(model, base_system, plan, eff), base_system)
+        s["what_if"] = {
+            "set": [o.text for o in parse_overrides(args.set)],
+            "changes": describe(base_system, system, parse_overrides(args.set)),
+            "preset": {k: base[k] for k in ("step_time_s", "mfu", "tokens_per_s_per_gpu",
+                                            "fits", "feasible")}
+            | {"memory_gb": base["memory_gb"]["total"]}}
     if args.json:
         print(json.dumps(s, indent=2))
     else:
