@@ -9,7 +9,8 @@ from .grid import Grid
 from .inference import (InferenceMemory, InferenceReport, experts_touched, infer,
                         inference_memory, kv_cache_bytes_per_gpu, max_batch, weight_bytes_per_gpu)
 from .inference_plan import InferencePlan
-from .model import Transformer, transformer_from_hf_config
+from .hf_config import transformer_from_hf_config
+from .model import Transformer
 from .plans import TrainingPlan
 from .presets import (default_efficiency, efficiency_from_json, gpu, gpu_names, model,
                       model_names, system, system_names)

@@ -82,7 +82,7 @@ def _records(df: pd.DataFrame) -> list[dict]:
 def run_search_train(args) -> int:
     from .cli import _load_efficiency, _load_model
     from .search import default_training_grid, search_training
-    model = _load_model(args.model, args.seq_len)
+    model = _load_model(args.model, args.seq_len, training=True)
     system = system_with_overrides(presets.system(args.system or args.gpu), args.set)
     acc = system.accelerator
     if args.precision:
@@ -113,7 +113,7 @@ def run_search_train(args) -> int:
         return 0 if len(top) else NO_PLAN
     what_if = f" [what-if {' '.join(args.set)}]" if args.set else ""
     print(f"search: {args.model} on {args.gpus} x {args.gpu}{what_if}, global batch "
-          f"{args.global_batch}")
+          f"{args.global_batch}, sequence length {float(model.seq_len):g}")
     print(f"  {grid}")
     print(f"  evaluated {result['evaluated']:,} plans, {result['feasible']:,} feasible, in "
           f"{result['seconds']:.2f} s (compilation included)")

@@ -26,14 +26,32 @@ def _load_efficiency(path, gpu=None):
     return eff.for_gpu(gpu) if gpu and hasattr(eff, "for_gpu") else eff
 
 
-def _load_model(name_or_path: str, seq_len=None):
-    from .model import transformer_from_hf_config
+#: A training sequence length taken from a config's maximum context above this is flagged.
+LONG_CONFIG_CONTEXT = 8192
+
+
+def _load_model(name_or_path: str, seq_len=None, training: bool = False):
+    """A preset or a Hugging Face config.json; the loader's warnings (sliding window,
+    multimodal config) and, for training, a long context taken as the sequence length are
+    printed as `warning: ...` lines on stderr."""
+    import warnings
+
+    from .hf_config import transformer_from_hf_config
     if not name_or_path.strip():
         raise CliError("--model is empty; give a preset id (diffperf presets) or the path of a "
                        "Hugging Face config.json")
     p = Path(name_or_path)
     if p.suffix == ".json" or p.is_dir():
-        return transformer_from_hf_config(p, seq_len=seq_len)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            m = transformer_from_hf_config(p, seq_len=seq_len, max_context=not training)
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+        if training and seq_len is None and float(m.seq_len) > LONG_CONFIG_CONTEXT:
+            print(f"warning: training sequence length {float(m.seq_len):g} is the config's "
+                  f"maximum context; pass --seq-len for the length you train at",
+                  file=sys.stderr)
+        return m
     m = presets.model(name_or_path)
     if seq_len is not None:
         import equinox as eqx
@@ -122,7 +140,7 @@ def _train_inputs(args):
     from .plans import TrainingPlan, layer_count_error
     if args.vp is None:
         args.vp = 3 if args.pp > 1 else 1
-    model = _load_model(args.model, args.seq_len)
+    model = _load_model(args.model, args.seq_len, training=True)
     system = system_with_overrides(_train_system(args), args.set)
     per_replica = args.tp * args.pp * args.cp
     if args.dp is None:
@@ -216,6 +234,7 @@ def _print_training(args, s: dict, plan) -> None:
     print(f"diffperf train: {args.model} on {s['num_gpus']} x {args.gpu}{where}  "
           f"(tp={args.tp} pp={args.pp} dp={s['num_gpus'] // (args.tp * args.pp * args.cp)} "
           f"cp={args.cp} vp={args.vp} mb={args.micro_batch} gb={args.global_batch} "
+          f"seq={s['seq_len']} "
           f"recompute={rc} zero={args.zero} {args.precision})")
     print(f"  step time            {s['step_time_s']:10.3f} s")
     if "step_time_interval_s" in s:
@@ -258,6 +277,7 @@ def run_train(args) -> int:
     model, system, plan, eff = _train_inputs(args)
     report = predict_training(model, system, plan, eff)  # ValueError for invalid plans
     s = training_summary(report, system)
+    s["seq_len"] = int(float(model.seq_len))
     notes = []
     from .search import even_layout, offload_supported
     if not bool(even_layout(model, plan)):

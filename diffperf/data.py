@@ -32,9 +32,13 @@ TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_
                         "zero3_per_matrix": 0.0, "fp32_gradients": 1.0,
                         "account_embedding_loss": 0.0, "fp32_optimizer_moments": 1.0}
 #: diffperf extension columns of rows of both kinds: 0/1, a parallel attention + MLP block
-#: (GPT-J, Falcon; empty or absent = 0, the sequential block), and whether training applies
-#: dropout (empty or absent = 1, Korthikanti's GPT; 0 for Llama-style models); see `Transformer`.
-MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0, "dropout": 1.0}
+#: (GPT-J, Falcon; empty or absent = 0, the sequential block), whether training applies
+#: dropout (empty or absent = 1, Korthikanti's GPT; 0 for Llama-style models), and whether the
+#: output head is tied to the embedding (empty or absent = 0); see `Transformer`.
+MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0, "dropout": 1.0, "tied_embeddings": 0.0}
+#: diffperf extension column of rows of both kinds: the per-head width where it is not
+#: hidden / heads (Gemma, Qwen3; empty, absent or 0 = hidden / heads); `Transformer.head_width`.
+MODEL_OPTIONAL_COUNTS = {"head_dim": 0.0}
 #: diffperf extension columns of train rows holding layer counts (empty or absent = 0): layers
 #: per pipeline chunk fully recomputed (Megatron's block method) and with activations offloaded
 #: to host memory; see `TrainingPlan.recompute_layers` / `offload_layers`.
@@ -55,7 +59,8 @@ _REQUIRED_NUMBERS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "voc
 
 #: Columns holding counts (sizes, lengths, degrees, GPUs, batches): at most `MAX_EXACT_COUNT`.
 _COUNTS = frozenset(_REQUIRED_NUMBERS + ("seq_len", "dp", "global_batch", "cp", "ep", "vp",
-                                         "micro_batch") + INFER + tuple(TRAIN_OPTIONAL_COUNTS))
+                                         "micro_batch") + INFER + tuple(TRAIN_OPTIONAL_COUNTS)
+                     + tuple(MODEL_OPTIONAL_COUNTS))
 
 
 class BenchmarkError(ValueError):
@@ -106,6 +111,17 @@ def _flags(path, i, rec, flags: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def _optional_counts(path, i, rec, counts: dict[str, float]) -> dict[str, float]:
+    """Optional whole-number columns (>= 0; empty or absent = their default)."""
+    out = {}
+    for c, default in counts.items():
+        x = _number(path, i, c, rec.get(c, ""), required=False)
+        if x is not None and (x < 0 or x != round(x)):
+            raise _err(path, i, c, f"must be a whole number >= 0, got {rec[c]!r}")
+        out[c] = default if x is None else x
+    return out
+
+
 def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[BenchmarkRow]:
     """Read and check a benchmark CSV of either kind (`train` / `infer`, per row).
 
@@ -152,6 +168,7 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
         values["gpu"] = rec["gpu"]
         values["precision"] = rec["precision"].lower()
         values.update(_flags(path, i, rec, MODEL_OPTIONAL_FLAGS))
+        values.update(_optional_counts(path, i, rec, MODEL_OPTIONAL_COUNTS))
         defaults = []
         if kind == "train":
             for c in ("seq_len", "dp", "global_batch"):
@@ -169,11 +186,7 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
                     values[c] = d
                     defaults.append(c)
             values.update(_flags(path, i, rec, TRAIN_OPTIONAL_FLAGS))
-            for c, default in TRAIN_OPTIONAL_COUNTS.items():
-                x = _number(path, i, c, rec.get(c, ""), required=False)
-                if x is not None and (x < 0 or x != round(x)):
-                    raise _err(path, i, c, f"must be a whole number >= 0, got {rec[c]!r}")
-                values[c] = default if x is None else x
+            values.update(_optional_counts(path, i, rec, TRAIN_OPTIONAL_COUNTS))
             if values["sequence_parallel"] is None:
                 values["sequence_parallel"] = 1 if values["tp"] > 1 else 0
                 defaults.append("sequence_parallel")
@@ -208,7 +221,8 @@ def train_specs(row: BenchmarkRow):
                         seq_len=v["seq_len"], gated_mlp=v["gated_mlp"],
                         num_experts=v["num_experts"], experts_per_token=v["experts_per_token"],
                         parallel_attention=v.get("parallel_attention", 0),
-                        dropout=v.get("dropout", 1))
+                        dropout=v.get("dropout", 1), head_width=v.get("head_dim", 0),
+                        tied_embeddings=v.get("tied_embeddings", 0))
     sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
     plan = TrainingPlan(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=v["cp"], ep=v["ep"],
                         micro_batch=v["micro_batch"], global_batch=v["global_batch"], vp=v["vp"],

@@ -348,11 +348,12 @@ def weight_bytes_per_gpu(model: Transformer, plan: InferencePlan) -> jax.Array:
     mlp = model.num_experts * model.mlp_matrices * x.h * x.f
     replicated = jnp.where(x.moe, x.h * model.num_experts, 0.0) + 4.0 * x.h
     layer = (attn + mlp) * x.wb + replicated * 2.0
-    # Embedding on the first stage, LM head (16 bit) on the last; both on one stage when pp = 1.
+    # Embedding on the first stage, LM head (16 bit) on the last; both on one stage when pp = 1
+    # unless they are one tied matrix.
     head = x.vocab * x.h * bytes_per_element(x.head_math)
     embed = x.vocab * x.h * x.sb
-    return model.layers / plan.pp * layer + jnp.where(plan.pp > 1, jnp.maximum(head, embed),
-                                                      head + embed)
+    one = (plan.pp > 1) | (model.tied_embeddings > 0)
+    return model.layers / plan.pp * layer + jnp.where(one, jnp.maximum(head, embed), head + embed)
 
 
 def kv_cache_bytes_per_gpu(model: Transformer, plan: InferencePlan, batch=None) -> jax.Array:

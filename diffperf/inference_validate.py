@@ -30,7 +30,9 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
                         kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
                         seq_len=context, gated_mlp=v["gated_mlp"],
                         num_experts=v["num_experts"], experts_per_token=v["experts_per_token"],
-                        parallel_attention=v.get("parallel_attention", 0))
+                        parallel_attention=v.get("parallel_attention", 0),
+                        head_width=v.get("head_dim", 0),
+                        tied_embeddings=v.get("tied_embeddings", 0))
     sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
     p = v["precision"]
     plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=v["input_len"],

@@ -57,14 +57,15 @@ class TrainingReport(eqx.Module):
 def _layer_flops_per_token(model: Transformer) -> tuple[jax.Array, jax.Array]:
     """Forward FLOPs per token of one layer: (weight GEMMs, attention core at full s x s).
 
-    Weight GEMMs: 2 FLOPs per active weight. Attention: QK^T and AV, 2 * 2 * s * h per token
-    (Megatron / Korthikanti convention: the causal mask is not discounted).
+    Weight GEMMs: 2 FLOPs per active weight. Attention: QK^T and AV, 2 * 2 * s * a * d per token
+    (a * d = h unless the model sets `head_width`; Megatron / Korthikanti convention: the
+    causal mask is not discounted).
     """
     h, d = model.hidden, model.head_dim
-    active = (h * (model.heads + 2 * model.kv_heads) * d + h * h
+    active = (h * (model.heads + 2 * model.kv_heads) * d + model.attention_width * h
               + model.experts_per_token * model.mlp_matrices * h * model.ffn_hidden
               + jnp.where(model.num_experts > 1, h * model.num_experts, 0.0))
-    return 2.0 * active, 4.0 * model.seq_len * h
+    return 2.0 * active, 4.0 * model.seq_len * model.attention_width
 
 
 def model_flops_per_step(model: Transformer, plan: TrainingPlan,

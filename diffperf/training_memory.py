@@ -76,12 +76,15 @@ def params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
     """Parameters held by one GPU of the first pipeline stage before ZeRO sharding, count.
 
     Dense weights are split over `tp`; expert weights over `tp * ep`; the stage holds L / pp
-    layers (`TrainingPlan.end_stage_layers`) plus the input embedding (V h / tp).
+    layers (`TrainingPlan.end_stage_layers`) plus the input embedding (V h / tp), and with
+    pp = 1 also the output head unless it is tied to the embedding.
     """
     expert = model.num_experts * model.mlp_matrices * model.hidden * model.ffn_hidden
     dense = model.layer_params() - expert
     per_layer = dense / plan.tp + expert / (plan.tp * plan.ep)
-    return plan.end_stage_layers(model.layers) * per_layer + model.vocab * model.hidden / plan.tp
+    tables = 1.0 + jnp.where(plan.pp == 1, 1.0 - model.tied_embeddings, 0.0)
+    return (plan.end_stage_layers(model.layers) * per_layer
+            + tables * model.vocab * model.hidden / plan.tp)
 
 
 def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Array:
@@ -105,7 +108,8 @@ def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Arr
     replicated = 4.0 + q + 2.0 * drop + q * k
     # Parts always sharded over TP (Korthikanti's "24"): Q, K, V, the attention output, the first
     # MLP GEMM's output(s) (two for a gated MLP) and the activation output (second GEMM's input).
-    attention = 2.0 + 4.0 * r + attn_out
+    # (These are a * d wide per token: h unless the model sets `head_width`.)
+    attention = (2.0 + 4.0 * r + attn_out) * model.attention_width / model.hidden
     mlp_hidden = (2.0 * (1.0 + model.gated_mlp) + q) * f_h * k
     sharded = attention + mlp_hidden
     sp = plan.sequence_parallel > 0

@@ -435,7 +435,8 @@ def test_benchmark_format_doc_example_validates_and_lists_every_extension_column
         if len(cells) == 4 and cells[0].startswith("`"):
             documented[cells[0].strip("`")] = float(cells[2])
     known = {**data.TRAIN_OPTIONAL_FLAGS, **data.MODEL_OPTIONAL_FLAGS,
-             **data.TRAIN_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FLAGS}
+             **data.TRAIN_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FLAGS,
+             **data.MODEL_OPTIONAL_COUNTS}
     assert documented == known
 
 

@@ -62,6 +62,14 @@ def test_weights_by_hand():
     assert w == pytest.approx(float(m.num_params()) * 2, rel=1e-3)
     w_fp8 = float(weight_bytes_per_gpu(m, InferencePlan(tp=2, weight_precision="fp8")))
     assert w_fp8 < 0.3 * w  # layers at 1 B and half of them per GPU; head and embedding 16 bit
+    # A tied model (Gemma, GPT-2) keeps one V x h matrix; 2-stage pipelines already hold one
+    # per end stage, tied or not.
+    tied = eqx.tree_at(lambda x: x.tied_embeddings, m, 1.0)
+    w_tied = float(weight_bytes_per_gpu(tied, InferencePlan(tp=1)))
+    assert w - w_tied == pytest.approx(32000 * 4096 * 2, rel=1e-4)
+    assert float(weight_bytes_per_gpu(tied, InferencePlan(tp=1, pp=2))) == float(
+        weight_bytes_per_gpu(m, InferencePlan(tp=1, pp=2)))
+    assert w_tied == pytest.approx(float(tied.num_params()) * 2, rel=1e-3)
 
 
 def _no_overheads(gpu: str):

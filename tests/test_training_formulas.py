@@ -130,9 +130,11 @@ def test_gpt3_175b_parameter_count():
     m = dp.model("gpt3-175b")
     n = float(m.num_params())
     assert abs(n - 175e9) / 175e9 < 0.02, n
-    # and by hand: 12 L h^2 (+ O(h) per layer) + 2 V h (untied embedding and head)
+    # and by hand: 12 L h^2 (+ O(h) per layer) + V h (Megatron ties embedding and head): the
+    # "174.6B" of Narayanan et al. 2021 Table 2
     L, h, V = 96, 12288, 51200
-    np.testing.assert_allclose(n, 12 * L * h**2 + 2 * V * h, rtol=1e-3)
+    np.testing.assert_allclose(n, 12 * L * h**2 + V * h, rtol=1e-3)
+    np.testing.assert_allclose(n, 174.6e9, rtol=1e-3)
 
 
 def test_llama2_70b_parameter_count():
@@ -142,6 +144,37 @@ def test_llama2_70b_parameter_count():
     L, h, a, g, f, V = 80, 8192, 64, 8, 28672, 32000
     by_hand = L * (h * (a + 2 * g) * (h // a) + h * h + 3 * h * f) + 2 * V * h
     np.testing.assert_allclose(n, by_hand, rtol=1e-3)
+
+
+def test_model_flops_with_a_head_width_that_is_not_hidden_over_heads():
+    """Mistral-NeMo style (h 5120, 32 heads of 128): the query, output-projection and attention
+    terms are a * d = 4096 wide, the residual stream h = 5120."""
+    L, h, a, g, d, f, V, s = 40, 5120, 32, 8, 128, 14336, 131072, 4096
+    m = dp.Transformer(layers=L, hidden=h, heads=a, kv_heads=g, ffn_hidden=f, vocab=V, seq_len=s,
+                       gated_mlp=1, head_width=d)
+    weights_per_layer = h * (a + 2 * g) * d + (a * d) * h + 3 * h * f
+    per_token = 6.0 * L * weights_per_layer + 12.0 * L * s * (a * d) + 6.0 * h * V
+    got = float(dp.model_flops_per_step(m, dp.TrainingPlan(global_batch=8)))
+    np.testing.assert_allclose(got, 8 * s * per_token, rtol=1e-5)
+
+
+def test_one_stage_holds_the_output_head_unless_it_is_tied(eff):
+    """pp = 1: the only stage holds the input embedding and, unless tied, the output head (one
+    more V h / t of 2-byte weights, 4-byte gradients, 12-byte optimizer state); pp = 2: the
+    first stage holds the embedding only, tied or not."""
+    L, h, a, f, V, t = 24, 2304, 24, 9216, 51200, 2
+    mem = {}
+    for tied in (0, 1):
+        m = dp.Transformer(layers=L, hidden=h, heads=a, kv_heads=a, ffn_hidden=f, vocab=V,
+                           tied_embeddings=tied)
+        for pp in (1, 2):
+            plan = dp.TrainingPlan(tp=t, pp=pp, dp=1, vp=1, global_batch=8, zero=0)
+            mem[tied, pp] = training_memory(m, plan, eff)
+    head = V * h / t
+    for field, bytes_per_param in (("weights", 2), ("gradients", 4), ("optimizer", 12)):
+        extra = float(getattr(mem[0, 1], field)) - float(getattr(mem[1, 1], field))
+        np.testing.assert_allclose(extra, bytes_per_param * head, rtol=1e-4)
+        assert float(getattr(mem[0, 2], field)) == float(getattr(mem[1, 2], field))
 
 
 def test_weight_gradient_optimizer_bytes_per_gpu(gpt3, eff):

@@ -11,7 +11,7 @@ import pytest
 
 import diffperf as dp
 from diffperf.data import read_benchmarks, train_specs
-from diffperf.model import transformer_from_hf_config
+from diffperf.hf_config import transformer_from_hf_config
 from diffperf.training_memory import in_flight_factor, training_memory
 
 S, T = 2048, 8

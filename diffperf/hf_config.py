@@ -1,0 +1,204 @@
+"""A Hugging Face `config.json` read as a diffperf `Transformer` (local file, no network).
+
+Checked against the published parameter counts of Llama 2 / 3 / 3.1, Mistral, Mixtral, Qwen2 /
+2.5, Qwen3-MoE, Gemma / Gemma 2, Phi-2 / Phi-3, Falcon (both config formats), GPT-2, GPT-J,
+GPT-NeoX, OPT, BLOOM, StarCoder, MPT and Command-R (`tests/test_hf_config.py`). Architectures
+the model cannot represent are refused with the reason instead of approximated silently:
+multi-head latent attention (DeepSeek-V2 / V3), shared experts and dense layers between MoE
+layers (DeepSeek, Qwen-MoE 1.5 / 2). Not modelled but accepted: sliding-window attention
+(Mistral 7B v0.1, Gemma 2; full attention is assumed), `torch_dtype` / `quantization_config`
+(precision comes from the plan), learned position embeddings, multi-token-prediction layers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from ._checks import MAX_EXACT_COUNT, read_json
+from .model import Transformer
+
+#: Hugging Face config fields holding dropout probabilities (Llama / Mistral / Qwen2 / Falcon /
+#: GPT-NeoX / GPT-2 / GPT-J names).
+_DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "attn_pdrop", "resid_pdrop",
+                   "embd_pdrop", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob")
+
+#: `model_type`s whose configuration classes default every dropout to 0.
+_DROPOUT_FREE_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                       "gpt_neox", "falcon", "gptj", "gemma", "gemma2", "gemma3_text", "phi3",
+                       "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "cohere", "granite")
+
+#: `model_type`s with a gated (three-matrix) MLP whatever their activation is called (Gemma's
+#: GeGLU is "gelu" / "gelu_pytorch_tanh" with gate, up and down projections).
+_GATED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                "gemma", "gemma2", "gemma3_text", "phi3", "cohere", "olmo", "olmo2", "granite",
+                "internlm2", "deepseek_v2", "deepseek_v3")
+
+#: `model_type`s whose block always adds attention and MLP of the same input (parallel block).
+_PARALLEL_TYPES = ("gptj", "phi", "cohere")
+
+#: `model_type`s whose config classes tie the output head to the embedding by default (when
+#: `tie_word_embeddings` is absent; the other classes default to separate matrices).
+_TIED_TYPES = ("gpt2", "gpt_bigcode", "opt", "bloom", "falcon", "refinedweb", "refinedwebmodel",
+               "gemma", "gemma2", "gemma3_text", "cohere", "mpt")
+
+#: Falcon's config class (and its older RefinedWeb names).
+_FALCON_TYPES = ("falcon", "refinedweb", "refinedwebmodel")
+
+_HIDDEN = ("hidden_size", "n_embd", "n_embed", "d_model")
+
+
+def _count(path: Path, name: str, v):
+    """A numeric config value, checked: a number (not a bool), at most 2^24."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{path}: field {name!r} must be a number, got {v!r}")
+    if v > MAX_EXACT_COUNT:
+        shown = (f"{v:.6g}" if isinstance(v, float) or len(str(v)) <= 20
+                 else f"an integer of {len(str(v))} digits")
+        raise ValueError(f"{path}: field {name!r} must be <= {MAX_EXACT_COUNT} (2^24: larger "
+                         f"counts are not exact in float32), got {shown}")
+    return v
+
+
+def _language_model(path: Path, cfg: dict) -> dict:
+    """The config of the language model: `cfg`, or a multimodal config's `text_config`."""
+    if any(cfg.get(k) is not None for k in _HIDDEN) or not isinstance(cfg.get("text_config"),
+                                                                        dict):
+        return cfg
+    text = cfg["text_config"]
+    if not any(text.get(k) is not None for k in _HIDDEN):
+        raise ValueError(f"{path}: a multimodal config whose language model ('text_config') "
+                         f"does not list its sizes (it relies on its model type's defaults); "
+                         f"pass the language model's own config.json")
+    warnings.warn(f"{path}: a multimodal config: only its language model ('text_config') is "
+                  f"modelled, not the vision / audio encoder", stacklevel=3)
+    return text
+
+
+def _refuse_unmodelled(path: Path, cfg: dict) -> None:
+    """ValueError for architectures a `Transformer` cannot represent."""
+    def positive(name):
+        v = cfg.get(name)
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+    if cfg.get("kv_lora_rank") is not None:
+        raise ValueError(f"{path}: multi-head latent attention (kv_lora_rank = "
+                         f"{cfg['kv_lora_rank']}, DeepSeek-V2 / V3) is not modelled")
+    for name in ("n_shared_experts", "shared_expert_intermediate_size"):
+        if positive(name):
+            raise ValueError(f"{path}: shared experts ({name} = {cfg[name]}) are not modelled "
+                             f"(diffperf's MoE layers have routed experts only)")
+    sparse_step = cfg.get("decoder_sparse_step", 1)
+    if positive("first_k_dense_replace") or (isinstance(sparse_step, (int, float))
+                                              and sparse_step > 1) or cfg.get("mlp_only_layers"):
+        raise ValueError(f"{path}: dense MLP layers between the MoE layers (first_k_dense_replace "
+                         f"/ decoder_sparse_step / mlp_only_layers) are not modelled (every "
+                         f"layer is modelled alike)")
+
+
+def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
+                               max_context: bool = False) -> Transformer:
+    """Build a `Transformer` from a local Hugging Face `config.json` (or its directory).
+
+    `seq_len` (training sequence length) defaults to `rope_scaling`'s
+    `original_max_position_embeddings` (the pre-training context of a context-extended model),
+    else `max_position_embeddings` (or `n_positions` / `seq_length` / `max_seq_len`), else 2048;
+    with `max_context` always to the latter, the longest context the model serves (what
+    inference checks a prompt against).
+    Raises ValueError naming the file and field for missing or malformed fields and for
+    architectures that are not modelled (see the module docstring).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    cfg = read_json(path, "Hugging Face config")
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    cfg = _language_model(path, cfg)
+    _refuse_unmodelled(path, cfg)
+
+    def pick(*names, default=None):
+        for n in names:
+            if n in cfg and cfg[n] is not None:
+                return cfg[n] if isinstance(default, str) else _count(path, n, cfg[n])
+        if default is not None:
+            return default
+        raise ValueError(f"{path}: none of the fields {names} is present")
+
+    model_type = str(cfg.get("model_type", "")).lower()
+    hidden = pick(*_HIDDEN)
+    heads = pick("num_attention_heads", "n_head", "n_heads", "num_heads")
+    if model_type in _FALCON_TYPES and not cfg.get("new_decoder_architecture", False) and (
+            model_type != "refinedweb"):
+        # Falcon-7B style: one KV head if multi_query (the class default), else MHA; a re-saved
+        # config also carries num_kv_heads = heads, which Falcon ignores in this layout.
+        kv = 1 if cfg.get("multi_query", True) else heads
+    else:
+        kv = pick("num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+        if cfg.get("multi_query") and "num_kv_heads" not in cfg and "n_head_kv" not in cfg:
+            kv = 1
+    head_width = pick("head_dim", default=0)
+    if head_width and head_width * heads == hidden:
+        head_width = 0  # the usual h / a: keep the derived form
+    experts = pick("num_local_experts", "num_experts", "n_routed_experts", default=1)
+    if experts > 1 and cfg.get("moe_intermediate_size") is not None:
+        ffn = pick("moe_intermediate_size")  # Qwen-MoE / DeepSeek: the expert width
+    elif cfg.get("expansion_ratio") is not None:
+        ffn = pick("expansion_ratio") * hidden  # MPT
+    else:
+        ffn = pick("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim",
+                   default=4 * hidden)
+    act = str(pick("hidden_act", "activation_function", "activation", default="gelu")).lower()
+    gated = 1 if act in ("silu", "swiglu", "swish") or model_type in _GATED_TYPES else 0
+    # Parallel attention + MLP: Falcon's `parallel_attn` (default true), GPT-NeoX's
+    # `use_parallel_residual` (default true), GPT-J / Phi-2 / Command-R always.
+    parallel = (model_type in _PARALLEL_TYPES
+                or (model_type in _FALCON_TYPES and cfg.get("parallel_attn", True))
+                or bool(cfg.get("parallel_attn", False))
+                or bool(cfg.get("use_parallel_residual", model_type == "gpt_neox")))
+    # Dropout: on if any of the config's dropout probabilities is positive. A config that names
+    # none takes its model class's default: off for the dropout-free families (e.g. Llama-2's
+    # config.json has no dropout field), on otherwise.
+    rates = [cfg[k] for k in _DROPOUT_FIELDS if isinstance(cfg.get(k), (int, float))
+             and not isinstance(cfg.get(k), bool)]
+    if rates:
+        dropout = 1 if any(r > 0 for r in rates) else 0
+    else:
+        dropout = 0 if model_type in _DROPOUT_FREE_TYPES else 1
+    window = cfg.get("sliding_window")
+    if (isinstance(window, (int, float)) and not isinstance(window, bool)
+            and cfg.get("use_sliding_window", True) and 0 < window < pick(
+                "max_position_embeddings", "n_positions", "seq_length", "max_seq_len",
+                default=2048)):
+        warnings.warn(f"{path}: sliding-window attention (sliding_window = {window}) is not "
+                      f"modelled: attention over the full context is assumed (pessimistic for "
+                      f"contexts beyond {window} tokens)", stacklevel=2)
+    if seq_len is None:
+        rope = cfg.get("rope_scaling")
+        if (not max_context and isinstance(rope, dict)
+                and rope.get("original_max_position_embeddings") is not None):
+            seq_len = _count(path, "rope_scaling.original_max_position_embeddings",
+                             rope["original_max_position_embeddings"])
+        else:
+            seq_len = pick("max_position_embeddings", "n_positions", "seq_length", "max_seq_len",
+                           default=2048)
+    fields = dict(
+        layers=pick("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv,
+        ffn_hidden=ffn,
+        vocab=pick("vocab_size", "padded_vocab_size"),
+        seq_len=seq_len,
+        gated_mlp=gated,
+        num_experts=experts,
+        experts_per_token=pick("num_experts_per_tok", "moe_top_k", default=1),
+        parallel_attention=1 if parallel else 0,
+        dropout=dropout,
+        head_width=head_width,
+        tied_embeddings=1 if cfg.get("tie_word_embeddings", model_type in _TIED_TYPES) else 0,
+    )
+    try:
+        return Transformer(**fields)
+    except ValueError as e:  # a range check of the spec: say which file it came from
+        raise ValueError(f"{path}: {e}") from None

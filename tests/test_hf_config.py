@@ -1,0 +1,130 @@
+"""Hugging Face config.json -> Transformer: published parameter counts of real configurations,
+the architecture details that change them (head_dim, tied embeddings, GeGLU, MoE expert width,
+Falcon's KV heads), refusals of what is not modelled and warnings for what is approximated."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from diffperf.hf_config import transformer_from_hf_config
+
+LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "vocab_size": 128256, "max_position_embeddings": 8192, "hidden_act": "silu",
+             "tie_word_embeddings": False, "rope_theta": 500000.0}
+GEMMA_7B = {"model_type": "gemma", "hidden_size": 3072, "intermediate_size": 24576,
+            "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192,
+            "hidden_act": "gelu", "hidden_activation": "gelu_pytorch_tanh"}
+QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                 "moe_intermediate_size": 768, "num_hidden_layers": 48,
+                 "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+                 "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 40960,
+                 "tie_word_embeddings": False, "hidden_act": "silu"}
+MISTRAL_NEMO_12B = {"model_type": "mistral", "hidden_size": 5120, "intermediate_size": 14336,
+                    "num_hidden_layers": 40, "num_attention_heads": 32,
+                    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 131072,
+                    "max_position_embeddings": 1024000, "hidden_act": "silu",
+                    "tie_word_embeddings": False}
+# Falcon-7B as `save_pretrained` writes it: num_kv_heads = 71 next to multi_query = true.
+FALCON_7B_RESAVED = {"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32,
+                     "num_attention_heads": 71, "num_kv_heads": 71, "multi_query": True,
+                     "new_decoder_architecture": False, "parallel_attn": True,
+                     "vocab_size": 65024, "alibi": False, "bias": False}
+GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+        "vocab_size": 50257, "n_inner": None, "activation_function": "gelu_new",
+        "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+
+
+def load(tmp_path, cfg, **kw):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return transformer_from_hf_config(path, **kw)
+
+
+@pytest.mark.parametrize("cfg, published_billion, tolerance", [
+    (LLAMA3_8B, 8.030, 0.002),         # Meta: 8.03 B
+    (GEMMA_7B, 8.538, 0.002),          # head_dim 256 > 3072 / 16, GeGLU, tied: 8.54 B
+    (QWEN3_30B_A3B, 30.53, 0.003),     # 128 experts of width 768 (not 6144): 30.5 B
+    (MISTRAL_NEMO_12B, 12.25, 0.003),  # q / o projections 32 x 128 = 4096 wide, not 5120
+    (FALCON_7B_RESAVED, 6.922, 0.002),  # multi-query (1 KV head) despite num_kv_heads = 71
+    (GPT2, 0.1244, 0.01),              # tied; its 0.8 M position embeddings are not counted
+])
+def test_published_parameter_counts(tmp_path, cfg, published_billion, tolerance):
+    n = float(load(tmp_path, cfg).num_params()) / 1e9
+    assert abs(n / published_billion - 1) < tolerance, n
+
+
+def test_architecture_details_are_read(tmp_path):
+    gemma = load(tmp_path, GEMMA_7B)
+    assert float(gemma.gated_mlp) == 1 and float(gemma.tied_embeddings) == 1
+    assert float(gemma.head_dim) == 256 and float(gemma.attention_width) == 4096
+    qwen = load(tmp_path, QWEN3_30B_A3B)
+    assert float(qwen.ffn_hidden) == 768 and float(qwen.num_experts) == 128
+    active = float(qwen.layers * qwen.active_layer_params() + 2 * qwen.vocab * qwen.hidden) / 1e9
+    assert abs(active / 3.35 - 1) < 0.01  # "A3B": 3.3 B active
+    falcon = load(tmp_path, FALCON_7B_RESAVED)
+    assert float(falcon.kv_heads) == 1 and float(falcon.parallel_attention) == 1
+    llama = load(tmp_path, LLAMA3_8B)
+    assert float(llama.head_width) == 0 and float(llama.tied_embeddings) == 0  # d = h / a
+    # Minitron: 48 heads of 128 do not divide hidden 4096; valid because head_dim is given.
+    minitron = load(tmp_path, dict(LLAMA3_8B, num_attention_heads=48, head_dim=128))
+    assert float(minitron.attention_width) == 6144
+
+
+def test_training_sequence_length_of_a_context_extended_model(tmp_path):
+    """Llama 3.1 was pre-trained at 8,192 tokens and extended to 131,072: the training
+    default is the original length; an explicit seq_len wins."""
+    cfg = dict(LLAMA3_8B, max_position_embeddings=131072,
+               rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                             "original_max_position_embeddings": 8192})
+    assert float(load(tmp_path, cfg).seq_len) == 8192
+    assert float(load(tmp_path, cfg, seq_len=4096).seq_len) == 4096
+    assert float(load(tmp_path, cfg, max_context=True).seq_len) == 131072  # what it serves
+    assert float(load(tmp_path, dict(LLAMA3_8B, max_position_embeddings=32768)).seq_len) == 32768
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "multi-head latent attention"),
+    ({"n_shared_experts": 2}, "shared experts (n_shared_experts = 2)"),
+    ({"shared_expert_intermediate_size": 5632}, "shared experts"),
+    ({"first_k_dense_replace": 1}, "dense MLP layers between the MoE layers"),
+    ({"decoder_sparse_step": 2}, "dense MLP layers between the MoE layers"),
+    ({"mlp_only_layers": [0, 1]}, "dense MLP layers between the MoE layers"),
+])
+def test_unmodelled_architectures_are_refused(tmp_path, extra, needle):
+    with pytest.raises(ValueError, match="is not modelled|are not modelled") as e:
+        load(tmp_path, dict(QWEN3_30B_A3B, **extra))
+    assert needle in str(e.value) and "config.json" in str(e.value)
+
+
+def test_approximations_warn(tmp_path):
+    with pytest.warns(UserWarning, match="sliding-window attention .* not modelled"):
+        load(tmp_path, dict(LLAMA3_8B, model_type="mistral", sliding_window=4096,
+                            max_position_embeddings=32768))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Qwen2 lists a window it does not use: no warning
+        load(tmp_path, dict(LLAMA3_8B, sliding_window=4096, use_sliding_window=False,
+                            max_position_embeddings=32768))
+    with pytest.warns(UserWarning, match="only its language model"):
+        m = load(tmp_path, {"model_type": "llava", "text_config": LLAMA3_8B,
+                            "vision_config": {"hidden_size": 1024}})
+    assert float(m.hidden) == 4096
+
+
+def test_a_multimodal_config_without_sizes_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="text_config.*does not list its sizes"):
+        load(tmp_path, {"model_type": "llava", "text_config": {"model_type": "llama"}})
+
+
+def test_older_field_names(tmp_path):
+    bloom = load(tmp_path, {"model_type": "bloom", "n_embed": 14336, "n_layer": 70,
+                            "num_attention_heads": 112, "vocab_size": 250880})
+    assert abs(float(bloom.num_params()) / 176.25e9 - 1) < 0.002  # BLOOM 176 B, tied
+    mpt = load(tmp_path, {"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32,
+                          "expansion_ratio": 4, "max_seq_len": 2048, "vocab_size": 50432})
+    assert float(mpt.ffn_hidden) == 16384 and abs(float(mpt.num_params()) / 6.65e9 - 1) < 0.005
