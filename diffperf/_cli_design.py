@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from .what_if import add_set_argument, system_with_overrides
+from .what_if import add_set_argument, system_with_overrides, tag
 
 #: GPU presets that have a technology reference design.
 _REFERENCE_OF = {"a100-sxm4-80gb": "a100", "a100-sxm4-40gb": "a100", "dgx-a100": "a100",
@@ -162,10 +162,9 @@ def run_sensitivity(args) -> int:
         print(json.dumps(out, indent=2))
         return 0
     what = "step time" if args.workload == "train" else "e2e latency"
-    what_if = f" [what-if {' '.join(args.set)}]" if args.set else ""
+    what_if = tag(args.set)
     print(f"{args.workload}: {what} {value:.4g} s on {args.gpu}{what_if}; elasticity = "
-          f"d log(time) / "
-          f"d log(parameter) (-0.5: +1 % parameter -> -0.5 % time)")
+          f"d log(time) / d log(parameter) (-0.5: +1 % parameter -> -0.5 % time)")
     print("bottleneck shares: " + ", ".join(f"{k} {v:.1%}" for k, v in out["bottlenecks"].items()))
     for title, table in (("hardware", out["hardware"]), ("technology", out.get("technology"))):
         if table is None:

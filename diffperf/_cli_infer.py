@@ -16,7 +16,7 @@ from ._checks import check_finite_report
 from .feasibility import describe_failure, explain
 from .inference import infer
 from .inference_plan import InferencePlan
-from .what_if import add_set_argument, change, describe, parse_overrides, system_with_overrides
+from .what_if import add_set_argument, change, comparison, system_with_overrides, tag
 
 #: What `infer --set` compares with the preset: (summary key, label, unit, scale).
 _WHAT_IF_ROWS = (("ttft_s", "TTFT", "ms", 1e3), ("tpot_s", "TPOT", "ms", 1e3),
@@ -97,7 +97,7 @@ def _summary(rep) -> dict:
 
 def _print(args, s: dict, table, capacity: float) -> None:
     m = s["memory_gb"]
-    what_if = f" [what-if {' '.join(args.set)}]" if args.set else ""
+    what_if = tag(args.set)
     print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}), "
           f"batch {args.batch}, {args.input} in / {args.output} out, {args.precision}")
     def interval(field):
@@ -160,13 +160,11 @@ def run_infer(args) -> int:
         from .presets import system
         base_system = system(args.gpu)
         base = _summary(jax.device_get(infer(mdl, base_system, plan, eff)))
-        overrides = parse_overrides(args.set)
-        summary["what_if"] = {
-            "set": [o.text for o in overrides],
-            "changes": describe(base_system, sys_, overrides),
-            "preset": {k: base[k] for k, *_ in _WHAT_IF_ROWS}
-            | {"fits": base["fits"], "max_batch": base["max_batch"],
-               "memory_gb": base["memory_gb"]["total"]}}
+        summary["what_if"] = comparison(
+            base_system, sys_, args.set,
+            {k: base[k] for k, *_ in _WHAT_IF_ROWS} | {
+                "fits": base["fits"], "max_batch": base["max_batch"],
+                "memory_gb": base["memory_gb"]["total"]})
     if args.interval:
         from .calibrate_uncertainty import decode_quantity, interval_summary
         for field, quantity, unit, scale in (

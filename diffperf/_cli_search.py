@@ -13,7 +13,7 @@ from . import presets
 from ._cli_checks import CliError
 from ._cli_infer import add_per_head_decode
 from .hardware import precision_code
-from .what_if import add_set_argument, system_with_overrides
+from .what_if import add_set_argument, system_with_overrides, tag
 
 #: Exit status when the search found no plan (feasible, or meeting the target): like grep's 1
 #: for "no match", distinct from 2 for invalid input.
@@ -111,7 +111,7 @@ def run_search_train(args) -> int:
                           "infeasible_by_reason": result["reasons"], "top": _records(top),
                           "pareto_memory_vs_time": _records(pareto)}))
         return 0 if len(top) else NO_PLAN
-    what_if = f" [what-if {' '.join(args.set)}]" if args.set else ""
+    what_if = tag(args.set)
     print(f"search: {args.model} on {args.gpus} x {args.gpu}{what_if}, global batch "
           f"{args.global_batch}, sequence length {float(model.seq_len):g}")
     print(f"  {grid}")
@@ -227,7 +227,7 @@ def run_search_infer(args) -> int:
                           "seconds": seconds, "infeasible_reasons": why, "best": _records(best),
                           "pareto_latency_vs_throughput": _records(front)}))
         return 0 if len(best) else NO_PLAN
-    what_if = f" [what-if {' '.join(args.set)}]" if args.set else ""
+    what_if = tag(args.set)
     print(f"search infer: {args.model} on {args.gpu}{what_if}, {args.input} in / {args.output} "
           f"out, {args.precision}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
     cols = ["tp", "pp", "batch", "e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu",

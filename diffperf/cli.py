@@ -14,7 +14,7 @@ from pathlib import Path
 from . import presets
 from ._cli_checks import CliError, check_paths, check_values
 from .data import BenchmarkError
-from .what_if import add_set_argument, change, describe, parse_overrides, system_with_overrides
+from .what_if import add_set_argument, change, comparison, system_with_overrides, tag
 
 #: The shipped benchmark data (present in a source checkout / editable install).
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks_data"
@@ -229,8 +229,7 @@ def _print_training(args, s: dict, plan) -> None:
     if args.offload_layers:
         rc += f", offload {args.offload_layers} layers/chunk"
     where = f" in {args.system}" if args.system else ""  # the network of another system
-    if args.set:
-        where += f" [what-if {' '.join(args.set)}]"
+    where += tag(args.set)
     print(f"diffperf train: {args.model} on {s['num_gpus']} x {args.gpu}{where}  "
           f"(tp={args.tp} pp={args.pp} dp={s['num_gpus'] // (args.tp * args.pp * args.cp)} "
           f"cp={args.cp} vp={args.vp} mb={args.micro_batch} gb={args.global_batch} "
@@ -301,12 +300,10 @@ def run_train(args) -> int:
     if args.set:
         base_system = _train_system(args)
         base = training_summary(predict_training(model, base_system, plan, eff), base_system)
-        s["what_if"] = {
-            "set": [o.text for o in parse_overrides(args.set)],
-            "changes": describe(base_system, system, parse_overrides(args.set)),
-            "preset": {k: base[k] for k in ("step_time_s", "mfu", "tokens_per_s_per_gpu",
-                                            "fits", "feasible")}
-            | {"memory_gb": base["memory_gb"]["total"]}}
+        s["what_if"] = comparison(
+            base_system, system, args.set,
+            {k: base[k] for k in ("step_time_s", "mfu", "tokens_per_s_per_gpu", "fits",
+                                  "feasible")} | {"memory_gb": base["memory_gb"]["total"]})
     if args.json:
         print(json.dumps(s, indent=2))
     else:

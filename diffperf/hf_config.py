@@ -5,7 +5,8 @@ Checked against the published parameter counts of Llama 2 / 3 / 3.1, Mistral, Mi
 GPT-NeoX, OPT, BLOOM, StarCoder, MPT and Command-R (`tests/test_hf_config.py`). Architectures
 the model cannot represent are refused with the reason instead of approximated silently:
 multi-head latent attention (DeepSeek-V2 / V3), shared experts and dense layers between MoE
-layers (DeepSeek, Qwen-MoE 1.5 / 2). Not modelled but accepted: sliding-window attention
+layers (DeepSeek, Qwen-MoE 1.5 / 2, Llama 4), state-space / recurrent hybrids (Mamba, Jamba,
+Nemotron-H) and encoder-decoders (T5, BART, Whisper). Not modelled but accepted: sliding-window attention
 (Mistral 7B v0.1, Gemma 2; full attention is assumed), `torch_dtype` / `quantization_config`
 (precision comes from the plan), learned position embeddings, multi-token-prediction layers.
 """
@@ -47,6 +48,12 @@ _FALCON_TYPES = ("falcon", "refinedweb", "refinedwebmodel")
 
 _HIDDEN = ("hidden_size", "n_embd", "n_embed", "d_model")
 
+#: `model_type`s that are not (only) decoder transformer blocks: state-space / recurrent
+#: hybrids and encoder-decoders.
+_NOT_DECODER_TYPES = ("mamba", "mamba2", "falcon_mamba", "jamba", "zamba", "zamba2", "bamba",
+                      "nemotron_h", "granitemoehybrid", "rwkv", "recurrent_gemma", "xlstm",
+                      "t5", "mt5", "umt5", "bart", "mbart", "pegasus", "whisper")
+
 
 def _count(path: Path, name: str, v):
     """A numeric config value, checked: a number (not a bool), at most 2^24."""
@@ -81,6 +88,13 @@ def _refuse_unmodelled(path: Path, cfg: dict) -> None:
         v = cfg.get(name)
         return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
+    model_type = str(cfg.get("model_type", "")).lower()
+    if model_type in _NOT_DECODER_TYPES or cfg.get("is_encoder_decoder"):
+        raise ValueError(f"{path}: model_type {model_type!r} is not a decoder-only transformer "
+                         f"(state-space / recurrent layers or an encoder-decoder): not modelled")
+    if model_type in ("llama4", "llama4_text"):
+        raise ValueError(f"{path}: Llama 4's shared expert and interleaved dense / MoE layers "
+                         f"are not modelled")
     if cfg.get("kv_lora_rank") is not None:
         raise ValueError(f"{path}: multi-head latent attention (kv_lora_rank = "
                          f"{cfg['kv_lora_rank']}, DeepSeek-V2 / V3) is not modelled")
@@ -88,12 +102,13 @@ def _refuse_unmodelled(path: Path, cfg: dict) -> None:
         if positive(name):
             raise ValueError(f"{path}: shared experts ({name} = {cfg[name]}) are not modelled "
                              f"(diffperf's MoE layers have routed experts only)")
-    sparse_step = cfg.get("decoder_sparse_step", 1)
-    if positive("first_k_dense_replace") or (isinstance(sparse_step, (int, float))
-                                              and sparse_step > 1) or cfg.get("mlp_only_layers"):
+    steps = [cfg.get(k, 1) for k in ("decoder_sparse_step", "moe_layer_freq",
+                                      "interleave_moe_layer_step")]
+    if positive("first_k_dense_replace") or cfg.get("mlp_only_layers") or any(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1 for v in steps):
         raise ValueError(f"{path}: dense MLP layers between the MoE layers (first_k_dense_replace "
-                         f"/ decoder_sparse_step / mlp_only_layers) are not modelled (every "
-                         f"layer is modelled alike)")
+                         f"/ decoder_sparse_step / moe_layer_freq / mlp_only_layers) are not "
+                         f"modelled (every layer is modelled alike)")
 
 
 def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,

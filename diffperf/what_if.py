@@ -17,7 +17,7 @@ from .hardware import Accelerator, Network, System
 
 _PARTS = {"accelerator": Accelerator, "network": Network}
 
-#: Units of the fields, for the printed comparison and the error messages.
+#: Units of the fields, for the printed comparison (`describe`).
 UNITS = {
     "flops_fp32": "FLOP/s", "flops_bf16": "FLOP/s", "flops_fp8": "FLOP/s", "flops_fp4": "FLOP/s",
     "vector_flops": "FLOP/s", "hbm_capacity": "B", "hbm_bandwidth": "B/s", "l2_capacity": "B",
@@ -108,6 +108,14 @@ def describe(base: System, changed: System, overrides: list[Override]) -> list[s
     return lines
 
 
+def comparison(base: System, changed: System, items, preset: dict) -> dict:
+    """The `what_if` object of `train` / `infer --json`: the `--set` items, the changes as
+    `describe` words them and the `preset` system's numbers."""
+    overrides = parse_overrides(items)
+    return {"set": [o.text for o in overrides], "changes": describe(base, changed, overrides),
+            "preset": preset}
+
+
 def change(base: float, new: float, unit: str = "", relative: bool = True) -> str:
     """`18.47 s -> 17.82 s (-3.5 %)`: two values and, with `relative`, their relative change."""
     u = f" {unit}" if unit else ""
@@ -123,6 +131,11 @@ def add_set_argument(parser) -> None:
                              "preset, as an SI value (hbm_bandwidth=6.7e12) or a multiple "
                              "(hbm_bandwidth=x2); repeatable. Fields: those of Accelerator "
                              "and Network (README, 'What-if hardware')")
+
+
+def tag(items) -> str:
+    """` [what-if hbm_bandwidth=x2]` for the header of an output, or "" without `--set`."""
+    return f" [what-if {' '.join(items)}]" if items else ""
 
 
 def system_with_overrides(system: System, items) -> System:

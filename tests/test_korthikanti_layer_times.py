@@ -8,7 +8,6 @@ and the ordering the paper draws from the table must hold.
 
 from __future__ import annotations
 
-import equinox as eqx
 import pytest
 
 import diffperf as dp
