@@ -1,14 +1,18 @@
 """A Hugging Face `config.json` read as a diffperf `Transformer` (local file, no network).
 
-Checked against the published parameter counts of Llama 2 / 3 / 3.1, Mistral, Mixtral, Qwen2 /
-2.5, Qwen3-MoE, Gemma / Gemma 2, Phi-2 / Phi-3, Falcon (both config formats), GPT-2, GPT-J,
-GPT-NeoX, OPT, BLOOM, StarCoder, MPT and Command-R (`tests/test_hf_config.py`). Architectures
-the model cannot represent are refused with the reason instead of approximated silently:
-multi-head latent attention (DeepSeek-V2 / V3), shared experts and dense layers between MoE
-layers (DeepSeek, Qwen-MoE 1.5 / 2, Llama 4), state-space / recurrent hybrids (Mamba, Jamba,
-Nemotron-H) and encoder-decoders (T5, BART, Whisper). Not modelled but accepted: sliding-window attention
-(Mistral 7B v0.1, Gemma 2; full attention is assumed), `torch_dtype` / `quantization_config`
-(precision comes from the plan), learned position embeddings, multi-token-prediction layers.
+Parameter counts match the published ones for the configurations of `tests/test_hf_config.py`
+(Llama 3, Gemma, Qwen3-MoE, Qwen1.5-MoE, Mistral-NeMo, Falcon, GPT-2, BLOOM, MPT) and, in an
+audit of 36 configurations, also Llama 2 / 3.1, Mistral, Mixtral, Qwen2 / 2.5, Gemma 2,
+Phi-2 / 3, GPT-J, GPT-NeoX, OPT, StarCoder and Command-R. Architectures the model cannot
+represent are refused with the reason instead of approximated silently: multi-head latent
+attention (DeepSeek-V2 / V3), dense layers between MoE layers (DeepSeek's first layers,
+`moe_layer_freq`, `decoder_sparse_step`), Llama 4, state-space / recurrent hybrids (Mamba,
+Jamba, Nemotron-H) and encoder-decoders (T5, BART, Whisper). Approximated with a warning: shared
+experts (Qwen-MoE 1.5 / 2) as experts every token is routed to (exact FLOPs and weights; the
+expert-parallel all-to-all is overcounted), sliding-window attention (Mistral 7B v0.1, Gemma 2)
+as full attention, and a multimodal config as its language model. Ignored: `torch_dtype` /
+`quantization_config` (precision comes from the plan), learned position embeddings,
+multi-token-prediction layers.
 """
 
 from __future__ import annotations
@@ -98,10 +102,6 @@ def _refuse_unmodelled(path: Path, cfg: dict) -> None:
     if cfg.get("kv_lora_rank") is not None:
         raise ValueError(f"{path}: multi-head latent attention (kv_lora_rank = "
                          f"{cfg['kv_lora_rank']}, DeepSeek-V2 / V3) is not modelled")
-    for name in ("n_shared_experts", "shared_expert_intermediate_size"):
-        if positive(name):
-            raise ValueError(f"{path}: shared experts ({name} = {cfg[name]}) are not modelled "
-                             f"(diffperf's MoE layers have routed experts only)")
     steps = [cfg.get(k, 1) for k in ("decoder_sparse_step", "moe_layer_freq",
                                       "interleave_moe_layer_step")]
     if positive("first_k_dense_replace") or cfg.get("mlp_only_layers") or any(
@@ -109,6 +109,30 @@ def _refuse_unmodelled(path: Path, cfg: dict) -> None:
         raise ValueError(f"{path}: dense MLP layers between the MoE layers (first_k_dense_replace "
                          f"/ decoder_sparse_step / moe_layer_freq / mlp_only_layers) are not "
                          f"modelled (every layer is modelled alike)")
+
+
+def _with_shared_experts(path: Path, cfg: dict, pick, experts, top_k, ffn):
+    """(experts, top-k) with a MoE layer's shared experts (Qwen-MoE's
+    `shared_expert_intermediate_size`, DeepSeek-MoE's `n_shared_experts`) counted as experts
+    that every token is routed to: n = shared width / expert width more of each. FLOPs,
+    weights and activations are then exact; the expert-parallel all-to-all is overcounted
+    (shared experts need no dispatch), which the warning quantifies."""
+    if cfg.get("shared_expert_intermediate_size"):
+        width = pick("shared_expert_intermediate_size")
+    elif cfg.get("n_shared_experts"):
+        width = pick("n_shared_experts") * ffn
+    else:
+        return experts, top_k
+    if experts <= 1 or width % ffn:
+        raise ValueError(f"{path}: shared experts {width:g} wide next to experts {ffn:g} wide (not "
+                         f"a whole number of them, or no routed experts) are not modelled")
+    n = width // ffn
+    warnings.warn(f"{path}: the shared experts ({width:g} wide) are modelled as {n:g} more "
+                  f"expert(s) of width {ffn:g} that every token is routed to ({experts:g} + {n:g} "
+                  f"experts, top {top_k:g} + {n:g}): FLOPs, weights and activations are exact, "
+                  f"expert-parallel all-to-all traffic is counted {(top_k + n) / top_k:.3g}x and "
+                  f"ep must divide {experts + n:g}", stacklevel=3)
+    return experts + n, top_k + n
 
 
 def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
@@ -163,6 +187,8 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
     else:
         ffn = pick("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim",
                    default=4 * hidden)
+    top_k = pick("num_experts_per_tok", "moe_top_k", default=1)
+    experts, top_k = _with_shared_experts(path, cfg, pick, experts, top_k, ffn)
     act = str(pick("hidden_act", "activation_function", "activation", default="gelu")).lower()
     gated = 1 if act in ("silu", "swiglu", "swish") or model_type in _GATED_TYPES else 0
     # Parallel attention + MLP: Falcon's `parallel_attn` (default true), GPT-NeoX's
@@ -207,7 +233,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         seq_len=seq_len,
         gated_mlp=gated,
         num_experts=experts,
-        experts_per_token=pick("num_experts_per_tok", "moe_top_k", default=1),
+        experts_per_token=top_k,
         parallel_attention=1 if parallel else 0,
         dropout=dropout,
         head_width=head_width,

@@ -90,8 +90,7 @@ def test_training_sequence_length_of_a_context_extended_model(tmp_path):
 
 @pytest.mark.parametrize("extra, needle", [
     ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "multi-head latent attention"),
-    ({"n_shared_experts": 2}, "shared experts (n_shared_experts = 2)"),
-    ({"shared_expert_intermediate_size": 5632}, "shared experts"),
+    ({"shared_expert_intermediate_size": 1000}, "shared experts 1000 wide next to experts 768"),
     ({"first_k_dense_replace": 1}, "dense MLP layers between the MoE layers"),
     ({"decoder_sparse_step": 2}, "dense MLP layers between the MoE layers"),
     ({"mlp_only_layers": [0, 1]}, "dense MLP layers between the MoE layers"),
@@ -104,6 +103,25 @@ def test_unmodelled_architectures_are_refused(tmp_path, extra, needle):
     with pytest.raises(ValueError, match="not modelled") as e:
         load(tmp_path, dict(QWEN3_30B_A3B, **extra))
     assert needle in str(e.value) and "config.json" in str(e.value)
+
+
+QWEN15_MOE_A27B = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+                   "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                   "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+                   "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1,
+                   "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 8192,
+                   "tie_word_embeddings": False, "hidden_act": "silu"}
+
+
+def test_shared_experts_count_as_experts_every_token_takes(tmp_path):
+    """Qwen1.5-MoE-A2.7B: 60 routed experts of 1,408 (top 4) and a 5,632-wide shared expert =
+    4 more experts every token takes. Published: 14.3 B parameters, 2.7 B active."""
+    with pytest.warns(UserWarning, match=r"4 more expert\(s\).*all-to-all traffic is counted 2x"):
+        m = load(tmp_path, QWEN15_MOE_A27B)
+    assert float(m.num_experts) == 64 and float(m.experts_per_token) == 8
+    assert abs(float(m.num_params()) / 14.32e9 - 1) < 0.003
+    active = float(m.layers * m.active_layer_params() + 2 * m.vocab * m.hidden) / 1e9
+    assert abs(active / 2.69 - 1) < 0.01
 
 
 def test_approximations_warn(tmp_path):
