@@ -123,6 +123,8 @@ def _with_shared_experts(path: Path, cfg: dict, pick, experts, top_k, ffn):
         width = pick("n_shared_experts") * ffn
     else:
         return experts, top_k
+    if ffn <= 0 or top_k < 1:
+        return experts, top_k  # the Transformer's range checks name the bad field
     if experts <= 1 or width % ffn:
         raise ValueError(f"{path}: shared experts {width:g} wide next to experts {ffn:g} wide (not "
                          f"a whole number of them, or no routed experts) are not modelled")
