@@ -135,7 +135,7 @@ def add_set_argument(parser) -> None:
 
 def tag(items) -> str:
     """` [what-if hbm_bandwidth=x2]` for the header of an output, or "" without `--set`."""
-    return f" [what-if {' '.join(items)}]" if items else ""
+    return f" [what-if {' '.join(o.text for o in parse_overrides(items))}]" if items else ""
 
 
 def system_with_overrides(system: System, items) -> System:
