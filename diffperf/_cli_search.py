@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -48,6 +49,9 @@ def add_search_parser(sub) -> None:
     t.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
     t.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     add_set_argument(t)
+    t.add_argument("--plot", default=None,
+                   help="also save the memory / step-time Pareto front with the best plans "
+                        "to this image file (matplotlib)")
     t.add_argument("--out", default=None,
                    help="also write the best plans and the Pareto front to FILE.csv or "
                         "FILE.parquet (parquet needs pyarrow); the front goes to "
@@ -71,6 +75,9 @@ def add_search_parser(sub) -> None:
     add_per_head_decode(i)
     i.add_argument("--efficiency", default=None)
     add_set_argument(i)
+    i.add_argument("--plot", default=None,
+                   help="also save the latency / throughput Pareto front with the best plans "
+                        "to this image file (matplotlib)")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=run_search_infer)
 
@@ -105,6 +112,11 @@ def run_search_train(args) -> int:
     if args.out:
         write_table(top, args.out)
         write_table(pareto, _suffixed(args.out, "-pareto"))
+    if args.plot:
+        _plot(args, pareto, top, "memory_gb", "step_time_s", _train_label,
+              "memory per GPU (GB)", "step time (s)",
+              f"{args.model} on {args.gpus} x {args.gpu}{tag(args.set)}, global batch "
+              f"{args.global_batch}")
     if args.json:
         print(json.dumps({"evaluated": result["evaluated"], "feasible": result["feasible"],
                           "seconds": result["seconds"], "grid": repr(grid),
@@ -140,6 +152,24 @@ def _shown(df: pd.DataFrame, cols: list[str], always: int) -> list[str]:
     """The first `always` plan columns, then those of the rest that differ between the rows
     shown (two rows must never look identical while their times differ)."""
     return cols[:always] + [c for c in cols[always:] if c in df and df[c].nunique() > 1]
+
+
+def _train_label(r) -> str:
+    """A training plan in a few words for the plot ("tp8 pp4 vp3 mb1 sel z1")."""
+    words = [f"tp{r['tp']:g}", f"pp{r['pp']:g}"] + [
+        f"{k}{r[k]:g}" for k in ("cp", "vp", "ep") if k in r and r[k] > 1] + [
+        f"mb{r['micro_batch']:g}", str(r["recompute"])[:4], f"z{r['zero']:g}"]
+    return " ".join(words)
+
+
+def _plot(args, front, best, x, y, label, xlabel, ylabel, title) -> None:
+    """Write `--plot` (nothing, with a note, when no plan is feasible)."""
+    from .search_plot import front_plot
+    if front.empty:
+        print("no plot: no feasible plan", file=sys.stderr)
+        return
+    front_plot(front, best, x, y, label, args.plot, xlabel, ylabel, title)
+    print(f"wrote {args.plot}", file=sys.stderr)
 
 
 def _suffixed(path: str, suffix: str) -> str:
@@ -222,6 +252,12 @@ def run_search_infer(args) -> int:
     front_idx = _latency_throughput_front(ok)
     front = ok.iloc[front_idx]
     seconds = time.perf_counter() - t0
+    if args.plot:
+        _plot(args, front, best, "e2e_latency_s", "output_tok_s_per_gpu",
+              lambda r: f"tp{r['tp']:g} pp{r['pp']:g} b{r['batch']:g}",
+              "end-to-end latency (s)", "output tokens/s per GPU",
+              f"{args.model} on {args.gpu}{tag(args.set)}, {args.input} in / {args.output} out, "
+              f"{args.precision}")
     if args.json:
         print(json.dumps({"evaluated": int(len(df)), "feasible": int(len(ok)),
                           "seconds": seconds, "infeasible_reasons": why, "best": _records(best),
