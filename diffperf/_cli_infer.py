@@ -124,11 +124,15 @@ def _print(args, s: dict, table, capacity: float) -> None:
     if "what_if" in s:
         w = s["what_if"]
         print(f"  what-if vs the preset ({'; '.join(w['changes'])}):")
-        for key, label, unit, scale in _WHAT_IF_ROWS:
-            print(f"    {label:14s} {change(w['preset'][key] * scale, s[key] * scale, unit)}")
-        print(f"    {'fits':14s} {'yes' if w['preset']['fits'] else 'no'} -> "
-              f"{'yes' if s['fits'] else 'no'} (max batch {w['preset']['max_batch']} -> "
-              f"{s['max_batch']})")
+        b = w["preset"]
+        if "ttft_s" not in b:
+            print(f"    the preset cannot run this plan: {b['reason']}")
+        else:
+            for key, label, unit, scale in _WHAT_IF_ROWS:
+                print(f"    {label:14s} {change(b[key] * scale, s[key] * scale, unit)}")
+            print(f"    {'fits':14s} {'yes' if b['fits'] else 'no'} -> "
+                  f"{'yes' if s['fits'] else 'no'} (max batch {b['max_batch']} -> "
+                  f"{s['max_batch']})")
     print()
     cols = ["phase", "op", "bound", "intensity", "machine_balance", "time_s", "share"]
     print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
@@ -159,12 +163,18 @@ def run_infer(args) -> int:
     if args.set:
         from .presets import system
         base_system = system(args.gpu)
-        base = _summary(jax.device_get(infer(mdl, base_system, plan, eff)))
-        summary["what_if"] = comparison(
-            base_system, sys_, args.set,
-            {k: base[k] for k, *_ in _WHAT_IF_ROWS} | {
+        base_rep = jax.device_get(infer(mdl, base_system, plan, eff))
+        base_reason = int(base_rep.reason)
+        if base_reason in (0, 10):
+            base = _summary(base_rep)
+            preset = {k: base[k] for k, *_ in _WHAT_IF_ROWS} | {
                 "fits": base["fits"], "max_batch": base["max_batch"],
-                "memory_gb": base["memory_gb"]["total"]})
+                "memory_gb": base["memory_gb"]["total"]}
+        else:  # the plan needs what only the changed hardware has (e.g. fp8 tensor cores)
+            preset = {"feasible": False, "reason": (
+                explain(base_reason, precision=int(plan.math_precision)) if base_reason == 9
+                else describe_failure(base_reason, mdl, plan))}
+        summary["what_if"] = comparison(base_system, sys_, args.set, preset)
     if args.interval:
         from .calibrate_uncertainty import decode_quantity, interval_summary
         for field, quantity, unit, scale in (

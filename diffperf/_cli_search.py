@@ -14,7 +14,7 @@ from . import presets
 from ._cli_checks import CliError
 from ._cli_infer import add_per_head_decode
 from .hardware import precision_code
-from .what_if import add_set_argument, system_with_overrides, tag
+from .what_if import add_set_argument, parse_overrides, system_with_overrides, tag
 
 #: Exit status when the search found no plan (feasible, or meeting the target): like grep's 1
 #: for "no match", distinct from 2 for invalid input.
@@ -31,7 +31,8 @@ def add_search_parser(sub) -> None:
 
     t = kinds.add_parser("train", help="fastest training plans for a model on N GPUs")
     t.add_argument("--model", default="gpt3-175b", help="model preset or HF config.json")
-    t.add_argument("--gpu", default="a100-sxm4-80gb")
+    t.add_argument("--gpu", default=None,
+                   help="GPU preset (default: the --system's GPU, else a100-sxm4-80gb)")
     t.add_argument("--system", default=None, help="system preset (default: the GPU's)")
     t.add_argument("--gpus", type=int, default=1024)
     t.add_argument("--global-batch", type=int, default=1536)
@@ -87,10 +88,10 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 
 def run_search_train(args) -> int:
-    from .cli import _load_efficiency, _load_model
+    from .cli import _load_efficiency, _load_model, _train_system
     from .search import default_training_grid, search_training
     model = _load_model(args.model, args.seq_len, training=True)
-    system = system_with_overrides(presets.system(args.system or args.gpu), args.set)
+    system = system_with_overrides(_train_system(args), args.set)
     acc = system.accelerator
     if args.precision:
         codes = sorted({precision_code(p) for p in args.precision})
@@ -121,10 +122,12 @@ def run_search_train(args) -> int:
         print(json.dumps({"evaluated": result["evaluated"], "feasible": result["feasible"],
                           "seconds": result["seconds"], "grid": repr(grid),
                           "infeasible_by_reason": result["reasons"], "top": _records(top),
-                          "pareto_memory_vs_time": _records(pareto)}))
+                          "pareto_memory_vs_time": _records(pareto), "gpu": args.gpu,
+                          "system": args.system, "set": _set_texts(args)}))
         return 0 if len(top) else NO_PLAN
     what_if = tag(args.set)
-    print(f"search: {args.model} on {args.gpus} x {args.gpu}{what_if}, global batch "
+    where = f" in {args.system}" if args.system else ""
+    print(f"search: {args.model} on {args.gpus} x {args.gpu}{where}{what_if}, global batch "
           f"{args.global_batch}, sequence length {float(model.seq_len):g}")
     print(f"  {grid}")
     print(f"  evaluated {result['evaluated']:,} plans, {result['feasible']:,} feasible, in "
@@ -152,6 +155,11 @@ def _shown(df: pd.DataFrame, cols: list[str], always: int) -> list[str]:
     """The first `always` plan columns, then those of the rest that differ between the rows
     shown (two rows must never look identical while their times differ)."""
     return cols[:always] + [c for c in cols[always:] if c in df and df[c].nunique() > 1]
+
+
+def _set_texts(args) -> list[str]:
+    """The `--set` items as parsed (for the JSON output of a what-if search)."""
+    return [o.text for o in parse_overrides(args.set)]
 
 
 def _train_label(r) -> str:
@@ -237,6 +245,9 @@ def run_search_infer(args) -> int:
     t0 = time.perf_counter()
     model = _load_model(args.model)
     system = system_with_overrides(presets.system(args.gpu), args.set)
+    if args.input + args.output > float(model.seq_len):
+        print(f"warning: input + output = {args.input + args.output} tokens exceeds the model's "
+              f"context of {float(model.seq_len):g} tokens (searched anyway)", file=sys.stderr)
     df = search_inference(model, system, args.input, args.output, args.max_gpus,
                           args.precision, _load_efficiency(args.efficiency, args.gpu),
                           grouped_decode_attention=0 if args.per_head_decode else 1)
@@ -261,7 +272,8 @@ def run_search_infer(args) -> int:
     if args.json:
         print(json.dumps({"evaluated": int(len(df)), "feasible": int(len(ok)),
                           "seconds": seconds, "infeasible_reasons": why, "best": _records(best),
-                          "pareto_latency_vs_throughput": _records(front)}))
+                          "pareto_latency_vs_throughput": _records(front),
+                          "set": _set_texts(args)}))
         return 0 if len(best) else NO_PLAN
     what_if = tag(args.set)
     print(f"search infer: {args.model} on {args.gpu}{what_if}, {args.input} in / {args.output} "
@@ -274,7 +286,7 @@ def run_search_infer(args) -> int:
             print(f"    {n:6d}  {text}")
         return NO_PLAN
     if len(best) == 0:
-        print("  no feasible plan meets the latency target")
+        print("  no feasible plan meets the target (--latency / --tpot)")
     else:
         goal = []
         if args.latency is not None:

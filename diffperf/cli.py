@@ -16,6 +16,9 @@ from ._cli_checks import CliError, check_paths, check_values
 from .data import BenchmarkError
 from .what_if import add_set_argument, change, comparison, system_with_overrides, tag
 
+#: `train` / `search train` GPU when neither --gpu nor --system is given.
+DEFAULT_TRAIN_GPU = "a100-sxm4-80gb"
+
 #: The shipped benchmark data (present in a source checkout / editable install).
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks_data"
 
@@ -67,7 +70,8 @@ def _add_train(sub):
                        description="Predict one optimizer step of a training job.")
     p.add_argument("--model", default="gpt3-175b",
                    help="model preset id or path to a Hugging Face config.json (default gpt3-175b)")
-    p.add_argument("--gpu", default="a100-sxm4-80gb", help="GPU preset id (default a100-sxm4-80gb)")
+    p.add_argument("--gpu", default=None,
+                   help=f"GPU preset id (default: the --system's GPU, else {DEFAULT_TRAIN_GPU})")
     p.add_argument("--system", default=None, help="system preset id (default: the GPU's system)")
     p.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
     p.add_argument("--nvlink-domain", type=int, default=None, help="GPUs per NVLink domain")
@@ -128,9 +132,14 @@ def _add_train(sub):
 
 
 def _train_system(args):
-    """The preset system of `train` (--gpu, --system, --nvlink-domain), before any --set."""
-    system = presets.system(args.system or args.gpu, nvlink_domain=args.nvlink_domain)
-    if args.system and args.gpu:
+    """The preset system of `train` / `search train` before any --set: --system's network with
+    --gpu's accelerator (each defaulting to the other's; neither: DEFAULT_TRAIN_GPU in its
+    system), --nvlink-domain applied. Sets `args.gpu` to the GPU used."""
+    if args.gpu is None:
+        args.gpu = presets.system_gpu(args.system) if args.system else DEFAULT_TRAIN_GPU
+    system = presets.system(args.system or args.gpu,
+                            nvlink_domain=getattr(args, "nvlink_domain", None))
+    if args.system:
         import equinox as eqx
         system = eqx.tree_at(lambda s: s.accelerator, system, presets.gpu(args.gpu))
     return system
@@ -264,6 +273,9 @@ def _print_training(args, s: dict, plan) -> None:
     if "what_if" in s:
         w, b = s["what_if"], s["what_if"]["preset"]
         print(f"  what-if vs the preset ({'; '.join(w['changes'])}):")
+        if "step_time_s" not in b:
+            print(f"    the preset cannot run this plan: {b['reason']}")
+            return
         print(f"    step time          {change(b['step_time_s'], s['step_time_s'], 's')}")
         print(f"    MFU                {change(b['mfu'] * 100, s['mfu'] * 100, '%', False)}")
         print(f"    memory per GPU     {change(b['memory_gb'], m['total'], 'GB')}")
@@ -299,11 +311,13 @@ def run_train(args) -> int:
             "train", "step_time")
     if args.set:
         base_system = _train_system(args)
-        base = training_summary(predict_training(model, base_system, plan, eff), base_system)
-        s["what_if"] = comparison(
-            base_system, system, args.set,
-            {k: base[k] for k in ("step_time_s", "mfu", "tokens_per_s_per_gpu", "fits",
-                                  "feasible")} | {"memory_gb": base["memory_gb"]["total"]})
+        try:
+            base = training_summary(predict_training(model, base_system, plan, eff), base_system)
+            preset = {k: base[k] for k in ("step_time_s", "mfu", "tokens_per_s_per_gpu", "fits",
+                                           "feasible")} | {"memory_gb": base["memory_gb"]["total"]}
+        except ValueError as e:  # the plan needs what only the changed hardware has
+            preset = {"feasible": False, "reason": str(e)}
+        s["what_if"] = comparison(base_system, system, args.set, preset)
     if args.json:
         print(json.dumps(s, indent=2))
     else:

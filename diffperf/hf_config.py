@@ -115,8 +115,9 @@ def _with_shared_experts(path: Path, cfg: dict, pick, experts, top_k, ffn):
     """(experts, top-k) with a MoE layer's shared experts (Qwen-MoE's
     `shared_expert_intermediate_size`, DeepSeek-MoE's `n_shared_experts`) counted as experts
     that every token is routed to: n = shared width / expert width more of each. FLOPs,
-    weights and activations are then exact; the expert-parallel all-to-all is overcounted
-    (shared experts need no dispatch), which the warning quantifies."""
+    total weights and activations are then exact; with expert parallelism the shared experts
+    are split over ep instead of replicated and the all-to-all is overcounted (shared experts
+    need no dispatch), which the warning says."""
     if cfg.get("shared_expert_intermediate_size"):
         width = pick("shared_expert_intermediate_size")
     elif cfg.get("n_shared_experts"):
@@ -131,9 +132,10 @@ def _with_shared_experts(path: Path, cfg: dict, pick, experts, top_k, ffn):
     n = width // ffn
     warnings.warn(f"{path}: the shared experts ({width:g} wide) are modelled as {n:g} more "
                   f"expert(s) of width {ffn:g} that every token is routed to ({experts:g} + {n:g} "
-                  f"experts, top {top_k:g} + {n:g}): FLOPs, weights and activations are exact, "
-                  f"expert-parallel all-to-all traffic is counted {(top_k + n) / top_k:.3g}x and "
-                  f"ep must divide {experts + n:g}", stacklevel=3)
+                  f"experts, top {top_k:g} + {n:g}): FLOPs, total weights and activations are "
+                  f"exact; with expert parallelism they are split over ep like the routed ones "
+                  f"(per-GPU weights too low), the all-to-all traffic is counted "
+                  f"{(top_k + n) / top_k:.3g}x and ep must divide {experts + n:g}", stacklevel=3)
     return experts + n, top_k + n
 
 

@@ -17,6 +17,9 @@ from .hardware import Accelerator, Network, System
 
 _PARTS = {"accelerator": Accelerator, "network": Network}
 
+#: The smallest normal and the largest float32: values outside would become 0 or inf.
+FLOAT32_TINY, FLOAT32_MAX = 1.1754944e-38, 3.4028235e38
+
 #: Units of the fields, for the printed comparison (`describe`).
 UNITS = {
     "flops_fp32": "FLOP/s", "flops_bf16": "FLOP/s", "flops_fp8": "FLOP/s", "flops_fp4": "FLOP/s",
@@ -89,7 +92,11 @@ def apply_overrides(system: System, overrides: list[Override]) -> System:
         spec = getattr(system, part)
         values = {f: getattr(spec, f) for f in _fields(part)}
         for o in mine:
-            values[o.field] = float(values[o.field]) * o.value if o.factor else o.value
+            v = float(values[o.field]) * o.value if o.factor else o.value
+            if v != 0 and not FLOAT32_TINY <= v <= FLOAT32_MAX:
+                raise ValueError(f"--set {o.text}: {v:g} {UNITS.get(o.field, '')} is outside the "
+                                 f"range of the model's float32 arithmetic")
+            values[o.field] = v
         try:
             system = dataclasses.replace(system, **{part: _PARTS[part](**values)})
         except ValueError as e:

@@ -90,3 +90,39 @@ def test_infer_set_text_shows_the_comparison(capsys):
     assert "what-if vs the preset (launch_overhead 3e-06 -> 0 s (x0))" in out
     tpot = [line for line in out.splitlines() if line.strip().startswith("TPOT") and "->" in line]
     assert len(tpot) == 1 and "(-" in tpot[0]  # no launch cost: each token is faster
+
+
+def test_a_plan_only_the_changed_hardware_can_run_has_no_preset_numbers(capsys):
+    """fp8 on an A100 with fp8 tensor cores added: the what-if runs, the preset is reported as
+    unable to run the plan (not as absurd numbers, not as an error of the whole command)."""
+    infer = _cli_json(capsys, "infer", "--model", "llama2-7b", "--gpu", "a100-sxm4-80gb",
+                      "--precision", "fp8", "--set", "flops_fp8=6e14", "--json")
+    assert infer["what_if"]["preset"] == {
+        "feasible": False, "reason": "the GPU has no tensor cores for this precision (fp8)"}
+    assert 0 < infer["ttft_s"] < 1
+    train = _cli_json(capsys, "train", "--gpus", "64", "--tp", "8", "--pp", "8",
+                      "--global-batch", "64", "--precision", "fp8", "--set", "flops_fp8=6e14",
+                      "--json")
+    assert train["what_if"]["preset"]["feasible"] is False
+    assert "no tensor cores" in train["what_if"]["preset"]["reason"]
+    assert train["feasible"] and train["step_time_s"] > 0
+
+
+def test_values_beyond_float32_are_refused():
+    base = dp.system("h100-sxm5-80gb")
+    for item in ("hbm_bandwidth=1e300", "hbm_bandwidth=x1e-300"):
+        with pytest.raises(ValueError, match="outside the range of the model's float32"):
+            apply_overrides(base, parse_overrides([item]))
+
+
+def test_system_alone_means_its_own_gpu(capsys):
+    """`--system gb200-nvl72` without --gpu trains on GB200s (it used to put A100s into the
+    NVL72 network), in train and search alike."""
+    out = _cli_json(capsys, "train", "--system", "gb200-nvl72", "--gpus", "72", "--tp", "8",
+                    "--pp", "1", "--vp", "1", "--global-batch", "72", "--json")
+    assert out["memory_gb"]["capacity"] == pytest.approx(
+        float(dp.system("gb200").accelerator.hbm_capacity) / 1e9)
+    mixed = _cli_json(capsys, "train", "--system", "gb200-nvl72", "--gpu", "h100-sxm5-80gb",
+                      "--gpus", "72", "--tp", "8", "--pp", "1", "--vp", "1",
+                      "--global-batch", "72", "--json")
+    assert mixed["memory_gb"]["capacity"] == pytest.approx(80.0)

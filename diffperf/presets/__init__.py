@@ -48,6 +48,12 @@ def system_names() -> list[str]:
     return sorted(_table("systems"))
 
 
+def system_gpu(name: str) -> str:
+    """The GPU id of a system preset (`gb200-nvl72` -> `gb200`); a GPU id is returned as is."""
+    key = str(name).lower()
+    return _table("systems")[key]["gpu"] if key in _table("systems") else key
+
+
 def model_names() -> list[str]:
     """Ids of the shipped model presets."""
     return sorted(_table("models"))
