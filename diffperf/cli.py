@@ -361,6 +361,8 @@ def run_validate(args) -> int:
         validation_plot(result["rows"], args.plot,
                         title=f"diffperf validate: {', '.join(Path(p).name for p in paths)}")
         print(f"wrote {args.plot}", file=sys.stderr)
+    elif args.plot:
+        print("no plot: no row could be predicted", file=sys.stderr)
     if args.json:
         print(json.dumps({k: result[k] for k in ("rows", "summary", "failed")}
                          | {k: result[k] for k in ("defaults", "warnings", "implausible")}))
