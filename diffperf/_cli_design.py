@@ -122,18 +122,20 @@ def run_sensitivity(args) -> int:
     for k, default in _SENSITIVITY_DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, default)
+    from .cli import _load_efficiency
     try:
+        eff = _load_efficiency(None, args.gpu)  # the GPU's fitted factors, as train / infer use
         sys_ = system_with_overrides(system(args.gpu), args.set)
         if args.workload == "train":
             mdl = model(args.model or "gpt3-175b")
-            plan = S.best_training_plan(mdl, sys_, args.gpus, args.global_batch)
+            plan = S.best_training_plan(mdl, sys_, args.gpus, args.global_batch, efficiency=eff)
         else:
             from .inference_plan import InferencePlan
             mdl = model(args.model or "llama2-70b")
             plan = InferencePlan(tp=args.tp, batch=args.batch, input_len=128, output_len=128)
             from .feasibility import describe_failure, explain
             from .inference import infer
-            rep = infer(mdl, sys_, plan)
+            rep = infer(mdl, sys_, plan, eff)
             reason = int(rep.reason)
             if reason not in (0, 10):
                 return _err(f"infeasible plan: {describe_failure(reason, mdl, plan)}")
@@ -141,7 +143,7 @@ def run_sensitivity(args) -> int:
                 need, has = float(rep.memory.total), float(sys_.accelerator.hbm_capacity)
                 print(f"warning: {explain(10, need, has)} (elasticities computed anyway)",
                       file=sys.stderr)
-        fn = S.workload_time(args.workload, mdl, plan)
+        fn = S.workload_time(args.workload, mdl, plan, eff)
         value, el = S.hardware_elasticities(fn, sys_)
         tech = None
         if args.technology:

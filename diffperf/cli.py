@@ -14,7 +14,8 @@ from pathlib import Path
 from . import presets
 from ._cli_checks import CliError, check_paths, check_values
 from .data import BenchmarkError
-from .what_if import add_set_argument, change, comparison, system_with_overrides, tag
+from .what_if import (add_set_argument, change, comparison, parse_overrides,
+                      system_with_overrides, tag)
 
 #: `train` / `search train` GPU when neither --gpu nor --system is given.
 DEFAULT_TRAIN_GPU = "a100-sxm4-80gb"
@@ -150,6 +151,10 @@ def _train_inputs(args):
     if args.vp is None:
         args.vp = 3 if args.pp > 1 else 1
     model = _load_model(args.model, args.seq_len, training=True)
+    if args.nvlink_domain is not None and any(
+            o.field == "nvlink_domain" for o in parse_overrides(args.set)):
+        raise CliError("--nvlink-domain and --set nvlink_domain=... both set the NVLink domain; "
+                       "give one")
     system = system_with_overrides(_train_system(args), args.set)
     per_replica = args.tp * args.pp * args.cp
     if args.dp is None:

@@ -126,6 +126,8 @@ def test_train_explains_zero_selective_recompute_only_with_flash(capsys, flash):
       "--cv", "kfold", "--folds", "1"], "--folds must be >= 2"),
     (["sensitivity", "--workload", "infer", "--tp", "3"], "tp does not divide heads (tp=3"),
     (["sensitivity", "--tp", "4"], "--tp does not apply to --workload train"),
+    (["train", "--nvlink-domain", "16", "--set", "nvlink_domain=72"],
+     "--nvlink-domain and --set nvlink_domain=... both set the NVLink domain"),
     (["sensitivity", "--workload", "infer", "--gpus", "8", "--global-batch", "8"],
      "--gpus and --global-batch do not apply to --workload infer"),
     (["calibrate", "--out", "x.json", "--prior-weight", "nan"],
