@@ -23,7 +23,6 @@ _AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "m
 #: optimiser's `starts`), which counts integers exactly only up to 2^24 (a larger GPU count or
 #: length would be silently rounded).
 _FLOAT32_EXACT = tuple(k for k in _AT_LEAST_ONE if k not in ("n", "starts"))
-MAX_COUNT = MAX_EXACT_COUNT
 #: Options that are physical budgets or targets: > 0.
 _POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")
 #: Options where 0 is meaningful (no L-BFGS stage, no prior).
@@ -45,9 +44,9 @@ def check_values(args) -> None:
         if get(k) is not None and get(k) < 1:
             raise CliError(f"{_opt(k)} must be >= 1, got {get(k)}")
     for k in _FLOAT32_EXACT:
-        if get(k) is not None and get(k) > MAX_COUNT:
-            raise CliError(f"{_opt(k)} must be <= {MAX_COUNT} (2^24: larger counts are not exact "
-                           f"in float32), got {get(k)}")
+        if get(k) is not None and get(k) > MAX_EXACT_COUNT:
+            raise CliError(f"{_opt(k)} must be <= {MAX_EXACT_COUNT} (2^24: larger counts are "
+                           f"not exact in float32), got {get(k)}")
     for k in _POSITIVE:
         if get(k) is not None and not get(k) > 0:
             raise CliError(f"{_opt(k)} must be > 0, got {get(k)}")

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from ._plotting import pyplot
 from .what_if import add_set_argument, system_with_overrides, tag
 
 #: GPU presets that have a technology reference design.
@@ -233,9 +234,7 @@ def run_attribution(args) -> int:
 
 
 def _plot_attribution(results, args) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("--plot")
 
     from .attribution import FACTORS
     fig, ax = plt.subplots(figsize=(9, 4.8))
@@ -303,9 +302,7 @@ def run_technology(args) -> int:
 
 
 def _plot_nodes(df, path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("--plot")
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for mode, g in df.groupby("scaling", sort=False):
         axes[0, 0].plot(g["node_nm"], g["train_step_s"], "o-", label=mode)

@@ -90,13 +90,8 @@ def roofline_plot(df: pd.DataFrame, path, system: System | None = None, title: s
 
     **Returns:** the matplotlib Figure.
     """
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("roofline_plot needs matplotlib: pip install 'diffperf[plot]' "
-                          "(or pip install matplotlib)") from None
+    from ._plotting import pyplot
+    plt = pyplot("roofline_plot")
     ops = df[(df["flops"] > 0) & (df["bytes"] > 0)]
     if ops.empty:
         raise ValueError("roofline_plot: the table has no operation with FLOPs and bytes")

@@ -59,9 +59,14 @@ _NOT_DECODER_TYPES = ("mamba", "mamba2", "falcon_mamba", "jamba", "zamba", "zamb
                       "t5", "mt5", "umt5", "bart", "mbart", "pegasus", "whisper")
 
 
+def _is_number(v) -> bool:
+    """A JSON number (a bool is not one)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _count(path: Path, name: str, v):
     """A numeric config value, checked: a number (not a bool), at most 2^24."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not _is_number(v):
         raise ValueError(f"{path}: field {name!r} must be a number, got {v!r}")
     if v > MAX_EXACT_COUNT:
         shown = (f"{v:.6g}" if isinstance(v, float) or len(str(v)) <= 20
@@ -88,10 +93,6 @@ def _language_model(path: Path, cfg: dict) -> dict:
 
 def _refuse_unmodelled(path: Path, cfg: dict) -> None:
     """ValueError for architectures a `Transformer` cannot represent."""
-    def positive(name):
-        v = cfg.get(name)
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-
     model_type = str(cfg.get("model_type", "")).lower()
     if model_type in _NOT_DECODER_TYPES or cfg.get("is_encoder_decoder"):
         raise ValueError(f"{path}: model_type {model_type!r} is not a decoder-only transformer "
@@ -104,8 +105,9 @@ def _refuse_unmodelled(path: Path, cfg: dict) -> None:
                          f"{cfg['kv_lora_rank']}, DeepSeek-V2 / V3) is not modelled")
     steps = [cfg.get(k, 1) for k in ("decoder_sparse_step", "moe_layer_freq",
                                       "interleave_moe_layer_step")]
-    if positive("first_k_dense_replace") or cfg.get("mlp_only_layers") or any(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1 for v in steps):
+    dense_first = cfg.get("first_k_dense_replace")
+    if (_is_number(dense_first) and dense_first > 0) or cfg.get("mlp_only_layers") or any(
+            _is_number(v) and v > 1 for v in steps):
         raise ValueError(f"{path}: dense MLP layers between the MoE layers (first_k_dense_replace "
                          f"/ decoder_sparse_step / moe_layer_freq / mlp_only_layers) are not "
                          f"modelled (every layer is modelled alike)")
@@ -204,17 +206,15 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
     # Dropout: on if any of the config's dropout probabilities is positive. A config that names
     # none takes its model class's default: off for the dropout-free families (e.g. Llama-2's
     # config.json has no dropout field), on otherwise.
-    rates = [cfg[k] for k in _DROPOUT_FIELDS if isinstance(cfg.get(k), (int, float))
-             and not isinstance(cfg.get(k), bool)]
+    rates = [cfg[k] for k in _DROPOUT_FIELDS if _is_number(cfg.get(k))]
     if rates:
         dropout = 1 if any(r > 0 for r in rates) else 0
     else:
         dropout = 0 if model_type in _DROPOUT_FREE_TYPES else 1
+    longest = pick("max_position_embeddings", "n_positions", "seq_length", "max_seq_len",
+                   default=2048)  # the longest context the model serves, tokens
     window = cfg.get("sliding_window")
-    if (isinstance(window, (int, float)) and not isinstance(window, bool)
-            and cfg.get("use_sliding_window", True) and 0 < window < pick(
-                "max_position_embeddings", "n_positions", "seq_length", "max_seq_len",
-                default=2048)):
+    if _is_number(window) and cfg.get("use_sliding_window", True) and 0 < window < longest:
         warnings.warn(f"{path}: sliding-window attention (sliding_window = {window}) is not "
                       f"modelled: attention over the full context is assumed (pessimistic for "
                       f"contexts beyond {window} tokens)", stacklevel=2)
@@ -225,8 +225,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
             seq_len = _count(path, "rope_scaling.original_max_position_embeddings",
                              rope["original_max_position_embeddings"])
         else:
-            seq_len = pick("max_position_embeddings", "n_positions", "seq_length", "max_seq_len",
-                           default=2048)
+            seq_len = longest
     fields = dict(
         layers=pick("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
         hidden=hidden,

@@ -10,19 +10,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from ._plotting import pyplot
+
 
 def front_plot(front: pd.DataFrame, best: pd.DataFrame, x: str, y: str, label, path: str | Path,
                xlabel: str, ylabel: str, title: str | None = None, log: bool = True):
     """Save the Pareto front `front` (columns `x`, `y`) as a step line with one point per plan,
     each annotated with `label(row)` (its plan, e.g. "tp8 pp4"), and the plans of `best`
     (the ranked list the command prints) as stars; returns the figure."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("the search plot needs matplotlib: pip install 'diffperf[plot]' "
-                          "(or pip install matplotlib)") from None
+    plt = pyplot("the search plot")
     if front.empty:
         raise ValueError("search plot: the Pareto front is empty (no feasible plan)")
     f = front.sort_values(x)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._plotting import pyplot
+
 #: Shaded band of the error panel: +-10 %, the design target for held-out published runs.
 BAND_PCT = 10.0
 #: Errors above this many percent are drawn at it, as triangles.
@@ -24,13 +26,7 @@ def validation_plot(rows: list[dict], path: str | Path, title: str | None = None
     error 100 * (predicted / measured - 1) of every value, one column of points per source
     group (a paper table or vendor page, `calibrate_cv.source_group`), with its MAPE; errors
     above +200 % are drawn at 200 % as triangles."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("the validation plot needs matplotlib: pip install 'diffperf[plot]' "
-                          "(or pip install matplotlib)") from None
+    plt = pyplot("the validation plot")
     from .calibrate_cv import source_group
     rows = [r for r in rows if r["measured"] > 0 and r["predicted"] > 0]
     if not rows:
