@@ -35,9 +35,9 @@ LONG_CONFIG_CONTEXT = 8192
 
 
 def _load_model(name_or_path: str, seq_len=None, training: bool = False):
-    """A preset or a Hugging Face config.json; the loader's warnings (sliding window,
+    """A preset or a Hugging Face config.json; the loader's warnings (shared experts,
     multimodal config) and, for training, a long context taken as the sequence length are
-    printed as `warning: ...` lines on stderr."""
+    printed as `warning: ...` lines on stderr, a sliding window as a `note: ...` line."""
     import warnings
 
     from .hf_config import transformer_from_hf_config
@@ -51,6 +51,10 @@ def _load_model(name_or_path: str, seq_len=None, training: bool = False):
             m = transformer_from_hf_config(p, seq_len=seq_len, max_context=not training)
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
+        if float(m.sliding_window) > 0:
+            layers, full = int(float(m.layers)), int(float(m.global_layers))
+            print(f"note: sliding-window attention: {float(m.sliding_window):g} tokens in "
+                  f"{layers - full} of {layers} layers", file=sys.stderr)
         if training and seq_len is None and float(m.seq_len) > LONG_CONFIG_CONTEXT:
             print(f"warning: training sequence length {float(m.seq_len):g} is the config's "
                   f"maximum context; pass --seq-len for the length you train at",

@@ -36,9 +36,13 @@ TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_
 #: dropout (empty or absent = 1, Korthikanti's GPT; 0 for Llama-style models), and whether the
 #: output head is tied to the embedding (empty or absent = 0); see `Transformer`.
 MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0, "dropout": 1.0, "tied_embeddings": 0.0}
-#: diffperf extension column of rows of both kinds: the per-head width where it is not
-#: hidden / heads (Gemma, Qwen3; empty, absent or 0 = hidden / heads); `Transformer.head_width`.
-MODEL_OPTIONAL_COUNTS = {"head_dim": 0.0}
+#: diffperf extension columns of rows of both kinds (empty or absent = 0): the per-head width
+#: where it is not hidden / heads (Gemma, Qwen3; 0 = hidden / heads; `Transformer.head_width`),
+#: the sliding-window attention of Mistral 7B v0.1 / Gemma (`Transformer.sliding_window`,
+#: 0 = none, and `Transformer.global_layers`), and a MoE model's dense-MLP layers
+#: (`Transformer.dense_layers` and `dense_ffn_hidden`, 0 = ffn_hidden).
+MODEL_OPTIONAL_COUNTS = {"head_dim": 0.0, "sliding_window": 0.0, "global_layers": 0.0,
+                         "dense_layers": 0.0, "dense_ffn_hidden": 0.0}
 #: diffperf extension columns of train rows holding layer counts (empty or absent = 0): layers
 #: per pipeline chunk fully recomputed (Megatron's block method) and with activations offloaded
 #: to host memory; see `TrainingPlan.recompute_layers` / `offload_layers`.
@@ -210,19 +214,28 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
     return rows
 
 
+def row_model(v: dict, seq_len) -> Transformer:
+    """The `Transformer` of a row's values (either kind), trained or served at `seq_len`."""
+    return Transformer(layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
+                       kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
+                       seq_len=seq_len, gated_mlp=v["gated_mlp"],
+                       num_experts=v["num_experts"], experts_per_token=v["experts_per_token"],
+                       parallel_attention=v.get("parallel_attention", 0),
+                       dropout=v.get("dropout", 1), head_width=v.get("head_dim", 0),
+                       tied_embeddings=v.get("tied_embeddings", 0),
+                       sliding_window=v.get("sliding_window", 0),
+                       global_layers=v.get("global_layers", 0),
+                       dense_layers=v.get("dense_layers", 0),
+                       dense_ffn_hidden=v.get("dense_ffn_hidden", 0))
+
+
 def train_specs(row: BenchmarkRow):
     """`(Transformer, System, TrainingPlan)` of a train row (raises ValueError if invalid)."""
     v = row.values
     if v["tp"] * v["pp"] * v["dp"] * v["cp"] != v["num_gpus"]:
         raise ValueError(f"tp*pp*dp*cp = {v['tp'] * v['pp'] * v['dp'] * v['cp']:g} does not "
                          f"equal num_gpus = {v['num_gpus']:g}")
-    model = Transformer(layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
-                        kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
-                        seq_len=v["seq_len"], gated_mlp=v["gated_mlp"],
-                        num_experts=v["num_experts"], experts_per_token=v["experts_per_token"],
-                        parallel_attention=v.get("parallel_attention", 0),
-                        dropout=v.get("dropout", 1), head_width=v.get("head_dim", 0),
-                        tied_embeddings=v.get("tied_embeddings", 0))
+    model = row_model(v, v["seq_len"])
     sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
     plan = TrainingPlan(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=v["cp"], ep=v["ep"],
                         micro_batch=v["micro_batch"], global_batch=v["global_batch"], vp=v["vp"],

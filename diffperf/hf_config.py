@@ -5,12 +5,16 @@ Parameter counts match the published ones for the configurations of `tests/test_
 audit of 36 configurations, also Llama 2 / 3.1, Mistral, Mixtral, Qwen2 / 2.5, Gemma 2,
 Phi-2 / 3, GPT-J, GPT-NeoX, OPT, StarCoder and Command-R. Architectures the model cannot
 represent are refused with the reason instead of approximated silently: multi-head latent
-attention (DeepSeek-V2 / V3), dense layers between MoE layers (DeepSeek's first layers,
-`moe_layer_freq`, `decoder_sparse_step`), Llama 4, state-space / recurrent hybrids (Mamba,
-Jamba, Nemotron-H) and encoder-decoders (T5, BART, Whisper). Approximated with a warning: shared
+attention (DeepSeek-V2 / V3), Llama 4 (chunked attention), state-space / recurrent hybrids
+(Mamba, Jamba, Nemotron-H) and encoder-decoders (T5, BART, Whisper). Dense-MLP layers of MoE
+models (DeepSeek-MoE and GLM-4.5's first layers, `mlp_only_layers`, `decoder_sparse_step`) are
+modelled, spread evenly over the pipeline stages. Approximated with a warning: shared
 experts (Qwen-MoE 1.5 / 2) as experts every token is routed to (exact FLOPs and weights; the
-expert-parallel all-to-all is overcounted), sliding-window attention (Mistral 7B v0.1, Gemma 2)
-as full attention, and a multimodal config as its language model. Ignored: `torch_dtype` /
+expert-parallel all-to-all is overcounted) and a multimodal config as its language model.
+Sliding-window attention (Mistral 7B v0.1, Gemma 2 / 3, gpt-oss, Qwen2 with
+`use_sliding_window`) is modelled: the window and the layers that keep full attention come from
+`sliding_window` with `layer_types`, `sliding_window_pattern`, Gemma 2's alternation or Qwen2's
+`max_window_layers`. Ignored: `torch_dtype` /
 `quantization_config` (precision comes from the plan), learned position embeddings,
 multi-token-prediction layers.
 """
@@ -98,19 +102,83 @@ def _refuse_unmodelled(path: Path, cfg: dict) -> None:
         raise ValueError(f"{path}: model_type {model_type!r} is not a decoder-only transformer "
                          f"(state-space / recurrent layers or an encoder-decoder): not modelled")
     if model_type in ("llama4", "llama4_text"):
-        raise ValueError(f"{path}: Llama 4's shared expert and interleaved dense / MoE layers "
-                         f"are not modelled")
+        raise ValueError(f"{path}: Llama 4's chunked attention (attention_chunk_size) is not "
+                         f"modelled")
     if cfg.get("kv_lora_rank") is not None:
         raise ValueError(f"{path}: multi-head latent attention (kv_lora_rank = "
                          f"{cfg['kv_lora_rank']}, DeepSeek-V2 / V3) is not modelled")
-    steps = [cfg.get(k, 1) for k in ("decoder_sparse_step", "moe_layer_freq",
-                                      "interleave_moe_layer_step")]
-    dense_first = cfg.get("first_k_dense_replace")
-    if (_is_number(dense_first) and dense_first > 0) or cfg.get("mlp_only_layers") or any(
-            _is_number(v) and v > 1 for v in steps):
-        raise ValueError(f"{path}: dense MLP layers between the MoE layers (first_k_dense_replace "
-                         f"/ decoder_sparse_step / moe_layer_freq / mlp_only_layers) are not "
-                         f"modelled (every layer is modelled alike)")
+
+
+def _dense_layers(path: Path, cfg: dict, pick, layers, experts, ffn) -> tuple[int, int]:
+    """(dense_layers, dense_ffn_hidden) of a MoE config, (0, 0) where every layer is MoE.
+    A layer i (from 0) is MoE as the Hugging Face model classes decide it: DeepSeek / GLM-4.5
+    from `first_k_dense_replace` on, every `moe_layer_freq`-th (i % freq == 0); Qwen-MoE
+    unless listed in `mlp_only_layers`, every `decoder_sparse_step`-th ((i + 1) % step == 0);
+    every `interleave_moe_layer_step`-th likewise. The dense layers' width is
+    `intermediate_size` (the experts' is `moe_intermediate_size`)."""
+    if experts <= 1:
+        return 0, 0
+    first = cfg.get("first_k_dense_replace")
+    first = 0 if first is None else _count(path, "first_k_dense_replace", first)
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(_is_number(i) for i in only):
+        raise ValueError(f"{path}: field 'mlp_only_layers' must be a list of layer indices, "
+                         f"got {only!r}")
+    steps = {}
+    for name in ("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step"):
+        v = cfg.get(name)
+        steps[name] = 1 if v is None else _count(path, name, v)
+        if steps[name] < 1:
+            raise ValueError(f"{path}: field {name!r} must be >= 1, got {v!r}")
+    moe = sum(1 for i in range(int(layers))
+              if i >= first and i % steps["moe_layer_freq"] == 0 and i not in only
+              and (i + 1) % steps["decoder_sparse_step"] == 0
+              and (i + 1) % steps["interleave_moe_layer_step"] == 0)
+    dense = int(layers) - moe
+    if dense == 0:
+        return 0, 0
+    if moe == 0:
+        raise ValueError(f"{path}: none of the {int(layers)} layers is a MoE layer "
+                         f"(first_k_dense_replace / mlp_only_layers / steps): not a MoE model")
+    width = pick("intermediate_size", "ffn_hidden_size", default=ffn)
+    return dense, (0 if width == ffn else width)
+
+
+def _sliding_window(path: Path, cfg: dict, model_type: str, layers) -> tuple[int, int]:
+    """(sliding_window, global_layers) of a config, (0, 0) without a window. The layers that
+    keep full attention are read from `layer_types` where the config lists them, else from
+    `sliding_window_pattern` (Gemma 3, Cohere 2: every pattern-th layer is global), Gemma 2's
+    alternation (every other layer), or Qwen2's `max_window_layers` (the layers below it are
+    global); otherwise every layer slides (Mistral 7B v0.1, Phi-3)."""
+    window = cfg.get("sliding_window")
+    if window is None or cfg.get("use_sliding_window") is False:
+        return 0, 0
+    window = _count(path, "sliding_window", window)
+    if window <= 0:
+        return 0, 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        unknown = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"{path}: layer_types {unknown} are not modelled (only "
+                             f"'full_attention' and 'sliding_attention')")
+        if len(types) != layers:
+            raise ValueError(f"{path}: layer_types lists {len(types)} layers, the model has "
+                             f"{layers}")
+        sliding = types.count("sliding_attention")
+        return (window, layers - sliding) if sliding else (0, 0)
+    pattern = cfg.get("sliding_window_pattern")
+    if pattern is not None:
+        pattern = _count(path, "sliding_window_pattern", pattern)
+        if pattern < 1:
+            raise ValueError(f"{path}: field 'sliding_window_pattern' must be >= 1, got {pattern}")
+        return window, int(layers // pattern)
+    if model_type == "gemma2":
+        return window, int(layers // 2)
+    if cfg.get("use_sliding_window") and cfg.get("max_window_layers") is not None:
+        below = _count(path, "max_window_layers", cfg["max_window_layers"])
+        return window, int(min(max(below, 0), layers))
+    return window, 0
 
 
 def _with_shared_experts(path: Path, cfg: dict, pick, experts, top_k, ffn):
@@ -213,11 +281,6 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         dropout = 0 if model_type in _DROPOUT_FREE_TYPES else 1
     longest = pick("max_position_embeddings", "n_positions", "seq_length", "max_seq_len",
                    default=2048)  # the longest context the model serves, tokens
-    window = cfg.get("sliding_window")
-    if _is_number(window) and cfg.get("use_sliding_window", True) and 0 < window < longest:
-        warnings.warn(f"{path}: sliding-window attention (sliding_window = {window}) is not "
-                      f"modelled: attention over the full context is assumed (pessimistic for "
-                      f"contexts beyond {window} tokens)", stacklevel=2)
     if seq_len is None:
         rope = cfg.get("rope_scaling")
         if (not max_context and isinstance(rope, dict)
@@ -226,8 +289,11 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
                              rope["original_max_position_embeddings"])
         else:
             seq_len = longest
+    layers = pick("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    window, global_layers = _sliding_window(path, cfg, model_type, layers)
+    dense_layers, dense_width = _dense_layers(path, cfg, pick, layers, experts, ffn)
     fields = dict(
-        layers=pick("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+        layers=layers,
         hidden=hidden,
         heads=heads,
         kv_heads=kv,
@@ -241,6 +307,10 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         dropout=dropout,
         head_width=head_width,
         tied_embeddings=1 if cfg.get("tie_word_embeddings", model_type in _TIED_TYPES) else 0,
+        sliding_window=window,
+        global_layers=global_layers,
+        dense_layers=dense_layers,
+        dense_ffn_hidden=dense_width,
     )
     try:
         return Transformer(**fields)

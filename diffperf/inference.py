@@ -21,6 +21,8 @@ Decode over all output tokens is closed form: step j (1 <= j < output_len) atten
 cache of L_j = input_len + j tokens, and the attention FLOPs and bytes are both proportional
 to L_j, so (the smooth maximum being homogeneous of degree one) the sum over steps is exactly
 the attention cost at the summed context (output_len - 1) * (input_len + output_len / 2).
+Sliding-window layers read min(L_j, window) tokens; that sum is closed form too
+(`Transformer.mean_cached_tokens`).
 
 Pipeline stages run one after the other for a single batch (no overlap between batches), so
 latency counts every layer and throughput divides by all tp * pp GPUs. GEMMs are modelled
@@ -63,6 +65,7 @@ HEAD_KERNELS = 3.0
 OP_KINDS = {
     "embedding": "elementwise", "qkv_proj": "gemm", "attention": "attention",
     "out_proj": "gemm", "router": "gemm", "mlp_up": "gemm", "mlp_down": "gemm",
+    "dense_mlp_up": "gemm", "dense_mlp_down": "gemm",
     "elementwise": "elementwise", "tp_allreduce": "tp_comm", "pp_send_recv": "pp_comm",
     "lm_head": "gemm", "logits_gather": "tp_comm", "final": "elementwise",
 }
@@ -144,6 +147,8 @@ class _Dims(eqx.Module):
     heads: jax.Array  # query heads per GPU
     kv: jax.Array  # KV heads per GPU (replicated when tp > kv_heads)
     f: jax.Array  # MLP width per GPU
+    f_dense: jax.Array  # width per GPU of a MoE model's dense-MLP layers
+    dense: jax.Array  # share of the layers that are such dense-MLP layers
     vocab: jax.Array  # vocabulary shard per GPU
     math: jax.Array  # GEMM precision code
     head_math: jax.Array  # LM head precision code (at most 16 bit: kept unquantised)
@@ -159,6 +164,7 @@ def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
     return _Dims(
         h=model.hidden, d=model.head_dim, heads=model.heads / plan.tp,
         kv=jnp.maximum(model.kv_heads / plan.tp, 1.0), f=model.ffn_hidden / plan.tp,
+        f_dense=model.dense_width / plan.tp, dense=model.dense_fraction,
         vocab=model.vocab / plan.tp, math=plan.math_precision,
         head_math=jnp.minimum(plan.math_precision, 1.0),
         wb=bytes_per_element(plan.weight_precision), ab=ab, sb=jnp.maximum(ab, 2.0),
@@ -175,18 +181,25 @@ def experts_touched(model: Transformer, tokens) -> jax.Array:
 
 def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
                  tokens) -> dict[str, Cost]:
-    """Weight GEMMs of one layer for `tokens` tokens (M = tokens)."""
+    """Weight GEMMs of one layer for `tokens` tokens (M = tokens), mean over the layers: a
+    MoE model's dense-MLP layers (share `x.dense`) run `dense_mlp_*` instead of the router and
+    the experts."""
     k_top = model.experts_per_token
     touched = experts_touched(model, tokens)
     per_expert = tokens * k_top / touched
     g = lambda m, n, k, groups=1.0: _gemm(system, eff, m, n, k, x.math, x.wb, x.ab, groups)
+    moe = 1.0 - x.dense
+    dense = lambda m, n, k: (_network(jnp.zeros(()), 0.0)  # a zero cost: no such layers
+                             if model.known_absent("dense_layers") else x.dense * g(m, n, k))
     return {
         "qkv_proj": g(tokens, (x.heads + 2.0 * x.kv) * x.d, x.h),
         "out_proj": g(tokens, x.h, x.heads * x.d),
-        "router": jnp.where(x.moe, 1.0, 0.0) * _gemm(system, eff, tokens, model.num_experts,
+        "router": jnp.where(x.moe, moe, 0.0) * _gemm(system, eff, tokens, model.num_experts,
                                                      x.h, x.head_math, x.sb, x.sb),
-        "mlp_up": g(per_expert, (model.mlp_matrices - 1.0) * x.f, x.h, touched),
-        "mlp_down": g(per_expert, x.h, x.f, touched),
+        "mlp_up": moe * g(per_expert, (model.mlp_matrices - 1.0) * x.f, x.h, touched),
+        "mlp_down": moe * g(per_expert, x.h, x.f, touched),
+        "dense_mlp_up": dense(tokens, (model.mlp_matrices - 1.0) * x.f_dense, x.h),
+        "dense_mlp_down": dense(tokens, x.h, x.f_dense),
     }
 
 
@@ -194,7 +207,7 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
                  tokens) -> Cost:
     """Norms, residual adds, activation, RoPE and KV-cache write of one layer."""
     th = tokens * x.h
-    act = tokens * model.experts_per_token * x.f
+    act = tokens * ((1.0 - x.dense) * model.experts_per_token * x.f + x.dense * x.f_dense)
     rope = tokens * (x.heads + x.kv) * x.d
     # 2 norms; 2 residual adds (read 2, write 1) or, in a parallel block, one that reads the
     # residual and both branch outputs.
@@ -204,7 +217,7 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
               + rope * 2.0 * x.ab + tokens * 2.0 * x.kv * x.d * x.kb)  # RoPE, KV write
     flops = 2.0 * th * 5.0 + 2.0 * th + act * 8.0 + rope * 6.0
     kernels = (ELEMENTWISE_KERNELS - model.parallel_attention
-               + jnp.where(x.moe, MOE_KERNELS, 0.0))
+               + jnp.where(x.moe, (1.0 - x.dense) * MOE_KERNELS, 0.0))
     acc = system.accelerator
     return _compute(system, eff, flops, nbytes, acc.vector_flops * eff.vector, kernels)
 
@@ -218,12 +231,15 @@ def _attention_rate(system: System, eff: Efficiency, x: _Dims, m, n) -> jax.Arra
 
 def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
                        eff: Efficiency, x: _Dims) -> Cost:
-    """Causal self-attention over the prompt, one layer: fused (flash) or QK^T, softmax, AV."""
+    """Causal self-attention over the prompt, one layer: fused (flash) or QK^T, softmax, AV.
+    The fused kernel skips the blocks outside the causal mask and a sliding window; the
+    unfused path computes the whole s x s product."""
     b, s = plan.batch, plan.input_len
     bh = b * x.heads
+    keys = model.attended_keys(s)  # = s without a sliding window
     qkvo = b * s * x.d * (2.0 * x.heads + 2.0 * x.kv) * x.ab
-    flash_flops = 2.0 * bh * s * s * x.d  # 4 b a s^2 d, halved by the causal mask
-    flash = _compute(system, eff, flash_flops, qkvo, _attention_rate(system, eff, x, s, s),
+    flash_flops = 2.0 * bh * s * keys * x.d  # 4 b a s^2 d, halved by the causal mask
+    flash = _compute(system, eff, flash_flops, qkvo, _attention_rate(system, eff, x, s, keys),
                      ATTENTION_KERNELS_FUSED)
     scores = bh * s * s
     rate = peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * matmul_efficiency(
@@ -243,7 +259,7 @@ def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
     b = plan.batch
     flops = 4.0 * b * x.heads * context * x.d
     nbytes = b * context * 2.0 * x.kv * x.d * x.kb
-    mean_context = plan.input_len + 0.5 * plan.output_len
+    mean_context = model.mean_cached_tokens(plan.input_len, plan.input_len + plan.output_len)
     tensor = _attention_rate(system, eff, x, x.heads / x.kv, mean_context)
     cuda_cores = system.accelerator.vector_flops * eff.per_head_attention
     rate = jnp.where(plan.grouped_decode_attention > 0, tensor, cuda_cores)
@@ -296,7 +312,9 @@ def inference_ops(model: Transformer, system: System, plan: InferencePlan,
     # With output_len = 1 there is no decode step: the ops of one step (at context input_len
     # + 1/2) are still built, so that `infer` can report a finite TPOT, then masked to zero.
     steps = jnp.maximum(plan.output_len - 1.0, 1.0)
-    total_context = steps * (plan.input_len + 0.5 * plan.output_len)  # sum of L_j over steps
+    # Sum over the steps of the keys each step reads (the context, or the window)
+    total_context = steps * model.mean_cached_tokens(plan.input_len,
+                                                     plan.input_len + plan.output_len)
     attention = _decode_attention(model, plan, system, eff, x, total_context)
     attention = eqx.tree_at(lambda c: (c.launch, c.kernels), attention,
                             (attention.launch * steps, attention.kernels * steps))
@@ -345,8 +363,9 @@ def weight_bytes_per_gpu(model: Transformer, plan: InferencePlan) -> jax.Array:
     router and norms replicated) plus the embedding and LM head shards, B."""
     x = _dims(model, plan)
     attn = x.h * (x.heads + 2.0 * x.kv) * x.d + x.heads * x.d * x.h
-    mlp = model.num_experts * model.mlp_matrices * x.h * x.f
-    replicated = jnp.where(x.moe, x.h * model.num_experts, 0.0) + 4.0 * x.h
+    mlp = model.mlp_matrices * x.h * ((1.0 - x.dense) * model.num_experts * x.f
+                                      + x.dense * x.f_dense)
+    replicated = jnp.where(x.moe, (1.0 - x.dense) * x.h * model.num_experts, 0.0) + 4.0 * x.h
     layer = (attn + mlp) * x.wb + replicated * 2.0
     # Embedding on the first stage, LM head (16 bit) on the last; both on one stage when pp = 1
     # unless they are one tied matrix.
@@ -358,10 +377,11 @@ def weight_bytes_per_gpu(model: Transformer, plan: InferencePlan) -> jax.Array:
 
 def kv_cache_bytes_per_gpu(model: Transformer, plan: InferencePlan, batch=None) -> jax.Array:
     """KV cache of one GPU: 2 (K, V) * layers/pp * kv_heads_local * head_dim * kv bytes *
-    (input_len + output_len) * batch, with kv_heads_local = max(kv_heads / tp, 1), B."""
+    (input_len + output_len) * batch, with kv_heads_local = max(kv_heads / tp, 1); sliding-window
+    layers hold at most the window, B."""
     x = _dims(model, plan)
     b = plan.batch if batch is None else batch
-    context = plan.input_len + plan.output_len
+    context = model.cached_tokens(plan.input_len + plan.output_len)
     return 2.0 * model.layers / plan.pp * x.kv * x.d * x.kb * context * b
 
 
@@ -375,7 +395,8 @@ def _activation_bytes_per_seq(model: Transformer, plan: InferencePlan) -> jax.Ar
     x = _dims(model, plan)
     s = plan.input_len
     attention = ((x.heads + 2.0 * x.kv) * x.d + x.heads * x.d) * x.ab
-    mlp = model.experts_per_token * model.mlp_matrices * x.f * x.ab
+    mlp = model.mlp_matrices * x.ab * jnp.maximum(  # the wider of the two kinds of MLP layer
+        model.experts_per_token * x.f, jnp.where(x.dense > 0, x.f_dense, 0.0))
     per_token = 2.0 * x.h * x.sb + jnp.maximum(attention, mlp)
     scores = jnp.where(plan.flash_attention > 0, 0.0, x.heads * s * s * x.sb)
     return s * per_token + scores + x.vocab * 4.0
@@ -412,7 +433,7 @@ def inference_reason(model: Transformer, plan: InferencePlan, system: System,
     checks = [
         (1, divides(plan.tp, model.heads)),
         (2, divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp)),
-        (3, divides(plan.tp, model.ffn_hidden)),
+        (3, divides(plan.tp, model.ffn_hidden) & divides(plan.tp, model.dense_width)),
         (5, plan.pp <= model.layers),
         (9, system.accelerator.peak_flops(plan.math_precision) > 0),
         (10, memory_total <= system.accelerator.hbm_capacity),

@@ -5,12 +5,11 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 
-from .data import BenchmarkRow
+from .data import BenchmarkRow, row_model
 from .efficiency import Efficiency
 from .feasibility import explain
 from .inference import infer
 from .inference_plan import InferencePlan
-from .model import Transformer
 from .presets import system
 from .validate import FAST_COMPILE
 
@@ -26,13 +25,7 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
         raise ValueError(f"tp*pp = {v['tp'] * v['pp']:g} does not equal "
                          f"num_gpus = {v['num_gpus']:g}")
     context = v["input_len"] + v["output_len"]
-    model = Transformer(layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
-                        kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
-                        seq_len=context, gated_mlp=v["gated_mlp"],
-                        num_experts=v["num_experts"], experts_per_token=v["experts_per_token"],
-                        parallel_attention=v.get("parallel_attention", 0),
-                        head_width=v.get("head_dim", 0),
-                        tied_embeddings=v.get("tied_embeddings", 0))
+    model = row_model(v, context)
     sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
     p = v["precision"]
     plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=v["input_len"],

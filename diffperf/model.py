@@ -40,6 +40,16 @@ class Transformer(eqx.Module):
       hidden dropout, whose 1-byte masks are stored for the backward pass, Korthikanti et al.
       2022); 0 for dropout-free models (Llama, Mistral, Mixtral, Nemotron-4, GPT-J, Falcon),
       which store and write no masks. Affects training only.
+    - `sliding_window`: keys a query attends to in a sliding-window layer (Mistral 7B v0.1,
+      Gemma 2 / 3, gpt-oss): each query sees itself and the `sliding_window - 1` tokens
+      before it, and those layers cache only that many tokens; 0 (the default) = every
+      layer attends to the whole context.
+    - `global_layers`: with a `sliding_window`, the layers that still attend to the whole
+      context (Gemma 3: 1 in 6; Gemma 2, gpt-oss: every other one; Mistral: none).
+    - `dense_layers`: in a MoE model, the layers whose MLP is one dense MLP instead of the
+      experts (DeepSeek-MoE and GLM-4.5's first layers, Qwen-MoE's `mlp_only_layers`); 0 = all.
+      Modelled as spread evenly over the pipeline stages.
+    - `dense_ffn_hidden`: inner width of those dense MLPs; 0 (the default) = `ffn_hidden`.
     """
 
     layers: jax.Array = _F()
@@ -56,12 +66,31 @@ class Transformer(eqx.Module):
     dropout: jax.Array = eqx.field(converter=as_float, default=1)
     head_width: jax.Array = eqx.field(converter=as_float, default=0)
     tied_embeddings: jax.Array = eqx.field(converter=as_float, default=0)
+    sliding_window: jax.Array = eqx.field(converter=as_float, default=0)
+    global_layers: jax.Array = eqx.field(converter=as_float, default=0)
+    dense_layers: jax.Array = eqx.field(converter=as_float, default=0)
+    dense_ffn_hidden: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
                      "num_experts", "experts_per_token"):
             check_integer("Transformer", name, getattr(self, name))
         check_integer("Transformer", "head_width", self.head_width, minimum=0)
+        check_integer("Transformer", "sliding_window", self.sliding_window, minimum=0)
+        check_integer("Transformer", "global_layers", self.global_layers, minimum=0)
+        check_integer("Transformer", "dense_layers", self.dense_layers, minimum=0)
+        check_integer("Transformer", "dense_ffn_hidden", self.dense_ffn_hidden, minimum=0)
+        for name in ("global_layers", "dense_layers"):
+            part = getattr(self, name)
+            if is_concrete(part, self.layers):
+                g, n = np.asarray(part), np.asarray(self.layers)
+                if np.any(g > n):
+                    raise ValueError(f"Transformer.{name}={float(np.max(g)):g} exceeds "
+                                     f"layers={float(np.min(n)):g}")
+        if is_concrete(self.dense_layers, self.num_experts):
+            if np.any((np.asarray(self.dense_layers) > 0) & (np.asarray(self.num_experts) <= 1)):
+                raise ValueError("Transformer.dense_layers > 0 needs a MoE model "
+                                 "(num_experts > 1): every layer of a dense model is dense")
         check_fraction("Transformer", "tied_embeddings", self.tied_embeddings)
         check_integer("Transformer", "tied_embeddings", self.tied_embeddings, minimum=0)
         check_fraction("Transformer", "gated_mlp", self.gated_mlp)
@@ -93,6 +122,52 @@ class Transformer(eqx.Module):
         `head_width` says otherwise)."""
         return self.heads * self.head_dim
 
+    def known_absent(self, name: str) -> bool:
+        """True when field `name` is a concrete zero (not a tracer): the model has no such
+        layers, so the costs of that layer kind can be left out of the trace. (A traced or
+        batched field keeps them: sweeps over it and gradients in it stay exact.)"""
+        v = getattr(self, name)
+        return is_concrete(v) and not np.any(np.asarray(v))
+
+    @property
+    def windowed_fraction(self) -> jax.Array:
+        """Share of the layers that attend through the sliding window (0 without one)."""
+        return jnp.where(self.sliding_window > 0, 1.0 - self.global_layers / self.layers, 0.0)
+
+    def _window(self, tokens) -> jax.Array:
+        """The window, or `tokens` where the model has none (so that min(tokens, w) = tokens)."""
+        return jnp.where(self.sliding_window > 0, self.sliding_window, tokens)
+
+    def attended_keys(self, tokens) -> jax.Array:
+        """Keys per query of causal attention over `tokens` tokens, mean over the layers, in
+        the full-square convention: `tokens` for full attention (the s x s product that FLOP
+        counts use; the causal mask halves the work actually done). A window w < s keeps
+        w (2 - w / s) of it: the causal band does w s - w^2 / 2 of the s^2 / 2 products."""
+        if self.known_absent("sliding_window"):
+            return tokens + 0.0 * self.sliding_window
+        w = jnp.minimum(self._window(tokens), tokens)
+        windowed = 2.0 * w - w * w / tokens
+        r = self.windowed_fraction
+        return (1.0 - r) * tokens + r * windowed
+
+    def cached_tokens(self, context) -> jax.Array:
+        """Tokens of K / V a layer holds, and a decode step reads, at `context` tokens of
+        context, mean over the layers: min(context, window) in sliding-window layers."""
+        r = self.windowed_fraction
+        return (1.0 - r) * context + r * jnp.minimum(context, self._window(context))
+
+    def mean_cached_tokens(self, start, end) -> jax.Array:
+        """Mean of `cached_tokens(c)` over contexts c spread evenly from `start` to `end`
+        (a decode that grows the context from the prompt to the last token): the integral of
+        min(c, w) over [start, end] divided by end - start, mean over the layers."""
+        w = self._window(end)
+        clipped = jnp.clip(w, start, end)
+        span = jnp.maximum(end - start, 1e-9)
+        windowed = ((clipped * clipped - start * start) / 2.0 + w * (end - clipped)) / span
+        windowed = jnp.where(end > start, windowed, jnp.minimum(start, w))
+        r = self.windowed_fraction
+        return (1.0 - r) * 0.5 * (start + end) + r * windowed
+
     @property
     def mlp_matrices(self) -> jax.Array:
         """Weight matrices per MLP (per expert): 3 for gated (SwiGLU), 2 otherwise."""
@@ -104,21 +179,41 @@ class Transformer(eqx.Module):
         the MLP, or one for the summed branches of a parallel attention + MLP block."""
         return 2.0 - self.parallel_attention
 
+    @property
+    def dense_fraction(self) -> jax.Array:
+        """Share of the layers of a MoE model with a dense MLP (`dense_layers` / `layers`)."""
+        return self.dense_layers / self.layers
+
+    @property
+    def dense_width(self) -> jax.Array:
+        """Inner width of the dense MLP layers of a MoE model: `dense_ffn_hidden` or
+        `ffn_hidden`."""
+        return jnp.where(self.dense_ffn_hidden > 0, self.dense_ffn_hidden, self.ffn_hidden)
+
+    def expert_params(self) -> jax.Array:
+        """Weights of the (expert) MLPs, all experts, mean per layer: the part that expert
+        parallelism shards (a dense model's MLP), count."""
+        return ((1.0 - self.dense_fraction) * self.num_experts * self.mlp_matrices
+                * self.hidden * self.ffn_hidden)
+
     def layer_params(self) -> jax.Array:
-        """Parameters of one transformer block (weights; biases and norms included), count."""
-        h, f = self.hidden, self.ffn_hidden
+        """Parameters of one transformer block (weights; biases and norms included), mean
+        over the layers where MoE and dense-MLP layers mix, count."""
+        h = self.hidden
         attn = (h * (self.heads + 2 * self.kv_heads) * self.head_dim
                 + self.attention_width * h + 2 * h)
-        mlp = self.num_experts * self.mlp_matrices * h * f
         router = jnp.where(self.num_experts > 1, h * self.num_experts, 0.0)
+        dense = self.mlp_matrices * h * self.dense_width
+        r = self.dense_fraction
         norms = 4 * h
-        return attn + mlp + router + norms
+        return attn + self.expert_params() + (1.0 - r) * router + r * dense + norms
 
     def active_layer_params(self) -> jax.Array:
-        """Parameters one token touches in a block (MoE: only its top-k experts), count."""
-        dense = self.layer_params() - (self.num_experts - self.experts_per_token) * (
+        """Parameters one token touches in a block (MoE: only its top-k experts), mean over
+        the layers, count."""
+        unused = (self.num_experts - self.experts_per_token) * (
             self.mlp_matrices * self.hidden * self.ffn_hidden)
-        return dense
+        return self.layer_params() - (1.0 - self.dense_fraction) * unused
 
     def num_params(self) -> jax.Array:
         """Total parameters: the blocks, the input embedding and (unless tied) the output

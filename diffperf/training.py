@@ -59,13 +59,16 @@ def _layer_flops_per_token(model: Transformer) -> tuple[jax.Array, jax.Array]:
 
     Weight GEMMs: 2 FLOPs per active weight. Attention: QK^T and AV, 2 * 2 * s * a * d per token
     (a * d = h unless the model sets `head_width`; Megatron / Korthikanti convention: the
-    causal mask is not discounted).
+    causal mask is not discounted). Sliding-window layers count their causal band in the same
+    convention (`Transformer.attended_keys`).
     """
     h, d = model.hidden, model.head_dim
+    r = model.dense_fraction  # MoE models' dense-MLP layers
+    moe_mlp = (model.experts_per_token * model.mlp_matrices * h * model.ffn_hidden
+               + jnp.where(model.num_experts > 1, h * model.num_experts, 0.0))
     active = (h * (model.heads + 2 * model.kv_heads) * d + model.attention_width * h
-              + model.experts_per_token * model.mlp_matrices * h * model.ffn_hidden
-              + jnp.where(model.num_experts > 1, h * model.num_experts, 0.0))
-    return 2.0 * active, 4.0 * model.seq_len * model.attention_width
+              + (1.0 - r) * moe_mlp + r * model.mlp_matrices * h * model.dense_width)
+    return 2.0 * active, 4.0 * model.attended_keys(model.seq_len) * model.attention_width
 
 
 def model_flops_per_step(model: Transformer, plan: TrainingPlan,
@@ -129,24 +132,37 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
 
     # Weight GEMMs, forward. Each backward GEMM (data and weight gradient) is a permutation of
     # (m, n, k) with the same FLOPs and (symmetric) efficiency: backward = 2 x forward.
+    # A MoE model's dense-MLP layers (share r) run a dense MLP of width f_d instead of the
+    # router and experts; the per-layer times below are means over the layers.
+    r, f_d = model.dense_fraction, model.dense_width
     qkv = gemm_time(acc, eff, tokens, (heads + 2 * kv) * d, h, p, act_bytes=ab)
-    mlp_up = gemm_time(acc, eff, expert_tokens, (model.mlp_matrices - 1.0) * f / t, h, p,
-                       batch=local_experts, act_bytes=ab)
+    up = lambda m, width, batch=1.0: gemm_time(acc, eff, m, (model.mlp_matrices - 1.0) * width
+                                               / t, h, p, batch=batch, act_bytes=ab)
+    moe_up = up(expert_tokens, f, local_experts)
+    moe_mlp = (moe_up
+               + gemm_time(acc, eff, expert_tokens, h, f / t, p, batch=local_experts, act_bytes=ab)
+               + jnp.where(moe, gemm_time(acc, eff, tokens, model.num_experts, h, p,
+                                          act_bytes=ab), 0.0))
+    if model.known_absent("dense_layers"):  # the common case, kept out of sweeps' traces
+        dense_up = dense_mlp = 0.0
+    else:
+        dense_up = up(tokens, f_d)
+        dense_mlp = dense_up + gemm_time(acc, eff, tokens, h, f_d / t, p, act_bytes=ab)
+    mlp_up = (1.0 - r) * moe_up + r * dense_up
     gemms = (qkv
              + gemm_time(acc, eff, tokens, h, heads * d, p, act_bytes=ab)
-             + mlp_up
-             + gemm_time(acc, eff, expert_tokens, h, f / t, p, batch=local_experts, act_bytes=ab)
-             + jnp.where(moe, gemm_time(acc, eff, tokens, model.num_experts, h, p, act_bytes=ab),
-                         0.0))
+             + (1.0 - r) * moe_mlp + r * dense_mlp)
 
-    # Attention core: QK^T and AV over b * heads batches of (s x seq x d).
+    # Attention core: QK^T and AV over b * heads batches of (s x seq x d). A flash kernel
+    # skips the blocks the causal mask (and a sliding window) leaves out; the unfused path
+    # computes the whole s x seq product and masks it.
     flash = plan.flash_attention > 0
     batch_heads = plan.micro_batch * heads
-    causal = jnp.where(flash, 0.5, 1.0)  # flash kernels skip the masked half of the blocks
-    attn_flops = 4.0 * batch_heads * s * seq * d * causal
+    keys = model.attended_keys(seq)  # = seq without a sliding window
+    attn_flops = 4.0 * batch_heads * s * jnp.where(flash, 0.5 * keys, seq) * d
     # Fused attention runs in 16 bit even in fp8 recipes, at its own efficiency.
     attn_rate = (peak_matmul_flops(acc, jnp.minimum(p, 1.0)) * eff.attention
-                 * matmul_efficiency(eff, s, seq, d, 1.0) / eff.matmul_peak)
+                 * matmul_efficiency(eff, s, keys, d, 1.0) / eff.matmul_peak)
     qkvo_bytes = tokens * d * (2 * heads + 2 * kv) * ab
     flash_fwd = op_time(acc, eff, attn_flops, qkvo_bytes, kernels=1.0, flops_per_s=attn_rate)
     scores = batch_heads * s * seq  # elements of the score matrix
@@ -163,7 +179,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # sequence parallelism the first four touch tokens / t per GPU.
     sp_div = jnp.where(plan.sequence_parallel > 0, t, 1.0)
     norm_elems = tokens * h / sp_div
-    act_elems = tokens * k_top * f / t
+    act_elems = tokens * ((1.0 - r) * k_top * f + r * f_d) / t
     # Two bias-dropout-residual adds (read 2, write 1, a 1-byte mask each with dropout); a
     # parallel block has one that reads the residual and both branches.
     residual_bytes = 6 * ab + 2 * model.dropout - 2 * ab * model.parallel_attention
@@ -209,7 +225,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # ep x expert-dp for the expert layers, so EP ranks sit tp apart (its 'tp-ep-dp-pp' order).
     a2a = coll.all_to_all(net, eff, tokens * k_top * h * ab, ep, t)
     per_block = 4.0 + 2.0 * full
-    ep_comm = jnp.where(moe, per_block * a2a, 0.0)
+    ep_comm = jnp.where(moe, (1.0 - r) * per_block * a2a, 0.0)
     return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm)
 
 

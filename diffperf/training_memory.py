@@ -79,7 +79,7 @@ def params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
     layers (`TrainingPlan.end_stage_layers`) plus the input embedding (V h / tp), and with
     pp = 1 also the output head unless it is tied to the embedding.
     """
-    expert = model.num_experts * model.mlp_matrices * model.hidden * model.ffn_hidden
+    expert = model.expert_params()
     dense = model.layer_params() - expert
     per_layer = dense / plan.tp + expert / (plan.tp * plan.ep)
     tables = 1.0 + jnp.where(plan.pp == 1, 1.0 - model.tied_embeddings, 0.0)
@@ -94,8 +94,12 @@ def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Arr
     s = model.seq_len / plan.cp
     sbh = s * plan.micro_batch * model.hidden
     r = model.kv_heads / model.heads
-    k = model.experts_per_token
-    f_h = model.ffn_hidden / model.hidden
+    # MLP inputs kept per token (the MoE dispatch copies a token to each of its top-k experts)
+    # and MLP width per token, mean over the MoE and a MoE model's dense-MLP layers.
+    dense = model.dense_fraction
+    k = (1.0 - dense) * model.experts_per_token + dense
+    kf_h = ((1.0 - dense) * model.experts_per_token * model.ffn_hidden
+            + dense * model.dense_width) / model.hidden
     drop = model.dropout
     # FP8 / FP4 recipes (Transformer Engine): each linear layer keeps the low-precision copy of
     # its input that the weight-gradient GEMM reads, not the 16-bit tensor. The fused attention
@@ -110,7 +114,7 @@ def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Arr
     # MLP GEMM's output(s) (two for a gated MLP) and the activation output (second GEMM's input).
     # (These are a * d wide per token: h unless the model sets `head_width`.)
     attention = (2.0 + 4.0 * r + attn_out) * model.attention_width / model.hidden
-    mlp_hidden = (2.0 * (1.0 + model.gated_mlp) + q) * f_h * k
+    mlp_hidden = (2.0 * (1.0 + model.gated_mlp) + q) * kf_h
     sharded = attention + mlp_hidden
     sp = plan.sequence_parallel > 0
     per_token = jnp.where(sp, (replicated + sharded) / t, replicated + sharded / t)

@@ -91,11 +91,7 @@ def test_training_sequence_length_of_a_context_extended_model(tmp_path):
 @pytest.mark.parametrize("extra, needle", [
     ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "multi-head latent attention"),
     ({"shared_expert_intermediate_size": 1000}, "shared experts 1000 wide next to experts 768"),
-    ({"first_k_dense_replace": 1}, "dense MLP layers between the MoE layers"),
-    ({"decoder_sparse_step": 2}, "dense MLP layers between the MoE layers"),
-    ({"mlp_only_layers": [0, 1]}, "dense MLP layers between the MoE layers"),
-    ({"moe_layer_freq": 2}, "dense MLP layers between the MoE layers"),
-    ({"model_type": "llama4_text", "interleave_moe_layer_step": 1}, "Llama 4's shared expert"),
+    ({"model_type": "llama4_text", "interleave_moe_layer_step": 1}, "chunked attention"),
     ({"model_type": "jamba"}, "not a decoder-only transformer"),
     ({"model_type": "t5", "is_encoder_decoder": True}, "not a decoder-only transformer"),
 ])
@@ -125,13 +121,6 @@ def test_shared_experts_count_as_experts_every_token_takes(tmp_path):
 
 
 def test_approximations_warn(tmp_path):
-    with pytest.warns(UserWarning, match="sliding-window attention .* not modelled"):
-        load(tmp_path, dict(LLAMA3_8B, model_type="mistral", sliding_window=4096,
-                            max_position_embeddings=32768))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # Qwen2 lists a window it does not use: no warning
-        load(tmp_path, dict(LLAMA3_8B, sliding_window=4096, use_sliding_window=False,
-                            max_position_embeddings=32768))
     with pytest.warns(UserWarning, match="only its language model"):
         m = load(tmp_path, {"model_type": "llava", "text_config": LLAMA3_8B,
                             "vision_config": {"hidden_size": 1024}})
@@ -150,3 +139,88 @@ def test_older_field_names(tmp_path):
     mpt = load(tmp_path, {"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32,
                           "expansion_ratio": 4, "max_seq_len": 2048, "vocab_size": 50432})
     assert float(mpt.ffn_hidden) == 16384 and abs(float(mpt.num_params()) / 6.65e9 - 1) < 0.005
+
+
+GEMMA2_9B = {"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+             "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
+             "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192,
+             "sliding_window": 4096, "hidden_activation": "gelu_pytorch_tanh"}
+
+
+def window_of(m):
+    return float(m.sliding_window), float(m.global_layers)
+
+
+def test_sliding_window_layouts(tmp_path):
+    """Which layers slide, from each way configs say it: every layer (Mistral 7B v0.1), every
+    other one (Gemma 2: 21 of 42 stay global; published 9.24 B parameters), every 6th global
+    (Gemma 3's `sliding_window_pattern`: 62 layers -> 10 global), `layer_types` (gpt-oss,
+    newer configs), Qwen2's `max_window_layers`, and windows a config lists but does not use."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a modelled window is not a warning any more
+        mistral = load(tmp_path, dict(LLAMA3_8B, model_type="mistral", sliding_window=4096,
+                                      max_position_embeddings=32768))
+    assert window_of(mistral) == (4096, 0)
+    gemma2 = load(tmp_path, GEMMA2_9B)
+    assert window_of(gemma2) == (4096, 21)
+    assert abs(float(gemma2.num_params()) / 9.24e9 - 1) < 0.003
+    gemma3 = dict(GEMMA2_9B, model_type="gemma3_text", num_hidden_layers=62, sliding_window=1024,
+                  sliding_window_pattern=6)
+    assert window_of(load(tmp_path, gemma3)) == (1024, 10)
+    types = ["sliding_attention", "full_attention"] * 12
+    oss = dict(LLAMA3_8B, num_hidden_layers=24, sliding_window=128, layer_types=types)
+    assert window_of(load(tmp_path, oss)) == (128, 12)
+    assert window_of(load(tmp_path, dict(oss, layer_types=["full_attention"] * 24))) == (0, 0)
+    qwen = dict(LLAMA3_8B, model_type="qwen2", num_hidden_layers=28, sliding_window=4096,
+                max_window_layers=21)
+    assert window_of(load(tmp_path, dict(qwen, use_sliding_window=True))) == (4096, 21)
+    assert window_of(load(tmp_path, dict(qwen, use_sliding_window=False))) == (0, 0)
+    assert window_of(load(tmp_path, dict(LLAMA3_8B, sliding_window=None))) == (0, 0)
+
+
+def test_bad_sliding_window_fields_are_named(tmp_path):
+    base = dict(LLAMA3_8B, num_hidden_layers=4, sliding_window=128)
+    with pytest.raises(ValueError, match="layer_types \\['chunked_attention'\\]"):
+        load(tmp_path, dict(base, layer_types=["chunked_attention"] * 4))
+    with pytest.raises(ValueError, match="layer_types lists 3 layers, the model has 4"):
+        load(tmp_path, dict(base, layer_types=["full_attention"] * 3))
+    with pytest.raises(ValueError, match="'sliding_window' must be a number"):
+        load(tmp_path, dict(base, sliding_window="4k"))
+    with pytest.raises(ValueError, match="'sliding_window_pattern' must be >= 1"):
+        load(tmp_path, dict(base, sliding_window_pattern=0))
+
+
+# DeepSeek-MoE 16B (deepseek-ai/deepseek-moe-16b-base): layer 0 dense (10944 wide), 27 MoE
+# layers of 64 routed + 2 shared experts 1408 wide, top 6. Published: 16.4 B parameters, 2.8 B
+# activated per token (DeepSeekMoE paper, Dai et al. 2024).
+DEEPSEEK_MOE_16B = {"model_type": "deepseek", "hidden_size": 2048, "intermediate_size": 10944,
+                    "moe_intermediate_size": 1408, "num_hidden_layers": 28,
+                    "num_attention_heads": 16, "num_key_value_heads": 16, "n_routed_experts": 64,
+                    "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+                    "moe_layer_freq": 1, "vocab_size": 102400, "max_position_embeddings": 4096,
+                    "tie_word_embeddings": False, "hidden_act": "silu"}
+
+
+def test_dense_layers_of_moe_models(tmp_path):
+    with pytest.warns(UserWarning, match="shared experts"):
+        m = load(tmp_path, DEEPSEEK_MOE_16B)
+    assert (float(m.dense_layers), float(m.dense_ffn_hidden)) == (1, 10944)
+    assert (float(m.num_experts), float(m.experts_per_token)) == (66, 8)
+    assert abs(float(m.num_params()) / 16.4e9 - 1) < 0.01
+    active = float(m.layers * m.active_layer_params() + 2 * m.vocab * m.hidden)
+    assert abs(active / 2.8e9 - 1) < 0.02
+    # Qwen-MoE's rules: layers listed in mlp_only_layers, and all but every step-th layer
+    qwen = dict(QWEN3_30B_A3B, decoder_sparse_step=2)  # 48 layers: 24 MoE, 24 dense
+    m = load(tmp_path, qwen)
+    assert (float(m.dense_layers), float(m.dense_ffn_hidden)) == (24, 6144)
+    m = load(tmp_path, dict(QWEN3_30B_A3B, mlp_only_layers=[0, 1, 47]))
+    assert float(m.dense_layers) == 3
+    # Mixtral-style configs: the dense width defaults to the expert width
+    m = load(tmp_path, dict(QWEN3_30B_A3B, moe_intermediate_size=None, mlp_only_layers=[0]))
+    assert (float(m.dense_layers), float(m.dense_ffn_hidden)) == (1, 0)
+    with pytest.raises(ValueError, match="none of the 48 layers is a MoE layer"):
+        load(tmp_path, dict(QWEN3_30B_A3B, first_k_dense_replace=48))
+    with pytest.raises(ValueError, match="'mlp_only_layers' must be a list"):
+        load(tmp_path, dict(QWEN3_30B_A3B, mlp_only_layers="0,1"))
+    with pytest.raises(ValueError, match="'decoder_sparse_step' must be >= 1"):
+        load(tmp_path, dict(QWEN3_30B_A3B, decoder_sparse_step=0))

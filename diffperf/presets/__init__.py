@@ -21,7 +21,8 @@ _NET_FIELDS = ("nvlink_domain", "nvlink_bandwidth", "nvlink_latency", "scaleout_
                "scaleout_latency", "nvlink_sharp")
 _MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
                  "gated_mlp", "num_experts", "experts_per_token", "parallel_attention",
-                 "dropout", "tied_embeddings")
+                 "dropout", "tied_embeddings", "head_width", "sliding_window", "global_layers",
+                 "dense_layers", "dense_ffn_hidden")
 
 
 @functools.cache

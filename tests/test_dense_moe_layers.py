@@ -1,0 +1,147 @@
+"""Dense-MLP layers of MoE models (DeepSeek-MoE and GLM-4.5's first layers, Qwen-MoE's
+`mlp_only_layers`): parameters, FLOPs and per-GPU weights checked by hand layer by layer; a
+MoE model whose layers are all dense predicts what the dense model does; vmap == loop,
+gradients, errors.
+
+The expected values are sums over the layers, each written as the layer it is (attention +
+either the router and E experts or one dense MLP), never taken from the code."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import diffperf as dp
+from diffperf.feasibility import describe_failure
+
+EFF = dp.Efficiency()
+H100 = dp.system("h100-sxm5-80gb")
+
+# 4 layers of h = 1024 with 8 heads of 128 (MHA); MoE layers: 8 gated experts 512 wide, top 2;
+# 1 dense layer: a gated MLP 4096 wide.
+L, H, E, K, F, FD, V = 4, 1024, 8, 2, 512, 4096, 1000
+MOE = dp.Transformer(layers=L, hidden=H, heads=8, kv_heads=8, ffn_hidden=F, vocab=V,
+                     seq_len=1024, gated_mlp=1, num_experts=E, experts_per_token=K,
+                     dense_layers=1, dense_ffn_hidden=FD, dropout=0)
+ATTN = 4 * H * H + 2 * H  # Q, K, V, O and the QKV biases, as `layer_params` counts them
+NORMS = 4 * H
+MOE_LAYER = ATTN + NORMS + H * E + E * 3 * H * F  # router + all experts
+DENSE_LAYER = ATTN + NORMS + 3 * H * FD
+
+
+def test_parameters_by_hand():
+    assert float(MOE.num_params()) == pytest.approx(3 * MOE_LAYER + DENSE_LAYER + 2 * V * H)
+    active = 3 * (MOE_LAYER - (E - K) * 3 * H * F) + DENSE_LAYER
+    assert float(L * MOE.active_layer_params()) == pytest.approx(active)
+
+
+def test_training_flops_by_hand():
+    B, s = 8, 1024
+    plan = dp.TrainingPlan(global_batch=B)
+    core = 4 * s * H  # attention QK^T and AV per token (full-square convention)
+    moe_fwd = 2 * (4 * H * H + H * E + K * 3 * H * F) + core  # per token, forward
+    dense_fwd = 2 * (4 * H * H + 3 * H * FD) + core
+    want = 3 * B * s * (3 * moe_fwd + dense_fwd + 2 * H * V)
+    assert float(dp.model_flops_per_step(MOE, plan)) == pytest.approx(want, rel=1e-6)
+
+
+def test_weights_per_gpu_by_hand():
+    # Training, tp 2, ep 4 (dp 4), pp 1: dense parts split over tp, expert weights over tp * ep;
+    # embedding and output head (untied) on the one stage.
+    plan = dp.TrainingPlan(tp=2, dp=4, ep=4, global_batch=16)
+    experts = 3 * E * 3 * H * F
+    want = (3 * MOE_LAYER + DENSE_LAYER - experts) / 2 + experts / 8 + 2 * V * H / 2
+    got = float(dp.training_memory(MOE, plan, EFF).weights) / 2  # 16-bit weights
+    assert got == pytest.approx(want, rel=1e-6)
+    # Inference, tp 2, bf16: attention and MLP weights split over tp (routers and norms
+    # replicated, kept in 16 bit), plus the embedding and LM head shards.
+    served = dp.InferencePlan(tp=2)
+    sharded = L * 4 * H * H + 3 * E * 3 * H * F + 3 * H * FD
+    replicated = 3 * H * E + L * 4 * H
+    want = 2 * (sharded / 2 + replicated) + 2 * 2 * V * H / 2
+    assert float(dp.weight_bytes_per_gpu(MOE, served)) == pytest.approx(want, rel=1e-6)
+
+
+def all_dense(model, width):
+    return dataclasses.replace(model, dense_layers=model.layers, dense_ffn_hidden=width)
+
+
+def test_a_moe_model_with_only_dense_layers_predicts_the_dense_model():
+    """Every layer dense: the MoE branch must vanish and the dense branch be exactly the dense
+    model's MLP (training step, memory and inference)."""
+    moe = dp.model("mixtral-8x7b")
+    dense = dataclasses.replace(moe, num_experts=1, experts_per_token=1, ffn_hidden=8192)
+    moe = all_dense(moe, 8192)
+    plan = dp.TrainingPlan(tp=4, pp=2, dp=4, micro_batch=1, global_batch=64, recompute=1,
+                           sequence_parallel=1)
+    a, b = dp.train_step(dense, H100, plan, EFF), dp.train_step(moe, H100, plan, EFF)
+    for f in ("step_time", "compute_time", "tp_comm_time", "dp_comm_time"):
+        assert float(getattr(b, f)) == pytest.approx(float(getattr(a, f)), rel=1e-5), f
+    assert float(b.memory.total) == pytest.approx(float(a.memory.total), rel=1e-5)
+    served = dp.InferencePlan(tp=2, batch=8, input_len=1000, output_len=200)
+    a, b = dp.infer(dense, H100, served, EFF), dp.infer(moe, H100, served, EFF)
+    for f in ("ttft", "tpot"):
+        assert float(getattr(b, f)) == pytest.approx(float(getattr(a, f)), rel=1e-5), f
+    assert float(b.memory.weights) == pytest.approx(float(a.memory.weights), rel=1e-6)
+
+
+def test_dense_first_layers_of_a_sparse_model_cost_more_at_batch_one():
+    """Batch-1 decode reads the weights a token touches: a dense layer reads its whole MLP
+    (here 4x the two active experts' weights), so more dense layers are never faster."""
+    served = dp.InferencePlan(batch=1, input_len=256, output_len=64)
+    base = dp.model("mixtral-8x7b")  # experts 14336 wide, top 2
+    tpot = [float(dp.infer(dataclasses.replace(base, dense_layers=n, dense_ffn_hidden=4 * 28672),
+                           H100, served, EFF).tpot) for n in (0, 1, 4, 16)]
+    assert np.all(np.diff(tpot) > 0), tpot
+
+
+def test_vmap_over_dense_layers_equals_a_loop():
+    counts = jnp.array([0.0, 1.0, 2.0, 3.0])
+    served = dp.InferencePlan(batch=4, input_len=512, output_len=128)
+
+    def tpot(n):
+        return dp.infer(dataclasses.replace(MOE, dense_layers=n), H100, served, EFF).tpot
+
+    np.testing.assert_allclose(np.asarray(jax.vmap(tpot)(counts)),
+                               [float(tpot(n)) for n in counts], rtol=1e-5)
+
+
+def test_step_time_gradient_in_the_dense_share_matches_finite_differences():
+    """The layer mix is linear in `dense_layers`, so its gradient is exact; (the GEMM shapes
+    themselves have straight-through tile ceilings, which finite differences would see as
+    jumps). Evaluated under jit: the count is a tracer, so fractional probes are allowed."""
+    model = dataclasses.replace(dp.model("mixtral-8x7b"), dense_layers=4, dense_ffn_hidden=16384)
+    plan = dp.TrainingPlan(tp=4, dp=8, ep=8, micro_batch=1, global_batch=64, recompute=1,
+                           sequence_parallel=1)
+
+    @jax.jit
+    def step(n):
+        return dp.train_step(dataclasses.replace(model, dense_layers=n), H100, plan,
+                             EFF).step_time
+
+    n0, dn = 4.0, 0.5
+    grad = float(jax.grad(step)(jnp.float32(n0)))
+    fd = (float(step(n0 + dn)) - float(step(n0 - dn))) / (2 * dn)
+    # a dense MLP 16384 wide does less than a token's 2 experts 14336 wide, with no all-to-all
+    assert grad < 0
+    assert grad == pytest.approx(fd, rel=1e-2)
+
+
+def test_bad_dense_layers_are_named():
+    with pytest.raises(ValueError, match="dense_layers=5 exceeds layers=4"):
+        dataclasses.replace(MOE, dense_layers=5)
+    with pytest.raises(ValueError, match="needs a MoE model"):
+        dataclasses.replace(dp.model("llama2-7b"), dense_layers=1)
+    with pytest.raises(ValueError, match="dense_ffn_hidden"):
+        dataclasses.replace(MOE, dense_ffn_hidden=-1)
+    odd = dataclasses.replace(MOE, dense_ffn_hidden=4100)  # 4100 / 8 is not whole
+    plan = dp.TrainingPlan(tp=8, global_batch=8)
+    r = dp.train_step(odd, H100, plan, EFF)
+    assert not bool(r.feasible) and int(r.reason) == 3
+    assert "dense_ffn_hidden=4100" in describe_failure(3, odd, plan)
+    r = dp.infer(odd, H100, dp.InferencePlan(tp=8), EFF)
+    assert not bool(r.feasible) and int(r.reason) == 3
