@@ -40,9 +40,10 @@ MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0, "dropout": 1.0, "tied_embeddi
 #: where it is not hidden / heads (Gemma, Qwen3; 0 = hidden / heads; `Transformer.head_width`),
 #: the sliding-window attention of Mistral 7B v0.1 / Gemma (`Transformer.sliding_window`,
 #: 0 = none, and `Transformer.global_layers`), and a MoE model's dense-MLP layers
-#: (`Transformer.dense_layers` and `dense_ffn_hidden`, 0 = ffn_hidden).
+#: (`Transformer.dense_layers` and `dense_ffn_hidden`, 0 = ffn_hidden) and shared expert
+#: (`Transformer.shared_ffn_hidden`, 0 = none).
 MODEL_OPTIONAL_COUNTS = {"head_dim": 0.0, "sliding_window": 0.0, "global_layers": 0.0,
-                         "dense_layers": 0.0, "dense_ffn_hidden": 0.0}
+                         "dense_layers": 0.0, "dense_ffn_hidden": 0.0, "shared_ffn_hidden": 0.0}
 #: diffperf extension columns of train rows holding layer counts (empty or absent = 0): layers
 #: per pipeline chunk fully recomputed (Megatron's block method) and with activations offloaded
 #: to host memory; see `TrainingPlan.recompute_layers` / `offload_layers`.
@@ -226,7 +227,8 @@ def row_model(v: dict, seq_len) -> Transformer:
                        sliding_window=v.get("sliding_window", 0),
                        global_layers=v.get("global_layers", 0),
                        dense_layers=v.get("dense_layers", 0),
-                       dense_ffn_hidden=v.get("dense_ffn_hidden", 0))
+                       dense_ffn_hidden=v.get("dense_ffn_hidden", 0),
+                       shared_ffn_hidden=v.get("shared_ffn_hidden", 0))
 
 
 def train_specs(row: BenchmarkRow):

@@ -14,7 +14,7 @@ REASONS = {
     0: "feasible",
     1: "tp does not divide heads",
     2: "tp and kv_heads: neither divides the other",
-    3: "tp does not divide ffn_hidden (or dense_ffn_hidden)",
+    3: "tp does not divide ffn_hidden (or dense_ffn_hidden / shared_ffn_hidden)",
     4: "dp * micro_batch does not divide global_batch",
     5: "pp * vp exceeds layers",
     6: "interleaving (vp > 1) needs pp > 1 and a number of micro-batches divisible by pp",
@@ -44,6 +44,17 @@ def divides(a, b) -> jax.Array:
     return (k * a == b) & jnp.isfinite(k)
 
 
+def tp_divides_mlps(tp, model: Transformer) -> jax.Array:
+    """tp divides the width of every MLP the model has: the (expert) MLP, a MoE model's
+    dense-MLP layers and its shared expert."""
+    ok = divides(tp, model.ffn_hidden)
+    if not model.known_absent("dense_ffn_hidden"):  # else the dense width is ffn_hidden
+        ok = ok & divides(tp, model.dense_width)
+    if not model.known_absent("shared_ffn_hidden"):
+        ok = ok & divides(tp, model.shared_width)
+    return ok
+
+
 def _first_failure(checks: list[jax.Array]) -> jax.Array:
     """Code (1-based position) of the first False in `checks`, 0 if all hold."""
     reason = jnp.zeros(jnp.broadcast_shapes(*[jnp.shape(c) for c in checks]), jnp.int32)
@@ -60,7 +71,7 @@ def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
     checks = [
         divides(plan.tp, model.heads),
         divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp),
-        divides(plan.tp, model.ffn_hidden) & divides(plan.tp, model.dense_width),
+        tp_divides_mlps(plan.tp, model),
         divides(plan.dp * plan.micro_batch, plan.global_batch),
         plan.pp * plan.vp <= model.layers,
         (plan.vp == 1) | ((plan.pp > 1) & divides(plan.pp, m)),
@@ -92,9 +103,9 @@ def describe_failure(reason: int, model: Transformer, plan) -> str:
     details = {
         1: f"tp={f(plan.tp)}, heads={f(model.heads)}",
         2: f"tp={f(plan.tp)}, kv_heads={f(model.kv_heads)}",
-        3: f"tp={f(plan.tp)}, ffn_hidden={f(model.ffn_hidden)}"
-           + (f", dense_ffn_hidden={f(model.dense_ffn_hidden)}"
-              if float(model.dense_ffn_hidden) > 0 else ""),
+        3: f"tp={f(plan.tp)}, ffn_hidden={f(model.ffn_hidden)}" + "".join(
+            f", {n}={f(getattr(model, n))}" for n in ("dense_ffn_hidden", "shared_ffn_hidden")
+            if float(getattr(model, n)) > 0),
         5: f"pp={f(getattr(plan, 'pp', 1))}, vp={f(getattr(plan, 'vp', 1))}, "
            f"layers={f(model.layers)}",
         7: f"cp={f(getattr(plan, 'cp', 1))}, seq_len={f(model.seq_len)}",

@@ -8,9 +8,9 @@ represent are refused with the reason instead of approximated silently: multi-he
 attention (DeepSeek-V2 / V3), Llama 4 (chunked attention), state-space / recurrent hybrids
 (Mamba, Jamba, Nemotron-H) and encoder-decoders (T5, BART, Whisper). Dense-MLP layers of MoE
 models (DeepSeek-MoE and GLM-4.5's first layers, `mlp_only_layers`, `decoder_sparse_step`) are
-modelled, spread evenly over the pipeline stages. Approximated with a warning: shared
-experts (Qwen-MoE 1.5 / 2) as experts every token is routed to (exact FLOPs and weights; the
-expert-parallel all-to-all is overcounted) and a multimodal config as its language model.
+modelled, spread evenly over the pipeline stages, and so are shared experts (Qwen-MoE,
+DeepSeek-MoE, GLM-4.5). Approximated with a warning: a multimodal config as its language
+model.
 Sliding-window attention (Mistral 7B v0.1, Gemma 2 / 3, gpt-oss, Qwen2 with
 `use_sliding_window`) is modelled: the window and the layers that keep full attention come from
 `sliding_window` with `layer_types`, `sliding_window_pattern`, Gemma 2's alternation or Qwen2's
@@ -181,32 +181,20 @@ def _sliding_window(path: Path, cfg: dict, model_type: str, layers) -> tuple[int
     return window, 0
 
 
-def _with_shared_experts(path: Path, cfg: dict, pick, experts, top_k, ffn):
-    """(experts, top-k) with a MoE layer's shared experts (Qwen-MoE's
-    `shared_expert_intermediate_size`, DeepSeek-MoE's `n_shared_experts`) counted as experts
-    that every token is routed to: n = shared width / expert width more of each. FLOPs,
-    total weights and activations are then exact; with expert parallelism the shared experts
-    are split over ep instead of replicated and the all-to-all is overcounted (shared experts
-    need no dispatch), which the warning says."""
+def _shared_width(path: Path, cfg: dict, pick, experts, ffn):
+    """Inner width of a MoE layer's shared expert(s): Qwen-MoE's
+    `shared_expert_intermediate_size`, or DeepSeek-MoE / GLM-4.5's `n_shared_experts` times
+    the expert width; 0 without one."""
     if cfg.get("shared_expert_intermediate_size"):
         width = pick("shared_expert_intermediate_size")
     elif cfg.get("n_shared_experts"):
         width = pick("n_shared_experts") * ffn
     else:
-        return experts, top_k
-    if ffn <= 0 or top_k < 1:
-        return experts, top_k  # the Transformer's range checks name the bad field
-    if experts <= 1 or width % ffn:
-        raise ValueError(f"{path}: shared experts {width:g} wide next to experts {ffn:g} wide (not "
-                         f"a whole number of them, or no routed experts) are not modelled")
-    n = width // ffn
-    warnings.warn(f"{path}: the shared experts ({width:g} wide) are modelled as {n:g} more "
-                  f"expert(s) of width {ffn:g} that every token is routed to ({experts:g} + {n:g} "
-                  f"experts, top {top_k:g} + {n:g}): FLOPs, total weights and activations are "
-                  f"exact; with expert parallelism they are split over ep like the routed ones "
-                  f"(per-GPU weights too low), the all-to-all traffic is counted "
-                  f"{(top_k + n) / top_k:.3g}x and ep must divide {experts + n:g}", stacklevel=3)
-    return experts + n, top_k + n
+        return 0
+    if experts <= 1:
+        raise ValueError(f"{path}: shared experts without routed experts (num_experts = "
+                         f"{experts}) are not modelled")
+    return width
 
 
 def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
@@ -262,7 +250,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         ffn = pick("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim",
                    default=4 * hidden)
     top_k = pick("num_experts_per_tok", "moe_top_k", default=1)
-    experts, top_k = _with_shared_experts(path, cfg, pick, experts, top_k, ffn)
+    shared = _shared_width(path, cfg, pick, experts, ffn)
     act = str(pick("hidden_act", "activation_function", "activation", default="gelu")).lower()
     gated = 1 if act in ("silu", "swiglu", "swish") or model_type in _GATED_TYPES else 0
     # Parallel attention + MLP: Falcon's `parallel_attn` (default true), GPT-NeoX's
@@ -311,6 +299,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         global_layers=global_layers,
         dense_layers=dense_layers,
         dense_ffn_hidden=dense_width,
+        shared_ffn_hidden=shared,
     )
     try:
         return Transformer(**fields)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 
 from . import collectives as coll
 from .efficiency import Efficiency, matmul_efficiency
-from .feasibility import divides
+from .feasibility import divides, tp_divides_mlps
 from .hardware import System
 from .inference_plan import InferencePlan
 from .model import Transformer
@@ -65,7 +65,8 @@ HEAD_KERNELS = 3.0
 OP_KINDS = {
     "embedding": "elementwise", "qkv_proj": "gemm", "attention": "attention",
     "out_proj": "gemm", "router": "gemm", "mlp_up": "gemm", "mlp_down": "gemm",
-    "dense_mlp_up": "gemm", "dense_mlp_down": "gemm",
+    "shared_mlp_up": "gemm", "shared_mlp_down": "gemm", "dense_mlp_up": "gemm",
+    "dense_mlp_down": "gemm",
     "elementwise": "elementwise", "tp_allreduce": "tp_comm", "pp_send_recv": "pp_comm",
     "lm_head": "gemm", "logits_gather": "tp_comm", "final": "elementwise",
 }
@@ -148,6 +149,8 @@ class _Dims(eqx.Module):
     kv: jax.Array  # KV heads per GPU (replicated when tp > kv_heads)
     f: jax.Array  # MLP width per GPU
     f_dense: jax.Array  # width per GPU of a MoE model's dense-MLP layers
+    f_shared: jax.Array  # width per GPU of the shared expert of its MoE layers (0 = none)
+    shared_gemm: jax.Array  # that width where it is > 0, else f (finite GEMM costs, weighted 0)
     dense: jax.Array  # share of the layers that are such dense-MLP layers
     vocab: jax.Array  # vocabulary shard per GPU
     math: jax.Array  # GEMM precision code
@@ -165,6 +168,7 @@ def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
         h=model.hidden, d=model.head_dim, heads=model.heads / plan.tp,
         kv=jnp.maximum(model.kv_heads / plan.tp, 1.0), f=model.ffn_hidden / plan.tp,
         f_dense=model.dense_width / plan.tp, dense=model.dense_fraction,
+        f_shared=model.shared_ffn_hidden / plan.tp, shared_gemm=model.shared_width / plan.tp,
         vocab=model.vocab / plan.tp, math=plan.math_precision,
         head_math=jnp.minimum(plan.math_precision, 1.0),
         wb=bytes_per_element(plan.weight_precision), ab=ab, sb=jnp.maximum(ab, 2.0),
@@ -182,15 +186,16 @@ def experts_touched(model: Transformer, tokens) -> jax.Array:
 def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
                  tokens) -> dict[str, Cost]:
     """Weight GEMMs of one layer for `tokens` tokens (M = tokens), mean over the layers: a
-    MoE model's dense-MLP layers (share `x.dense`) run `dense_mlp_*` instead of the router and
-    the experts."""
+    MoE model's dense-MLP layers (share `x.dense`) run `dense_mlp_*` instead of the router,
+    the experts and the shared expert (`shared_mlp_*`, every token, not dispatched)."""
     k_top = model.experts_per_token
     touched = experts_touched(model, tokens)
     per_expert = tokens * k_top / touched
     g = lambda m, n, k, groups=1.0: _gemm(system, eff, m, n, k, x.math, x.wb, x.ab, groups)
     moe = 1.0 - x.dense
-    dense = lambda m, n, k: (_network(jnp.zeros(()), 0.0)  # a zero cost: no such layers
-                             if model.known_absent("dense_layers") else x.dense * g(m, n, k))
+    def only(field, share, m, n, k):  # a zero cost where the model has no such layers
+        return (_network(jnp.zeros(()), 0.0) if model.known_absent(field)
+                else share * g(m, n, k))
     return {
         "qkv_proj": g(tokens, (x.heads + 2.0 * x.kv) * x.d, x.h),
         "out_proj": g(tokens, x.h, x.heads * x.d),
@@ -198,8 +203,13 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
                                                      x.h, x.head_math, x.sb, x.sb),
         "mlp_up": moe * g(per_expert, (model.mlp_matrices - 1.0) * x.f, x.h, touched),
         "mlp_down": moe * g(per_expert, x.h, x.f, touched),
-        "dense_mlp_up": dense(tokens, (model.mlp_matrices - 1.0) * x.f_dense, x.h),
-        "dense_mlp_down": dense(tokens, x.h, x.f_dense),
+        "shared_mlp_up": only("shared_ffn_hidden", moe * model.has_shared, tokens,
+                              (model.mlp_matrices - 1.0) * x.shared_gemm, x.h),
+        "shared_mlp_down": only("shared_ffn_hidden", moe * model.has_shared, tokens, x.h,
+                                x.shared_gemm),
+        "dense_mlp_up": only("dense_layers", x.dense, tokens,
+                             (model.mlp_matrices - 1.0) * x.f_dense, x.h),
+        "dense_mlp_down": only("dense_layers", x.dense, tokens, x.h, x.f_dense),
     }
 
 
@@ -207,7 +217,8 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
                  tokens) -> Cost:
     """Norms, residual adds, activation, RoPE and KV-cache write of one layer."""
     th = tokens * x.h
-    act = tokens * ((1.0 - x.dense) * model.experts_per_token * x.f + x.dense * x.f_dense)
+    act = tokens * ((1.0 - x.dense) * (model.experts_per_token * x.f + x.f_shared)
+                    + x.dense * x.f_dense)
     rope = tokens * (x.heads + x.kv) * x.d
     # 2 norms; 2 residual adds (read 2, write 1) or, in a parallel block, one that reads the
     # residual and both branch outputs.
@@ -363,7 +374,7 @@ def weight_bytes_per_gpu(model: Transformer, plan: InferencePlan) -> jax.Array:
     router and norms replicated) plus the embedding and LM head shards, B."""
     x = _dims(model, plan)
     attn = x.h * (x.heads + 2.0 * x.kv) * x.d + x.heads * x.d * x.h
-    mlp = model.mlp_matrices * x.h * ((1.0 - x.dense) * model.num_experts * x.f
+    mlp = model.mlp_matrices * x.h * ((1.0 - x.dense) * (model.num_experts * x.f + x.f_shared)
                                       + x.dense * x.f_dense)
     replicated = jnp.where(x.moe, (1.0 - x.dense) * x.h * model.num_experts, 0.0) + 4.0 * x.h
     layer = (attn + mlp) * x.wb + replicated * 2.0
@@ -396,7 +407,7 @@ def _activation_bytes_per_seq(model: Transformer, plan: InferencePlan) -> jax.Ar
     s = plan.input_len
     attention = ((x.heads + 2.0 * x.kv) * x.d + x.heads * x.d) * x.ab
     mlp = model.mlp_matrices * x.ab * jnp.maximum(  # the wider of the two kinds of MLP layer
-        model.experts_per_token * x.f, jnp.where(x.dense > 0, x.f_dense, 0.0))
+        model.experts_per_token * x.f + x.f_shared, jnp.where(x.dense > 0, x.f_dense, 0.0))
     per_token = 2.0 * x.h * x.sb + jnp.maximum(attention, mlp)
     scores = jnp.where(plan.flash_attention > 0, 0.0, x.heads * s * s * x.sb)
     return s * per_token + scores + x.vocab * 4.0
@@ -433,7 +444,7 @@ def inference_reason(model: Transformer, plan: InferencePlan, system: System,
     checks = [
         (1, divides(plan.tp, model.heads)),
         (2, divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp)),
-        (3, divides(plan.tp, model.ffn_hidden) & divides(plan.tp, model.dense_width)),
+        (3, tp_divides_mlps(plan.tp, model)),
         (5, plan.pp <= model.layers),
         (9, system.accelerator.peak_flops(plan.math_precision) > 0),
         (10, memory_total <= system.accelerator.hbm_capacity),

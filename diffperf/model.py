@@ -50,6 +50,10 @@ class Transformer(eqx.Module):
       experts (DeepSeek-MoE and GLM-4.5's first layers, Qwen-MoE's `mlp_only_layers`); 0 = all.
       Modelled as spread evenly over the pipeline stages.
     - `dense_ffn_hidden`: inner width of those dense MLPs; 0 (the default) = `ffn_hidden`.
+    - `shared_ffn_hidden`: in the MoE layers, inner width of the shared-expert MLP that every
+      token passes through besides its routed experts (DeepSeek-MoE: `n_shared_experts` x the
+      expert width; Qwen-MoE: `shared_expert_intermediate_size`); 0 (the default) = none. Split
+      over tp like a dense MLP, replicated over ep, never dispatched.
     """
 
     layers: jax.Array = _F()
@@ -70,6 +74,7 @@ class Transformer(eqx.Module):
     global_layers: jax.Array = eqx.field(converter=as_float, default=0)
     dense_layers: jax.Array = eqx.field(converter=as_float, default=0)
     dense_ffn_hidden: jax.Array = eqx.field(converter=as_float, default=0)
+    shared_ffn_hidden: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -80,6 +85,7 @@ class Transformer(eqx.Module):
         check_integer("Transformer", "global_layers", self.global_layers, minimum=0)
         check_integer("Transformer", "dense_layers", self.dense_layers, minimum=0)
         check_integer("Transformer", "dense_ffn_hidden", self.dense_ffn_hidden, minimum=0)
+        check_integer("Transformer", "shared_ffn_hidden", self.shared_ffn_hidden, minimum=0)
         for name in ("global_layers", "dense_layers"):
             part = getattr(self, name)
             if is_concrete(part, self.layers):
@@ -87,10 +93,12 @@ class Transformer(eqx.Module):
                 if np.any(g > n):
                     raise ValueError(f"Transformer.{name}={float(np.max(g)):g} exceeds "
                                      f"layers={float(np.min(n)):g}")
-        if is_concrete(self.dense_layers, self.num_experts):
-            if np.any((np.asarray(self.dense_layers) > 0) & (np.asarray(self.num_experts) <= 1)):
-                raise ValueError("Transformer.dense_layers > 0 needs a MoE model "
-                                 "(num_experts > 1): every layer of a dense model is dense")
+        for name in ("dense_layers", "shared_ffn_hidden"):
+            part = getattr(self, name)
+            if is_concrete(part, self.num_experts):
+                if np.any((np.asarray(part) > 0) & (np.asarray(self.num_experts) <= 1)):
+                    raise ValueError(f"Transformer.{name} > 0 needs a MoE model "
+                                     f"(num_experts > 1)")
         check_fraction("Transformer", "tied_embeddings", self.tied_embeddings)
         check_integer("Transformer", "tied_embeddings", self.tied_embeddings, minimum=0)
         check_fraction("Transformer", "gated_mlp", self.gated_mlp)
@@ -185,6 +193,17 @@ class Transformer(eqx.Module):
         return self.dense_layers / self.layers
 
     @property
+    def shared_width(self) -> jax.Array:
+        """`shared_ffn_hidden` where the model has a shared expert, else `ffn_hidden`: a
+        width at which its GEMMs can be costed (then weighted by `has_shared`) without 0 / 0."""
+        return jnp.where(self.shared_ffn_hidden > 0, self.shared_ffn_hidden, self.ffn_hidden)
+
+    @property
+    def has_shared(self) -> jax.Array:
+        """1 if the MoE layers have a shared expert, else 0."""
+        return jnp.where(self.shared_ffn_hidden > 0, 1.0, 0.0)
+
+    @property
     def dense_width(self) -> jax.Array:
         """Inner width of the dense MLP layers of a MoE model: `dense_ffn_hidden` or
         `ffn_hidden`."""
@@ -203,10 +222,12 @@ class Transformer(eqx.Module):
         attn = (h * (self.heads + 2 * self.kv_heads) * self.head_dim
                 + self.attention_width * h + 2 * h)
         router = jnp.where(self.num_experts > 1, h * self.num_experts, 0.0)
+        shared = self.mlp_matrices * h * self.shared_ffn_hidden
         dense = self.mlp_matrices * h * self.dense_width
         r = self.dense_fraction
         norms = 4 * h
-        return attn + self.expert_params() + (1.0 - r) * router + r * dense + norms
+        return (attn + self.expert_params() + (1.0 - r) * (router + shared) + r * dense
+                + norms)
 
     def active_layer_params(self) -> jax.Array:
         """Parameters one token touches in a block (MoE: only its top-k experts), mean over

@@ -64,7 +64,8 @@ def _layer_flops_per_token(model: Transformer) -> tuple[jax.Array, jax.Array]:
     """
     h, d = model.hidden, model.head_dim
     r = model.dense_fraction  # MoE models' dense-MLP layers
-    moe_mlp = (model.experts_per_token * model.mlp_matrices * h * model.ffn_hidden
+    moe_mlp = (model.mlp_matrices * h * (model.experts_per_token * model.ffn_hidden
+                                         + model.shared_ffn_hidden)
                + jnp.where(model.num_experts > 1, h * model.num_experts, 0.0))
     active = (h * (model.heads + 2 * model.kv_heads) * d + model.attention_width * h
               + (1.0 - r) * moe_mlp + r * model.mlp_matrices * h * model.dense_width)
@@ -133,13 +134,20 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # Weight GEMMs, forward. Each backward GEMM (data and weight gradient) is a permutation of
     # (m, n, k) with the same FLOPs and (symmetric) efficiency: backward = 2 x forward.
     # A MoE model's dense-MLP layers (share r) run a dense MLP of width f_d instead of the
-    # router and experts; the per-layer times below are means over the layers.
-    r, f_d = model.dense_fraction, model.dense_width
+    # router, the experts and the shared expert (f_s wide, every token, not dispatched); the
+    # per-layer times below are means over the layers.
+    r, f_d, f_s = model.dense_fraction, model.dense_width, model.shared_ffn_hidden
     qkv = gemm_time(acc, eff, tokens, (heads + 2 * kv) * d, h, p, act_bytes=ab)
     up = lambda m, width, batch=1.0: gemm_time(acc, eff, m, (model.mlp_matrices - 1.0) * width
                                                / t, h, p, batch=batch, act_bytes=ab)
-    moe_up = up(expert_tokens, f, local_experts)
-    moe_mlp = (moe_up
+    if model.known_absent("shared_ffn_hidden"):  # the common case, kept out of sweeps' traces
+        shared_up = shared_mlp = 0.0
+    else:
+        has, f_c = model.has_shared, model.shared_width  # f_c: f_s, finite when f_s = 0
+        shared_up = has * up(tokens, f_c)
+        shared_mlp = shared_up + has * gemm_time(acc, eff, tokens, h, f_c / t, p, act_bytes=ab)
+    moe_up = up(expert_tokens, f, local_experts) + shared_up
+    moe_mlp = (moe_up + shared_mlp - shared_up
                + gemm_time(acc, eff, expert_tokens, h, f / t, p, batch=local_experts, act_bytes=ab)
                + jnp.where(moe, gemm_time(acc, eff, tokens, model.num_experts, h, p,
                                           act_bytes=ab), 0.0))
@@ -179,7 +187,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # sequence parallelism the first four touch tokens / t per GPU.
     sp_div = jnp.where(plan.sequence_parallel > 0, t, 1.0)
     norm_elems = tokens * h / sp_div
-    act_elems = tokens * ((1.0 - r) * k_top * f + r * f_d) / t
+    act_elems = tokens * ((1.0 - r) * (k_top * f + f_s) + r * f_d) / t
     # Two bias-dropout-residual adds (read 2, write 1, a 1-byte mask each with dropout); a
     # parallel block has one that reads the residual and both branches.
     residual_bytes = 6 * ab + 2 * model.dropout - 2 * ab * model.parallel_attention

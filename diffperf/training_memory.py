@@ -94,11 +94,13 @@ def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Arr
     s = model.seq_len / plan.cp
     sbh = s * plan.micro_batch * model.hidden
     r = model.kv_heads / model.heads
-    # MLP inputs kept per token (the MoE dispatch copies a token to each of its top-k experts)
-    # and MLP width per token, mean over the MoE and a MoE model's dense-MLP layers.
+    # MLP inputs kept per token (the MoE dispatch copies a token to each of its top-k experts;
+    # a shared expert reads the undispatched input) and MLP width per token, mean over the MoE
+    # and a MoE model's dense-MLP layers.
     dense = model.dense_fraction
-    k = (1.0 - dense) * model.experts_per_token + dense
-    kf_h = ((1.0 - dense) * model.experts_per_token * model.ffn_hidden
+    shared = model.shared_ffn_hidden
+    k = (1.0 - dense) * (model.experts_per_token + jnp.where(shared > 0, 1.0, 0.0)) + dense
+    kf_h = ((1.0 - dense) * (model.experts_per_token * model.ffn_hidden + shared)
             + dense * model.dense_width) / model.hidden
     drop = model.dropout
     # FP8 / FP4 recipes (Transformer Engine): each linear layer keeps the low-precision copy of

@@ -90,7 +90,7 @@ def test_training_sequence_length_of_a_context_extended_model(tmp_path):
 
 @pytest.mark.parametrize("extra, needle", [
     ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "multi-head latent attention"),
-    ({"shared_expert_intermediate_size": 1000}, "shared experts 1000 wide next to experts 768"),
+    ({"num_experts": 1, "shared_expert_intermediate_size": 1000}, "shared experts without"),
     ({"model_type": "llama4_text", "interleave_moe_layer_step": 1}, "chunked attention"),
     ({"model_type": "jamba"}, "not a decoder-only transformer"),
     ({"model_type": "t5", "is_encoder_decoder": True}, "not a decoder-only transformer"),
@@ -109,12 +109,14 @@ QWEN15_MOE_A27B = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate
                    "tie_word_embeddings": False, "hidden_act": "silu"}
 
 
-def test_shared_experts_count_as_experts_every_token_takes(tmp_path):
-    """Qwen1.5-MoE-A2.7B: 60 routed experts of 1,408 (top 4) and a 5,632-wide shared expert =
-    4 more experts every token takes. Published: 14.3 B parameters, 2.7 B active."""
-    with pytest.warns(UserWarning, match=r"4 more expert\(s\).*all-to-all traffic is counted 2x"):
+def test_shared_experts(tmp_path):
+    """Qwen1.5-MoE-A2.7B: 60 routed experts of 1,408 (top 4) and a 5,632-wide shared expert.
+    Published: 14.3 B parameters, 2.7 B active."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # modelled, not approximated: no warning
         m = load(tmp_path, QWEN15_MOE_A27B)
-    assert float(m.num_experts) == 64 and float(m.experts_per_token) == 8
+    assert (float(m.num_experts), float(m.experts_per_token)) == (60, 4)
+    assert float(m.shared_ffn_hidden) == 5632
     assert abs(float(m.num_params()) / 14.32e9 - 1) < 0.003
     active = float(m.layers * m.active_layer_params() + 2 * m.vocab * m.hidden) / 1e9
     assert abs(active / 2.69 - 1) < 0.01
@@ -202,10 +204,10 @@ DEEPSEEK_MOE_16B = {"model_type": "deepseek", "hidden_size": 2048, "intermediate
 
 
 def test_dense_layers_of_moe_models(tmp_path):
-    with pytest.warns(UserWarning, match="shared experts"):
-        m = load(tmp_path, DEEPSEEK_MOE_16B)
+    m = load(tmp_path, DEEPSEEK_MOE_16B)
     assert (float(m.dense_layers), float(m.dense_ffn_hidden)) == (1, 10944)
-    assert (float(m.num_experts), float(m.experts_per_token)) == (66, 8)
+    assert (float(m.num_experts), float(m.experts_per_token)) == (64, 6)
+    assert float(m.shared_ffn_hidden) == 2 * 1408
     assert abs(float(m.num_params()) / 16.4e9 - 1) < 0.01
     active = float(m.layers * m.active_layer_params() + 2 * m.vocab * m.hidden)
     assert abs(active / 2.8e9 - 1) < 0.02

@@ -1,7 +1,8 @@
-"""Dense-MLP layers of MoE models (DeepSeek-MoE and GLM-4.5's first layers, Qwen-MoE's
-`mlp_only_layers`): parameters, FLOPs and per-GPU weights checked by hand layer by layer; a
-MoE model whose layers are all dense predicts what the dense model does; vmap == loop,
-gradients, errors.
+"""The layer kinds of MoE models beyond routed experts: dense-MLP layers (DeepSeek-MoE and
+GLM-4.5's first layers, Qwen-MoE's `mlp_only_layers`) and shared experts (DeepSeek-MoE,
+Qwen-MoE, GLM-4.5). Parameters, FLOPs and per-GPU weights checked by hand layer by layer; a
+MoE model whose layers are all dense predicts what the dense model does; shared experts are
+not dispatched; vmap == loop, gradients, errors.
 
 The expected values are sums over the layers, each written as the layer it is (attention +
 either the router and E experts or one dense MLP), never taken from the code."""
@@ -145,3 +146,78 @@ def test_bad_dense_layers_are_named():
     assert "dense_ffn_hidden=4100" in describe_failure(3, odd, plan)
     r = dp.infer(odd, H100, dp.InferencePlan(tp=8), EFF)
     assert not bool(r.feasible) and int(r.reason) == 3
+
+
+FS = 1024  # a shared expert 1024 wide in the three MoE layers
+SHARED = dataclasses.replace(MOE, shared_ffn_hidden=FS)
+MOE_LAYER_S = MOE_LAYER + 3 * H * FS
+
+
+def test_shared_expert_parameters_and_flops_by_hand():
+    assert float(SHARED.num_params()) == pytest.approx(3 * MOE_LAYER_S + DENSE_LAYER + 2 * V * H)
+    active = 3 * (MOE_LAYER_S - (E - K) * 3 * H * F) + DENSE_LAYER
+    assert float(L * SHARED.active_layer_params()) == pytest.approx(active)
+    B, s = 8, 1024
+    core = 4 * s * H
+    moe_fwd = 2 * (4 * H * H + H * E + K * 3 * H * F + 3 * H * FS) + core
+    dense_fwd = 2 * (4 * H * H + 3 * H * FD) + core
+    want = 3 * B * s * (3 * moe_fwd + dense_fwd + 2 * H * V)
+    plan = dp.TrainingPlan(global_batch=B)
+    assert float(dp.model_flops_per_step(SHARED, plan)) == pytest.approx(want, rel=1e-6)
+
+
+def test_shared_expert_weights_are_split_over_tp_not_ep():
+    plan = dp.TrainingPlan(tp=2, dp=4, ep=4, global_batch=16)
+    experts = 3 * E * 3 * H * F  # routed experts only: split over tp * ep
+    want = (3 * MOE_LAYER_S + DENSE_LAYER - experts) / 2 + experts / 8 + 2 * V * H / 2
+    got = float(dp.training_memory(SHARED, plan, EFF).weights) / 2
+    assert got == pytest.approx(want, rel=1e-6)
+    sharded = L * 4 * H * H + 3 * E * 3 * H * F + 3 * 3 * H * FS + 3 * H * FD
+    replicated = 3 * H * E + L * 4 * H
+    want = 2 * (sharded / 2 + replicated) + 2 * 2 * V * H / 2
+    served = dp.InferencePlan(tp=2)
+    assert float(dp.weight_bytes_per_gpu(SHARED, served)) == pytest.approx(want, rel=1e-6)
+
+
+def test_shared_experts_are_not_dispatched():
+    """With tp = 1 the only layer communication is the expert-parallel all-to-all: a shared
+    expert adds compute but no traffic. Batch-1 decode reads its weights every step."""
+    base = dp.model("mixtral-8x7b")
+    shared = dataclasses.replace(base, shared_ffn_hidden=14336)
+    plan = dp.TrainingPlan(tp=1, dp=8, ep=8, micro_batch=1, global_batch=64, recompute=2)
+    a, b = dp.train_step(base, H100, plan, EFF), dp.train_step(shared, H100, plan, EFF)
+    assert float(a.tp_comm_time) > 0
+    assert float(b.tp_comm_time) == pytest.approx(float(a.tp_comm_time), rel=1e-6)
+    assert float(b.compute_time) > 1.1 * float(a.compute_time)
+    served = dp.InferencePlan(tp=2, batch=1, input_len=256, output_len=64)
+    tpot = [float(dp.infer(dataclasses.replace(base, shared_ffn_hidden=w), H100, served,
+                           EFF).tpot) for w in (0, 1024, 14336, 28672)]
+    assert np.all(np.diff(tpot) > 0), tpot
+
+
+def test_bad_shared_experts_are_named():
+    with pytest.raises(ValueError, match="shared_ffn_hidden > 0 needs a MoE model"):
+        dataclasses.replace(dp.model("llama2-7b"), shared_ffn_hidden=1024)
+    odd = dataclasses.replace(SHARED, shared_ffn_hidden=1028)
+    plan = dp.TrainingPlan(tp=8, global_batch=8)
+    r = dp.train_step(odd, H100, plan, EFF)
+    assert not bool(r.feasible) and int(r.reason) == 3
+    assert "shared_ffn_hidden=1028" in describe_failure(3, odd, plan)
+
+
+def test_batched_models_with_and_without_shared_experts_equal_a_loop():
+    """Batched (traced) widths: a model without a shared expert next to models with one must
+    still be finite and equal to its own prediction."""
+    widths = jnp.array([0.0, 1024.0, 4096.0])
+    plan = dp.TrainingPlan(tp=2, dp=2, ep=2, global_batch=8)
+    served = dp.InferencePlan(tp=2, batch=4, input_len=512, output_len=64)
+
+    def both(w):
+        m = dataclasses.replace(SHARED, shared_ffn_hidden=w)
+        return jnp.stack([dp.train_step(m, H100, plan, EFF).step_time,
+                          dp.infer(m, H100, served, EFF).tpot])
+
+    batched = np.asarray(jax.vmap(both)(widths))
+    assert np.all(np.isfinite(batched))
+    np.testing.assert_allclose(batched, [np.asarray(both(w)) for w in (0.0, 1024.0, 4096.0)],
+                               rtol=1e-5)
