@@ -41,9 +41,12 @@ MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0, "dropout": 1.0, "tied_embeddi
 #: the sliding-window attention of Mistral 7B v0.1 / Gemma (`Transformer.sliding_window`,
 #: 0 = none, and `Transformer.global_layers`), and a MoE model's dense-MLP layers
 #: (`Transformer.dense_layers` and `dense_ffn_hidden`, 0 = ffn_hidden) and shared expert
-#: (`Transformer.shared_ffn_hidden`, 0 = none).
+#: (`Transformer.shared_ffn_hidden`, 0 = none), and multi-head latent attention
+#: (`Transformer.kv_lora_rank`, 0 = standard attention, and its other widths).
 MODEL_OPTIONAL_COUNTS = {"head_dim": 0.0, "sliding_window": 0.0, "global_layers": 0.0,
-                         "dense_layers": 0.0, "dense_ffn_hidden": 0.0, "shared_ffn_hidden": 0.0}
+                         "dense_layers": 0.0, "dense_ffn_hidden": 0.0, "shared_ffn_hidden": 0.0,
+                         "kv_lora_rank": 0.0, "q_lora_rank": 0.0, "rope_head_dim": 0.0,
+                         "v_head_dim": 0.0}
 #: diffperf extension columns of train rows holding layer counts (empty or absent = 0): layers
 #: per pipeline chunk fully recomputed (Megatron's block method) and with activations offloaded
 #: to host memory; see `TrainingPlan.recompute_layers` / `offload_layers`.
@@ -228,7 +231,11 @@ def row_model(v: dict, seq_len) -> Transformer:
                        global_layers=v.get("global_layers", 0),
                        dense_layers=v.get("dense_layers", 0),
                        dense_ffn_hidden=v.get("dense_ffn_hidden", 0),
-                       shared_ffn_hidden=v.get("shared_ffn_hidden", 0))
+                       shared_ffn_hidden=v.get("shared_ffn_hidden", 0),
+                       kv_lora_rank=v.get("kv_lora_rank", 0),
+                       q_lora_rank=v.get("q_lora_rank", 0),
+                       rope_head_dim=v.get("rope_head_dim", 0),
+                       v_head_dim=v.get("v_head_dim", 0))
 
 
 def train_specs(row: BenchmarkRow):

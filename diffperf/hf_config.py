@@ -4,17 +4,19 @@ Parameter counts match the published ones for the configurations of `tests/test_
 (Llama 3, Gemma, Qwen3-MoE, Qwen1.5-MoE, Mistral-NeMo, Falcon, GPT-2, BLOOM, MPT) and, in an
 audit of 36 configurations, also Llama 2 / 3.1, Mistral, Mixtral, Qwen2 / 2.5, Gemma 2,
 Phi-2 / 3, GPT-J, GPT-NeoX, OPT, StarCoder and Command-R. Architectures the model cannot
-represent are refused with the reason instead of approximated silently: multi-head latent
-attention (DeepSeek-V2 / V3), Llama 4 (chunked attention), state-space / recurrent hybrids
-(Mamba, Jamba, Nemotron-H) and encoder-decoders (T5, BART, Whisper). Dense-MLP layers of MoE
-models (DeepSeek-MoE and GLM-4.5's first layers, `mlp_only_layers`, `decoder_sparse_step`) are
-modelled, spread evenly over the pipeline stages, and so are shared experts (Qwen-MoE,
-DeepSeek-MoE, GLM-4.5). Approximated with a warning: a multimodal config as its language
-model.
-Sliding-window attention (Mistral 7B v0.1, Gemma 2 / 3, gpt-oss, Qwen2 with
-`use_sliding_window`) is modelled: the window and the layers that keep full attention come from
-`sliding_window` with `layer_types`, `sliding_window_pattern`, Gemma 2's alternation or Qwen2's
-`max_window_layers`. Ignored: `torch_dtype` /
+represent are refused with the reason instead of approximated silently: Llama 4 (chunked
+attention), sparse / compressed attention (DeepSeek-V3.2, V4, GLM-5), state-space / recurrent
+hybrids (Mamba, Jamba, Nemotron-H) and encoder-decoders (T5, BART, Whisper). Modelled, each as
+its own `Transformer` field:
+- multi-head latent attention (DeepSeek-V2 / V3, Kimi K2: `kv_lora_rank` and friends);
+- dense-MLP layers of MoE models (DeepSeek and GLM-4.5's first layers, `mlp_only_layers`,
+  `decoder_sparse_step`), spread evenly over the pipeline stages;
+- shared experts (Qwen-MoE, DeepSeek, GLM-4.5);
+- sliding-window attention (Mistral 7B v0.1, Gemma 2 / 3, gpt-oss, Qwen2 with
+  `use_sliding_window`): the window and the layers that keep full attention come from
+  `sliding_window` with `layer_types`, `sliding_window_pattern`, Gemma 2's alternation or
+  Qwen2's `max_window_layers`.
+Approximated with a warning: a multimodal config as its language model. Ignored: `torch_dtype` /
 `quantization_config` (precision comes from the plan), learned position embeddings,
 multi-token-prediction layers.
 """
@@ -55,6 +57,10 @@ _TIED_TYPES = ("gpt2", "gpt_bigcode", "opt", "bloom", "falcon", "refinedweb", "r
 _FALCON_TYPES = ("falcon", "refinedweb", "refinedwebmodel")
 
 _HIDDEN = ("hidden_size", "n_embd", "n_embed", "d_model")
+
+#: Config fields of attention variants beyond MLA: DeepSeek Sparse Attention's indexer
+#: (DeepSeek-V3.2, GLM-5), DeepSeek-V4's compressed KV and low-rank output.
+_SPARSE_ATTENTION_FIELDS = ("index_topk", "index_n_heads", "compress_ratios", "o_lora_rank")
 
 #: `model_type`s that are not (only) decoder transformer blocks: state-space / recurrent
 #: hybrids and encoder-decoders.
@@ -104,9 +110,21 @@ def _refuse_unmodelled(path: Path, cfg: dict) -> None:
     if model_type in ("llama4", "llama4_text"):
         raise ValueError(f"{path}: Llama 4's chunked attention (attention_chunk_size) is not "
                          f"modelled")
-    if cfg.get("kv_lora_rank") is not None:
-        raise ValueError(f"{path}: multi-head latent attention (kv_lora_rank = "
-                         f"{cfg['kv_lora_rank']}, DeepSeek-V2 / V3) is not modelled")
+    sparse = [k for k in _SPARSE_ATTENTION_FIELDS if cfg.get(k) is not None]
+    if sparse:
+        raise ValueError(f"{path}: sparse / compressed attention ({', '.join(sparse)}: DeepSeek "
+                         f"Sparse Attention, DeepSeek-V4, GLM-5) is not modelled")
+
+
+def _latent_attention(path: Path, cfg: dict, pick) -> dict:
+    """The multi-head latent attention fields of a DeepSeek-V2 / V3 style config (`{}`
+    without `kv_lora_rank`): `Transformer` kv_lora_rank, q_lora_rank (0 when null),
+    rope_head_dim, v_head_dim, and head_width = qk_nope_head_dim."""
+    if cfg.get("kv_lora_rank") is None:
+        return {}
+    return dict(kv_lora_rank=pick("kv_lora_rank"), q_lora_rank=pick("q_lora_rank", default=0),
+                rope_head_dim=pick("qk_rope_head_dim"), v_head_dim=pick("v_head_dim"),
+                head_width=pick("qk_nope_head_dim"))
 
 
 def _dense_layers(path: Path, cfg: dict, pick, layers, experts, ffn) -> tuple[int, int]:
@@ -301,6 +319,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         dense_ffn_hidden=dense_width,
         shared_ffn_hidden=shared,
     )
+    fields.update(_latent_attention(path, cfg, pick))  # MLA: its own head widths
     try:
         return Transformer(**fields)
     except ValueError as e:  # a range check of the spec: say which file it came from

@@ -32,11 +32,14 @@ the GPU (large GEMMs are near full waves anyway).
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from . import collectives as coll
+from .attention import projections
 from .efficiency import Efficiency, matmul_efficiency
 from .feasibility import divides, tp_divides_mlps
 from .hardware import System
@@ -143,10 +146,19 @@ def _gemm(system: System, eff: Efficiency, m, n, k, math, w_bytes, a_bytes, grou
 class _Dims(eqx.Module):
     """Local (per-GPU) sizes shared by both phases (internal)."""
 
+    tp: jax.Array
     h: jax.Array
     d: jax.Array
     heads: jax.Array  # query heads per GPU
-    kv: jax.Array  # KV heads per GPU (replicated when tp > kv_heads)
+    kv: jax.Array  # K / V heads the prefill kernel reads per GPU (MLA: one per query head)
+    qk: jax.Array  # per-head query / key width (MLA: d_n + d_r)
+    v: jax.Array  # per-head value width
+    cache: jax.Array  # KV-cache elements per token and layer on one GPU
+    dec_k: jax.Array  # key width a decode step reads per cached token and head group
+    dec_v: jax.Array  # value width (MLA, absorbed: the latent for both)
+    group: jax.Array  # query heads per cached head group (MLA: all heads share the latent)
+    rope: jax.Array  # elements per token that get RoPE: (a + g) d, or MLA's (a + 1) d_r
+    latents: jax.Array  # MLA's query + KV latent (+ RoPE key) widths per token (0 without)
     f: jax.Array  # MLP width per GPU
     f_dense: jax.Array  # width per GPU of a MoE model's dense-MLP layers
     f_shared: jax.Array  # width per GPU of the shared expert of its MoE layers (0 = none)
@@ -164,9 +176,18 @@ class _Dims(eqx.Module):
 
 def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
     ab = bytes_per_element(plan.activation_precision)
+    mla = model.mla
+    heads = model.heads / plan.tp
+    kv = jnp.maximum(model.kv_heads / plan.tp, 1.0)  # replicated when tp > kv_heads
+    latent = model.kv_lora_rank + model.rope_head_dim
+    mix = lambda standard, latent_attention: (1.0 - mla) * standard + mla * latent_attention
     return _Dims(
-        h=model.hidden, d=model.head_dim, heads=model.heads / plan.tp,
-        kv=jnp.maximum(model.kv_heads / plan.tp, 1.0), f=model.ffn_hidden / plan.tp,
+        tp=plan.tp, h=model.hidden, d=model.head_dim, heads=heads,
+        kv=jnp.maximum(model.attention_kv_heads / plan.tp, 1.0), qk=model.qk_dim, v=model.v_dim,
+        cache=model.kv_cache_width(plan.tp), dec_k=mix(model.head_dim, latent),
+        dec_v=mix(model.head_dim, model.kv_lora_rank), group=mix(heads / kv, heads),
+        rope=mix((heads + kv) * model.head_dim, (heads + 1.0) * model.rope_head_dim),
+        latents=mla * (model.q_lora_rank + latent), f=model.ffn_hidden / plan.tp,
         f_dense=model.dense_width / plan.tp, dense=model.dense_fraction,
         f_shared=model.shared_ffn_hidden / plan.tp, shared_gemm=model.shared_width / plan.tp,
         vocab=model.vocab / plan.tp, math=plan.math_precision,
@@ -196,9 +217,13 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     def only(field, share, m, n, k):  # a zero cost where the model has no such layers
         return (_network(jnp.zeros(()), 0.0) if model.known_absent(field)
                 else share * g(m, n, k))
+    proj = [(pr.is_output, pr.share * g(tokens, pr.n, pr.k))
+            for pr in projections(model, x.tp)]
+    add = lambda costs: functools.reduce(lambda a, b: jax.tree.map(jnp.add, a, b), costs)
     return {
-        "qkv_proj": g(tokens, (x.heads + 2.0 * x.kv) * x.d, x.h),
-        "out_proj": g(tokens, x.h, x.heads * x.d),
+        # MLA's four input projections as one op (same rows, so the same boundedness)
+        "qkv_proj": add([c for is_out, c in proj if not is_out]),
+        "out_proj": add([c for is_out, c in proj if is_out]),
         "router": jnp.where(x.moe, moe, 0.0) * _gemm(system, eff, tokens, model.num_experts,
                                                      x.h, x.head_math, x.sb, x.sb),
         "mlp_up": moe * g(per_expert, (model.mlp_matrices - 1.0) * x.f, x.h, touched),
@@ -219,13 +244,13 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     th = tokens * x.h
     act = tokens * ((1.0 - x.dense) * (model.experts_per_token * x.f + x.f_shared)
                     + x.dense * x.f_dense)
-    rope = tokens * (x.heads + x.kv) * x.d
+    rope = tokens * x.rope
     # 2 norms; 2 residual adds (read 2, write 1) or, in a parallel block, one that reads the
     # residual and both branch outputs.
     residual = th * x.sb * (6.0 - 2.0 * model.parallel_attention)
     nbytes = (2.0 * th * 2.0 * x.sb + residual
               + act * x.ab * (model.mlp_matrices)  # activation: read 1-2 inputs, write 1
-              + rope * 2.0 * x.ab + tokens * 2.0 * x.kv * x.d * x.kb)  # RoPE, KV write
+              + rope * 2.0 * x.ab + tokens * x.cache * x.kb)  # RoPE, KV write
     flops = 2.0 * th * 5.0 + 2.0 * th + act * 8.0 + rope * 6.0
     kernels = (ELEMENTWISE_KERNELS - model.parallel_attention
                + jnp.where(x.moe, (1.0 - x.dense) * MOE_KERNELS, 0.0))
@@ -233,11 +258,11 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     return _compute(system, eff, flops, nbytes, acc.vector_flops * eff.vector, kernels)
 
 
-def _attention_rate(system: System, eff: Efficiency, x: _Dims, m, n) -> jax.Array:
+def _attention_rate(system: System, eff: Efficiency, x: _Dims, m, n, d) -> jax.Array:
     """Achieved FLOP/s of a fused attention kernel (16-bit math, at `eff.attention` of peak,
     with the small-size loss of an (m x n x d) GEMM)."""
     return (peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * eff.attention
-            * matmul_efficiency(eff, m, n, x.d, 1.0) / eff.matmul_peak)
+            * matmul_efficiency(eff, m, n, d, 1.0) / eff.matmul_peak)
 
 
 def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
@@ -248,14 +273,15 @@ def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
     b, s = plan.batch, plan.input_len
     bh = b * x.heads
     keys = model.attended_keys(s)  # = s without a sliding window
-    qkvo = b * s * x.d * (2.0 * x.heads + 2.0 * x.kv) * x.ab
-    flash_flops = 2.0 * bh * s * keys * x.d  # 4 b a s^2 d, halved by the causal mask
-    flash = _compute(system, eff, flash_flops, qkvo, _attention_rate(system, eff, x, s, keys),
-                     ATTENTION_KERNELS_FUSED)
+    core = 0.5 * (x.qk + x.v)  # = d for standard attention
+    qkvo = b * s * (x.heads + x.kv) * (x.qk + x.v) * x.ab
+    flash_flops = 2.0 * bh * s * keys * core  # 4 b a s^2 d, halved by the causal mask
+    flash = _compute(system, eff, flash_flops, qkvo,
+                     _attention_rate(system, eff, x, s, keys, core), ATTENTION_KERNELS_FUSED)
     scores = bh * s * s
     rate = peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * matmul_efficiency(
-        eff, s, s, x.d, 1.0)
-    unfused = _compute(system, eff, 4.0 * bh * s * s * x.d + 5.0 * scores,
+        eff, s, s, core, 1.0)
+    unfused = _compute(system, eff, 4.0 * bh * s * s * core + 5.0 * scores,
                        qkvo + scores * 4.0 * x.sb, rate, ATTENTION_KERNELS_UNFUSED)
     return jax.tree.map(lambda a, c: jnp.where(plan.flash_attention > 0, a, c), flash, unfused)
 
@@ -264,14 +290,15 @@ def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
                       eff: Efficiency, x: _Dims, context) -> Cost:
     """One decode step's attention, one layer, attending over `context` cached tokens: reads
     K and V of every cached token once; FLOPs 4 b a_local L d. Both are proportional to
-    `context`. A grouped kernel runs on tensor cores with the group's g query heads as the M of
+    `context`. With MLA (weights absorbed) it reads the cached latent and RoPE key once and
+    does 2 b a_local L (c + d_r + c) FLOPs, all heads as one group. A grouped kernel runs on tensor cores with the group's g query heads as the M of
     its tile; a per-query-head kernel (masked MHA) does scalar FP32 dot products on the CUDA
     cores, g times as many per K/V byte, and its re-reads of a group's K/V hit L2."""
     b = plan.batch
-    flops = 4.0 * b * x.heads * context * x.d
-    nbytes = b * context * 2.0 * x.kv * x.d * x.kb
+    flops = 2.0 * b * x.heads * context * (x.dec_k + x.dec_v)
+    nbytes = b * context * x.cache * x.kb
     mean_context = model.mean_cached_tokens(plan.input_len, plan.input_len + plan.output_len)
-    tensor = _attention_rate(system, eff, x, x.heads / x.kv, mean_context)
+    tensor = _attention_rate(system, eff, x, x.group, mean_context, 0.5 * (x.dec_k + x.dec_v))
     cuda_cores = system.accelerator.vector_flops * eff.per_head_attention
     rate = jnp.where(plan.grouped_decode_attention > 0, tensor, cuda_cores)
     return _compute(system, eff, flops, nbytes, rate, ATTENTION_KERNELS_FUSED)
@@ -371,12 +398,14 @@ class InferenceMemory(eqx.Module):
 
 def weight_bytes_per_gpu(model: Transformer, plan: InferencePlan) -> jax.Array:
     """Weights one GPU holds: its layers' share (KV projections replicated when tp > kv_heads,
-    router and norms replicated) plus the embedding and LM head shards, B."""
+    MLA's down-projections, router and norms replicated) plus the embedding and LM head shards,
+    B."""
     x = _dims(model, plan)
-    attn = x.h * (x.heads + 2.0 * x.kv) * x.d + x.heads * x.d * x.h
+    attn = sum(pr.share * pr.n * pr.k for pr in projections(model, plan.tp))
     mlp = model.mlp_matrices * x.h * ((1.0 - x.dense) * (model.num_experts * x.f + x.f_shared)
                                       + x.dense * x.f_dense)
-    replicated = jnp.where(x.moe, (1.0 - x.dense) * x.h * model.num_experts, 0.0) + 4.0 * x.h
+    replicated = (jnp.where(x.moe, (1.0 - x.dense) * x.h * model.num_experts, 0.0) + 4.0 * x.h
+                  + model.mla * (model.q_lora_rank + model.kv_lora_rank))  # MLA latent norms
     layer = (attn + mlp) * x.wb + replicated * 2.0
     # Embedding on the first stage, LM head (16 bit) on the last; both on one stage when pp = 1
     # unless they are one tied matrix.
@@ -388,12 +417,13 @@ def weight_bytes_per_gpu(model: Transformer, plan: InferencePlan) -> jax.Array:
 
 def kv_cache_bytes_per_gpu(model: Transformer, plan: InferencePlan, batch=None) -> jax.Array:
     """KV cache of one GPU: 2 (K, V) * layers/pp * kv_heads_local * head_dim * kv bytes *
-    (input_len + output_len) * batch, with kv_heads_local = max(kv_heads / tp, 1); sliding-window
-    layers hold at most the window, B."""
+    (input_len + output_len) * batch, with kv_heads_local = max(kv_heads / tp, 1); with MLA
+    (kv_lora_rank + rope_head_dim) per token and layer on every GPU instead of 2 kv_heads_local
+    head_dim; sliding-window layers hold at most the window, B."""
     x = _dims(model, plan)
     b = plan.batch if batch is None else batch
     context = model.cached_tokens(plan.input_len + plan.output_len)
-    return 2.0 * model.layers / plan.pp * x.kv * x.d * x.kb * context * b
+    return model.layers / plan.pp * x.cache * x.kb * context * b
 
 
 def _activation_bytes_per_seq(model: Transformer, plan: InferencePlan) -> jax.Array:
@@ -405,7 +435,7 @@ def _activation_bytes_per_seq(model: Transformer, plan: InferencePlan) -> jax.Ar
     reuses their buffers), so the peak takes the larger one."""
     x = _dims(model, plan)
     s = plan.input_len
-    attention = ((x.heads + 2.0 * x.kv) * x.d + x.heads * x.d) * x.ab
+    attention = (x.heads * x.qk + x.kv * (x.qk + x.v) + x.heads * x.v + x.latents) * x.ab
     mlp = model.mlp_matrices * x.ab * jnp.maximum(  # the wider of the two kinds of MLP layer
         model.experts_per_token * x.f + x.f_shared, jnp.where(x.dense > 0, x.f_dense, 0.0))
     per_token = 2.0 * x.h * x.sb + jnp.maximum(attention, mlp)

@@ -54,6 +54,13 @@ class Transformer(eqx.Module):
       token passes through besides its routed experts (DeepSeek-MoE: `n_shared_experts` x the
       expert width; Qwen-MoE: `shared_expert_intermediate_size`); 0 (the default) = none. Split
       over tp like a dense MLP, replicated over ep, never dispatched.
+    - `kv_lora_rank`: multi-head latent attention (DeepSeek-V2 / V3, Kimi K2) when > 0: keys
+      and values come from a latent of this width, which is what the KV cache holds (with
+      the RoPE key); 0 (the default) = standard attention. With MLA `head_width` is the
+      per-head query / key width without RoPE (`qk_nope_head_dim`).
+    - `q_lora_rank`: MLA's query latent width (0 = queries projected from h directly).
+    - `rope_head_dim`: MLA's decoupled RoPE key / query width per head (`qk_rope_head_dim`).
+    - `v_head_dim`: MLA's value width per head; 0 = `head_width`.
     """
 
     layers: jax.Array = _F()
@@ -75,6 +82,10 @@ class Transformer(eqx.Module):
     dense_layers: jax.Array = eqx.field(converter=as_float, default=0)
     dense_ffn_hidden: jax.Array = eqx.field(converter=as_float, default=0)
     shared_ffn_hidden: jax.Array = eqx.field(converter=as_float, default=0)
+    kv_lora_rank: jax.Array = eqx.field(converter=as_float, default=0)
+    q_lora_rank: jax.Array = eqx.field(converter=as_float, default=0)
+    rope_head_dim: jax.Array = eqx.field(converter=as_float, default=0)
+    v_head_dim: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -86,6 +97,13 @@ class Transformer(eqx.Module):
         check_integer("Transformer", "dense_layers", self.dense_layers, minimum=0)
         check_integer("Transformer", "dense_ffn_hidden", self.dense_ffn_hidden, minimum=0)
         check_integer("Transformer", "shared_ffn_hidden", self.shared_ffn_hidden, minimum=0)
+        for name in ("kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim"):
+            check_integer("Transformer", name, getattr(self, name), minimum=0)
+            if name != "kv_lora_rank" and is_concrete(getattr(self, name), self.kv_lora_rank):
+                if np.any((np.asarray(getattr(self, name)) > 0)
+                          & (np.asarray(self.kv_lora_rank) == 0)):
+                    raise ValueError(f"Transformer.{name} > 0 needs multi-head latent attention "
+                                     f"(kv_lora_rank > 0)")
         for name in ("global_layers", "dense_layers"):
             part = getattr(self, name)
             if is_concrete(part, self.layers):
@@ -129,6 +147,49 @@ class Transformer(eqx.Module):
         """Width a * d of the queries and of the output projection's input (= h unless
         `head_width` says otherwise)."""
         return self.heads * self.head_dim
+
+    @property
+    def mla(self) -> jax.Array:
+        """1 for multi-head latent attention (`kv_lora_rank` > 0), else 0."""
+        return jnp.where(self.kv_lora_rank > 0, 1.0, 0.0)
+
+    def known_mla(self, value: bool) -> bool:
+        """True when `kv_lora_rank` is concrete and every model is (`value`) or is not MLA."""
+        v = self.kv_lora_rank
+        return is_concrete(v) and bool(np.all((np.asarray(v) > 0) == value))
+
+    @property
+    def qk_dim(self) -> jax.Array:
+        """Per-head query / key width in the attention kernel: d, or d_n + d_r with MLA."""
+        return self.head_dim + self.mla * self.rope_head_dim
+
+    @property
+    def v_dim(self) -> jax.Array:
+        """Per-head value width: `v_head_dim`, or the head width d."""
+        return jnp.where(self.v_head_dim > 0, self.v_head_dim, self.head_dim)
+
+    @property
+    def attention_kv_heads(self) -> jax.Array:
+        """K / V heads the attention kernel reads: `kv_heads`, or every query head with MLA
+        (keys and values are up-projected per head)."""
+        return jnp.where(self.kv_lora_rank > 0, self.heads, self.kv_heads)
+
+    def attention_weights(self) -> jax.Array:
+        """Weights of the attention projections of one layer (no biases / norms), count."""
+        h, a, d = self.hidden, self.heads, self.head_dim
+        standard = h * (a + 2.0 * self.kv_heads) * d + a * d * h
+        q_lora, c = self.q_lora_rank, self.kv_lora_rank
+        query = jnp.where(q_lora > 0, h * q_lora + q_lora * a * self.qk_dim, h * a * self.qk_dim)
+        latent = (query + h * (c + self.rope_head_dim) + c * a * (d + self.v_dim)
+                  + a * self.v_dim * h)
+        return (1.0 - self.mla) * standard + self.mla * latent
+
+    def kv_cache_width(self, tp) -> jax.Array:
+        """Elements one GPU caches per token and layer: K and V of its max(kv_heads / tp, 1)
+        heads, or MLA's latent and RoPE key (kv_lora_rank + rope_head_dim, on every GPU)."""
+        standard = 2.0 * jnp.maximum(self.kv_heads / tp, 1.0) * self.head_dim
+        return ((1.0 - self.mla) * standard
+                + self.mla * (self.kv_lora_rank + self.rope_head_dim))
 
     def known_absent(self, name: str) -> bool:
         """True when field `name` is a concrete zero (not a tracer): the model has no such
@@ -219,8 +280,9 @@ class Transformer(eqx.Module):
         """Parameters of one transformer block (weights; biases and norms included), mean
         over the layers where MoE and dense-MLP layers mix, count."""
         h = self.hidden
-        attn = (h * (self.heads + 2 * self.kv_heads) * self.head_dim
-                + self.attention_width * h + 2 * h)
+        # + 2 h of biases, or MLA's two latent norms
+        attn = self.attention_weights() + jnp.where(
+            self.kv_lora_rank > 0, self.q_lora_rank + self.kv_lora_rank, 2.0 * h)
         router = jnp.where(self.num_experts > 1, h * self.num_experts, 0.0)
         shared = self.mlp_matrices * h * self.shared_ffn_hidden
         dense = self.mlp_matrices * h * self.dense_width

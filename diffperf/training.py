@@ -18,6 +18,7 @@ from .efficiency import Efficiency, matmul_efficiency
 from .feasibility import training_reason
 from .hardware import System
 from .model import Transformer
+from .attention import projections
 from .plans import TrainingPlan
 from .roofline import (bytes_per_element, exposed_after_overlap, gemm_time, op_time,
                        peak_matmul_flops)
@@ -58,18 +59,20 @@ def _layer_flops_per_token(model: Transformer) -> tuple[jax.Array, jax.Array]:
     """Forward FLOPs per token of one layer: (weight GEMMs, attention core at full s x s).
 
     Weight GEMMs: 2 FLOPs per active weight. Attention: QK^T and AV, 2 * 2 * s * a * d per token
-    (a * d = h unless the model sets `head_width`; Megatron / Korthikanti convention: the
+    (a * d = h unless the model sets `head_width`; 2 s a (d_qk + d_v) with MLA's widths;
+    Megatron / Korthikanti convention: the
     causal mask is not discounted). Sliding-window layers count their causal band in the same
     convention (`Transformer.attended_keys`).
     """
-    h, d = model.hidden, model.head_dim
+    h = model.hidden
     r = model.dense_fraction  # MoE models' dense-MLP layers
     moe_mlp = (model.mlp_matrices * h * (model.experts_per_token * model.ffn_hidden
                                          + model.shared_ffn_hidden)
                + jnp.where(model.num_experts > 1, h * model.num_experts, 0.0))
-    active = (h * (model.heads + 2 * model.kv_heads) * d + model.attention_width * h
+    active = (model.attention_weights()
               + (1.0 - r) * moe_mlp + r * model.mlp_matrices * h * model.dense_width)
-    return 2.0 * active, 4.0 * model.attended_keys(model.seq_len) * model.attention_width
+    core = 2.0 * model.attended_keys(model.seq_len) * model.heads * (model.qk_dim + model.v_dim)
+    return 2.0 * active, core
 
 
 def model_flops_per_step(model: Transformer, plan: TrainingPlan,
@@ -123,9 +126,12 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     s = model.seq_len / cp  # local query tokens per sequence
     seq = model.seq_len  # keys each query attends to (the full sequence)
     tokens = plan.micro_batch * s
-    h, d, f = model.hidden, model.head_dim, model.ffn_hidden
+    h, f = model.hidden, model.ffn_hidden
     heads = model.heads / t
-    kv = jnp.maximum(model.kv_heads / t, 1.0)  # KV heads are replicated when tp > kv_heads
+    # K / V heads the attention kernel reads (replicated when tp > kv_heads; per query head
+    # with MLA) and the per-head query-key and value widths
+    kv = jnp.maximum(model.attention_kv_heads / t, 1.0)
+    qk, v = model.qk_dim, model.v_dim
     k_top = model.experts_per_token
     moe = model.num_experts > 1
     local_experts = model.num_experts / ep
@@ -137,7 +143,10 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # router, the experts and the shared expert (f_s wide, every token, not dispatched); the
     # per-layer times below are means over the layers.
     r, f_d, f_s = model.dense_fraction, model.dense_width, model.shared_ffn_hidden
-    qkv = gemm_time(acc, eff, tokens, (heads + 2 * kv) * d, h, p, act_bytes=ab)
+    proj = [(pr, pr.share * gemm_time(acc, eff, tokens, pr.n, pr.k, p, act_bytes=ab))
+            for pr in projections(model, t)]
+    qkv = sum(time for pr, time in proj if not pr.is_output)  # input projections
+    out_proj = sum(time for pr, time in proj if pr.is_output)
     up = lambda m, width, batch=1.0: gemm_time(acc, eff, m, (model.mlp_matrices - 1.0) * width
                                                / t, h, p, batch=batch, act_bytes=ab)
     if model.known_absent("shared_ffn_hidden"):  # the common case, kept out of sweeps' traces
@@ -157,9 +166,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
         dense_up = up(tokens, f_d)
         dense_mlp = dense_up + gemm_time(acc, eff, tokens, h, f_d / t, p, act_bytes=ab)
     mlp_up = (1.0 - r) * moe_up + r * dense_up
-    gemms = (qkv
-             + gemm_time(acc, eff, tokens, h, heads * d, p, act_bytes=ab)
-             + (1.0 - r) * moe_mlp + r * dense_mlp)
+    gemms = qkv + out_proj + (1.0 - r) * moe_mlp + r * dense_mlp
 
     # Attention core: QK^T and AV over b * heads batches of (s x seq x d). A flash kernel
     # skips the blocks the causal mask (and a sliding window) leaves out; the unfused path
@@ -167,16 +174,17 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     flash = plan.flash_attention > 0
     batch_heads = plan.micro_batch * heads
     keys = model.attended_keys(seq)  # = seq without a sliding window
-    attn_flops = 4.0 * batch_heads * s * jnp.where(flash, 0.5 * keys, seq) * d
+    core = 0.5 * (qk + v)  # = d for standard attention
+    attn_flops = 4.0 * batch_heads * s * jnp.where(flash, 0.5 * keys, seq) * core
     # Fused attention runs in 16 bit even in fp8 recipes, at its own efficiency.
     attn_rate = (peak_matmul_flops(acc, jnp.minimum(p, 1.0)) * eff.attention
-                 * matmul_efficiency(eff, s, keys, d, 1.0) / eff.matmul_peak)
-    qkvo_bytes = tokens * d * (2 * heads + 2 * kv) * ab
+                 * matmul_efficiency(eff, s, keys, core, 1.0) / eff.matmul_peak)
+    qkvo_bytes = tokens * (heads + kv) * (qk + v) * ab
     flash_fwd = op_time(acc, eff, attn_flops, qkvo_bytes, kernels=1.0, flops_per_s=attn_rate)
     scores = batch_heads * s * seq  # elements of the score matrix
     unfused_fwd = (
-        gemm_time(acc, eff, s, seq, d, 1.0, batch=batch_heads, act_bytes=ab)
-        + gemm_time(acc, eff, s, d, seq, 1.0, batch=batch_heads, act_bytes=ab)
+        gemm_time(acc, eff, s, seq, qk, 1.0, batch=batch_heads, act_bytes=ab)
+        + gemm_time(acc, eff, s, v, seq, 1.0, batch=batch_heads, act_bytes=ab)
         # scale + mask + softmax, then dropout (writes its output and 1-byte mask)
         + op_time(acc, eff, 8.0 * scores, scores * (2 * ab + model.dropout * (2 * ab + 1)),
                   kernels=1.0 + model.dropout))
@@ -226,7 +234,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     tp_comm = (n_forward * tp_one + per_pass * jnp.where(sp, ag, 0.0)) * left + bwd_async
     # Context parallel: all-gather K and V of the whole sequence (forward, recompute), reduce-
     # scatter their gradients (backward); largely hidden behind the attention core.
-    kv_bytes = 2.0 * plan.micro_batch * seq * kv * d * ab
+    kv_bytes = plan.micro_batch * seq * kv * (qk + v) * ab
     n_cp = 2.0 + full
     cp_comm = n_cp * coll.all_gather(net, eff, kv_bytes, cp, t) * (1.0 - eff.cp_overlap)
     # Expert parallel: dispatch + combine all-to-all per pass. Megatron-core folds cp x dp into

@@ -93,7 +93,6 @@ def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Arr
     t = plan.tp
     s = model.seq_len / plan.cp
     sbh = s * plan.micro_batch * model.hidden
-    r = model.kv_heads / model.heads
     # MLP inputs kept per token (the MoE dispatch copies a token to each of its top-k experts;
     # a shared expert reads the undispatched input) and MLP width per token, mean over the MoE
     # and a MoE model's dense-MLP layers.
@@ -111,11 +110,16 @@ def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Arr
     attn_out = jnp.where(low, jnp.where(plan.flash_attention > 0, 2.0 + q, q), 2.0)
     # Parts replicated across the TP group unless sequence parallel shards them (Korthikanti's
     # "10"): two layer-norm inputs, the QKV input, two dropout masks, the MLP input (x top-k).
-    replicated = 4.0 + q + 2.0 * drop + q * k
+    # MLA also keeps its query and KV latents, the inputs of the up-projections.
+    latents = model.mla * (model.q_lora_rank + model.kv_lora_rank + model.rope_head_dim)
+    replicated = 4.0 + q + 2.0 * drop + q * k + q * latents / model.hidden
     # Parts always sharded over TP (Korthikanti's "24"): Q, K, V, the attention output, the first
     # MLP GEMM's output(s) (two for a gated MLP) and the activation output (second GEMM's input).
-    # (These are a * d wide per token: h unless the model sets `head_width`.)
-    attention = (2.0 + 4.0 * r + attn_out) * model.attention_width / model.hidden
+    # (These are a * d wide per token: h unless the model sets `head_width`; with MLA's widths
+    # a * d_qk for Q and K, a * d_v for V and the output.)
+    a, g = model.heads, model.attention_kv_heads
+    qk, v = model.qk_dim, model.v_dim
+    attention = (2.0 * a * qk + 2.0 * g * (qk + v) + attn_out * a * v) / model.hidden
     mlp_hidden = (2.0 * (1.0 + model.gated_mlp) + q) * kf_h
     sharded = attention + mlp_hidden
     sp = plan.sequence_parallel > 0

@@ -89,7 +89,8 @@ def test_training_sequence_length_of_a_context_extended_model(tmp_path):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "multi-head latent attention"),
+    ({"index_topk": 2048, "index_n_heads": 64}, "sparse / compressed attention (index_topk"),
+    ({"o_lora_rank": 1024, "compress_ratios": [0, 4]}, "compress_ratios, o_lora_rank"),
     ({"num_experts": 1, "shared_expert_intermediate_size": 1000}, "shared experts without"),
     ({"model_type": "llama4_text", "interleave_moe_layer_step": 1}, "chunked attention"),
     ({"model_type": "jamba"}, "not a decoder-only transformer"),

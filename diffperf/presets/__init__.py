@@ -22,7 +22,8 @@ _NET_FIELDS = ("nvlink_domain", "nvlink_bandwidth", "nvlink_latency", "scaleout_
 _MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
                  "gated_mlp", "num_experts", "experts_per_token", "parallel_attention",
                  "dropout", "tied_embeddings", "head_width", "sliding_window", "global_layers",
-                 "dense_layers", "dense_ffn_hidden", "shared_ffn_hidden")
+                 "dense_layers", "dense_ffn_hidden", "shared_ffn_hidden", "kv_lora_rank",
+                 "q_lora_rank", "rope_head_dim", "v_head_dim")
 
 
 @functools.cache
