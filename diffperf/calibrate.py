@@ -392,10 +392,12 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
     `w_train` [Rt, 3] and `w_infer` [Ri, 4] weight each cell's squared log ratio (0 = not
     used: unmeasured, excluded or held out); the data term is their weighted mean. `aux` =
     (log predictions train [Rt, 3], infer [Ri, 4], reason codes train, infer)."""
+    import equinox as eqx
     import jax
     import jax.numpy as jnp
     from .inference import infer
     from .training import train_step
+    from .validate import constants_static
     tr, inf = ds.train, ds.infer
     y_t, y_i = jnp.asarray(ds.y_train), jnp.asarray(ds.y_infer)
     c_t = jnp.asarray(ds.c_train)
@@ -407,13 +409,16 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
         g_t, g_i = jnp.asarray(remap[ds.g_train]), jnp.asarray(remap[ds.g_infer])
     u0 = jnp.asarray(par.prior_center())
     has_t, has_i = len(tr.rows) > 0, len(inf.rows) > 0
+    # What every row shares enters the trace as constants (see `validate.constants_static`)
+    specs_t = constants_static((tr.models, tr.systems, tr.plans)) if has_t else None
+    specs_i = constants_static((inf.models, inf.systems, inf.plans)) if has_i else None
 
     def loss(theta, w_t, w_i):
         total = jnp.zeros(())
         wsum = jnp.zeros(())
         if has_t:
             eff = par.row_efficiency(theta, g_t)
-            rep = jax.vmap(train_step)(tr.models, tr.systems, tr.plans, eff)
+            rep = eqx.filter_vmap(train_step)(*specs_t, eff)
             ls = jnp.log(rep.step_time)
             lp_t = jnp.stack([ls, c_t[:, 1] - ls, c_t[:, 2] - ls], axis=1)
             r = jnp.where(w_t > 0, lp_t - y_t, 0.0)
@@ -424,7 +429,7 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
             lp_t, reason_t = jnp.zeros((0, 3)), jnp.zeros((0,), jnp.int32)
         if has_i:
             eff = par.row_efficiency(theta, g_i)
-            rep = jax.vmap(infer)(inf.models, inf.systems, inf.plans, eff)
+            rep = eqx.filter_vmap(infer)(*specs_i, eff)
             lp_i = jnp.log(jnp.stack([rep.e2e_latency, rep.ttft, rep.tpot,
                                       rep.output_tok_s_per_gpu], axis=1))
             r = jnp.where(w_i > 0, lp_i - y_i, 0.0)

@@ -22,6 +22,18 @@ def stack(trees):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
+def constants_static(tree):
+    """A stacked `tree` with every leaf whose values are equal along the batch replaced by that
+    one value as a Python float. `eqx.filter_vmap` broadcasts such leaves instead of mapping
+    them, and the model sees them concrete: trace-time specialisation
+    (`Transformer.known_absent` / `known_mla`) and XLA's constant folding then apply to what
+    all rows share (e.g. no row of the shipped data has MLA or shared experts)."""
+    def one(x):
+        a = np.asarray(x)
+        return float(a[0]) if a.ndim == 1 and a.size and np.all(a == a[0]) else x
+    return jax.tree.map(one, tree)
+
+
 def causal_flops_convention(row: BenchmarkRow) -> bool:
     """True for sources whose model TFLOP/s count causal (half) attention FLOPs: Megatron-Bridge
     tables (see benchmarks_data/SOURCES.md, 'Two model-FLOP conventions')."""
