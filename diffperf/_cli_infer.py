@@ -213,23 +213,31 @@ def _random_specs(n: int, seed: int):
     return pick(models, len(names)), pick(systems, len(gpu_names())), plan
 
 
-def bench_inference(n: int = 100_000, repeats: int = 3, seed: int = 0) -> float:
+def bench_inference(n: int = 100_000, repeats: int = 3, seed: int = 0,
+                    share_constants: bool = True) -> float:
     """Inference evaluations per second of one jit-compiled, vmapped sweep of `n` random
     configurations (models, GPUs, tp, batch, lengths, KV precision), best of `repeats` runs
-    after a warm-up (compilation excluded)."""
+    after a warm-up (compilation excluded). Fields every configuration shares (e.g. none of
+    the preset models has MLA) enter as constants, as in calibration
+    (`validate.constants_static`); `share_constants=False` maps every field."""
+    import equinox as eqx
+
     from .presets import default_efficiency
-    models, systems, plans = _random_specs(n, seed)
+    from .validate import constants_static
+    specs = _random_specs(n, seed)
+    if share_constants:
+        specs = constants_static(specs)
     eff = default_efficiency()
 
-    @jax.jit
-    def run(m, s, p):
-        r = jax.vmap(lambda a, b, c: infer(a, b, c, eff))(m, s, p)
+    @eqx.filter_jit
+    def run(specs):
+        r = eqx.filter_vmap(lambda a, b, c: infer(a, b, c, eff))(*specs)
         return r.e2e_latency, r.ttft, r.tpot, r.feasible
-    jax.block_until_ready(run(models, systems, plans))
+    jax.block_until_ready(run(specs))
     best = np.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
-        jax.block_until_ready(run(models, systems, plans))
+        jax.block_until_ready(run(specs))
         best = min(best, time.perf_counter() - t0)
     return n / best
 
