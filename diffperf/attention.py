@@ -48,7 +48,8 @@ def projections(model: Transformer, tp) -> list[Projection]:
     if not model.known_mla(False):
         mla = model.mla
         has_q = jnp.where(model.q_lora_rank > 0, 1.0, 0.0)
-        q_lora = jnp.where(model.q_lora_rank > 0, model.q_lora_rank, h)  # = h: unused
+        # without a query latent the query up-projection is the direct h -> a (d_n + d_r) one
+        q_lora = jnp.where(model.q_lora_rank > 0, model.q_lora_rank, h)
         c_kv = jnp.where(model.kv_lora_rank > 0, model.kv_lora_rank, h)
         out += [Projection(q_lora, h, mla * has_q, False),  # query down (replicated)
                 Projection(heads * model.qk_dim, q_lora, mla, False),  # query up (or direct)

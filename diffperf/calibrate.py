@@ -393,7 +393,6 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
     used: unmeasured, excluded or held out); the data term is their weighted mean. `aux` =
     (log predictions train [Rt, 3], infer [Ri, 4], reason codes train, infer)."""
     import equinox as eqx
-    import jax
     import jax.numpy as jnp
     from .inference import infer
     from .training import train_step

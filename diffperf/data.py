@@ -218,24 +218,19 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
     return rows
 
 
+#: Optional model columns named differently from their `Transformer` field.
+_FIELD_OF_COLUMN = {"head_dim": "head_width"}
+
+
 def row_model(v: dict, seq_len) -> Transformer:
     """The `Transformer` of a row's values (either kind), trained or served at `seq_len`."""
+    optional = {_FIELD_OF_COLUMN.get(c, c): v.get(c, default)
+                for c, default in {**MODEL_OPTIONAL_FLAGS, **MODEL_OPTIONAL_COUNTS}.items()}
     return Transformer(layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
                        kv_heads=v["kv_heads"], ffn_hidden=v["ffn_hidden"], vocab=v["vocab"],
                        seq_len=seq_len, gated_mlp=v["gated_mlp"],
                        num_experts=v["num_experts"], experts_per_token=v["experts_per_token"],
-                       parallel_attention=v.get("parallel_attention", 0),
-                       dropout=v.get("dropout", 1), head_width=v.get("head_dim", 0),
-                       tied_embeddings=v.get("tied_embeddings", 0),
-                       sliding_window=v.get("sliding_window", 0),
-                       global_layers=v.get("global_layers", 0),
-                       dense_layers=v.get("dense_layers", 0),
-                       dense_ffn_hidden=v.get("dense_ffn_hidden", 0),
-                       shared_ffn_hidden=v.get("shared_ffn_hidden", 0),
-                       kv_lora_rank=v.get("kv_lora_rank", 0),
-                       q_lora_rank=v.get("q_lora_rank", 0),
-                       rope_head_dim=v.get("rope_head_dim", 0),
-                       v_head_dim=v.get("v_head_dim", 0))
+                       **optional)
 
 
 def train_specs(row: BenchmarkRow):

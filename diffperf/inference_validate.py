@@ -10,6 +10,7 @@ from .efficiency import Efficiency
 from .feasibility import explain
 from .inference import infer
 from .inference_plan import InferencePlan
+from .model import Transformer
 from .presets import system
 from .validate import FAST_COMPILE
 

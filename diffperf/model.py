@@ -145,7 +145,7 @@ class Transformer(eqx.Module):
     @property
     def attention_width(self) -> jax.Array:
         """Width a * d of the queries and of the output projection's input (= h unless
-        `head_width` says otherwise)."""
+        `head_width` says otherwise; with MLA a * d_n, see `qk_dim` / `v_dim`)."""
         return self.heads * self.head_dim
 
     @property

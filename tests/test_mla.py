@@ -151,3 +151,15 @@ def test_bad_latent_fields_are_named():
         dataclasses.replace(dp.model("llama2-7b"), q_lora_rank=1536)
     with pytest.raises(ValueError, match="kv_lora_rank"):
         dataclasses.replace(SMALL, kv_lora_rank=-1)
+
+
+def test_queries_without_a_latent_by_hand():
+    """DeepSeek-V2-Lite style: no `q_lora_rank`, queries projected from h directly."""
+    lite = dataclasses.replace(SMALL, q_lora_rank=0)
+    attn = H * A * (DN + DR) + H * (C + DR) + C * A * (DN + DV) + A * DV * H
+    layer = attn + C + 2 * H * FF + 4 * H  # + the KV latent's norm, the MLP, two norms
+    assert float(lite.num_params()) == pytest.approx(2 * layer + 2 * V * H)
+    down = H * (C + DR)  # replicated on both GPUs of tp 2
+    up = (H * A * (DN + DR) + C * A * (DN + DV) + A * DV * H) / 2
+    want = 2 * (2 * (down + up + H * FF) + 2 * (4 * H + C)) + 2 * 2 * V * H / 2
+    assert float(dp.weight_bytes_per_gpu(lite, dp.InferencePlan(tp=2))) == pytest.approx(want)

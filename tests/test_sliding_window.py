@@ -45,7 +45,7 @@ def test_attended_keys_match_a_brute_force_count():
 def test_training_flops_by_hand():
     # 8 of 32 layers global, 24 slide over 1024 tokens of an 8192-token sequence: the windowed
     # layers count 2 * 1024 - 1024^2 / 8192 = 1920 keys per query instead of 8192.
-    B, s, L, a_d = 16, 8192, 32, 4096
+    B, s, a_d = 16, 8192, 4096
     full = dataclasses.replace(BASE, seq_len=s)
     m = windowed(1024, 8, model=full)
     plan = dp.TrainingPlan(global_batch=B)
