@@ -41,11 +41,11 @@ def projections(model: Transformer, tp) -> list[Projection]:
     kv = jnp.maximum(model.kv_heads / tp, 1.0)  # KV heads are replicated when tp > kv_heads
     d = model.head_dim
     out = []
-    if not model.known_mla(True):
+    if not model.known_present("kv_lora_rank"):
         std = 1.0 - model.mla
         out += [Projection((heads + 2.0 * kv) * d, h, std, False),
                 Projection(h, heads * d, std, True)]
-    if not model.known_mla(False):
+    if not model.known_absent("kv_lora_rank"):
         mla = model.mla
         has_q = jnp.where(model.q_lora_rank > 0, 1.0, 0.0)
         # without a query latent the query up-projection is the direct h -> a (d_n + d_r) one

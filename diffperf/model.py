@@ -13,6 +13,17 @@ def _F():
     return eqx.field(converter=as_float)
 
 
+#: Optional sizes and counts (0 = the feature is absent or derived).
+_OPTIONAL_SIZES = ("head_width", "sliding_window", "global_layers", "dense_layers",
+                   "dense_ffn_hidden", "shared_ffn_hidden", "kv_lora_rank", "q_lora_rank",
+                   "rope_head_dim", "v_head_dim")
+_MOE = ("num_experts", 1, "a MoE model (num_experts > 1)")
+_MLA = ("kv_lora_rank", 0, "multi-head latent attention (kv_lora_rank > 0)")
+#: Fields that only mean something when another field exceeds a threshold.
+_NEEDS = {"dense_layers": _MOE, "shared_ffn_hidden": _MOE, "q_lora_rank": _MLA,
+          "rope_head_dim": _MLA, "v_head_dim": _MLA}
+
+
 class Transformer(eqx.Module):
     """A decoder-only transformer. Every field is an array leaf so that `vmap` can batch models.
 
@@ -91,19 +102,13 @@ class Transformer(eqx.Module):
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
                      "num_experts", "experts_per_token"):
             check_integer("Transformer", name, getattr(self, name))
-        check_integer("Transformer", "head_width", self.head_width, minimum=0)
-        check_integer("Transformer", "sliding_window", self.sliding_window, minimum=0)
-        check_integer("Transformer", "global_layers", self.global_layers, minimum=0)
-        check_integer("Transformer", "dense_layers", self.dense_layers, minimum=0)
-        check_integer("Transformer", "dense_ffn_hidden", self.dense_ffn_hidden, minimum=0)
-        check_integer("Transformer", "shared_ffn_hidden", self.shared_ffn_hidden, minimum=0)
-        for name in ("kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim"):
+        for name in _OPTIONAL_SIZES:
             check_integer("Transformer", name, getattr(self, name), minimum=0)
-            if name != "kv_lora_rank" and is_concrete(getattr(self, name), self.kv_lora_rank):
-                if np.any((np.asarray(getattr(self, name)) > 0)
-                          & (np.asarray(self.kv_lora_rank) == 0)):
-                    raise ValueError(f"Transformer.{name} > 0 needs multi-head latent attention "
-                                     f"(kv_lora_rank > 0)")
+        for name, (other, above, what) in _NEEDS.items():
+            part, owner = getattr(self, name), getattr(self, other)
+            if is_concrete(part, owner) and np.any((np.asarray(part) > 0)
+                                                   & (np.asarray(owner) <= above)):
+                raise ValueError(f"Transformer.{name} > 0 needs {what}")
         for name in ("global_layers", "dense_layers"):
             part = getattr(self, name)
             if is_concrete(part, self.layers):
@@ -111,12 +116,6 @@ class Transformer(eqx.Module):
                 if np.any(g > n):
                     raise ValueError(f"Transformer.{name}={float(np.max(g)):g} exceeds "
                                      f"layers={float(np.min(n)):g}")
-        for name in ("dense_layers", "shared_ffn_hidden"):
-            part = getattr(self, name)
-            if is_concrete(part, self.num_experts):
-                if np.any((np.asarray(part) > 0) & (np.asarray(self.num_experts) <= 1)):
-                    raise ValueError(f"Transformer.{name} > 0 needs a MoE model "
-                                     f"(num_experts > 1)")
         check_fraction("Transformer", "tied_embeddings", self.tied_embeddings)
         check_integer("Transformer", "tied_embeddings", self.tied_embeddings, minimum=0)
         check_fraction("Transformer", "gated_mlp", self.gated_mlp)
@@ -153,10 +152,11 @@ class Transformer(eqx.Module):
         """1 for multi-head latent attention (`kv_lora_rank` > 0), else 0."""
         return jnp.where(self.kv_lora_rank > 0, 1.0, 0.0)
 
-    def known_mla(self, value: bool) -> bool:
-        """True when `kv_lora_rank` is concrete and every model is (`value`) or is not MLA."""
-        v = self.kv_lora_rank
-        return is_concrete(v) and bool(np.all((np.asarray(v) > 0) == value))
+    def known_present(self, name: str) -> bool:
+        """True when field `name` is concrete and nonzero for every model of a batch (the
+        counterpart of `known_absent`)."""
+        v = getattr(self, name)
+        return is_concrete(v) and bool(np.all(np.asarray(v) != 0))
 
     @property
     def qk_dim(self) -> jax.Array:

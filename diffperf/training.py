@@ -155,11 +155,13 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
         has, f_c = model.has_shared, model.shared_width  # f_c: f_s, finite when f_s = 0
         shared_up = has * up(tokens, f_c)
         shared_mlp = shared_up + has * gemm_time(acc, eff, tokens, h, f_c / t, p, act_bytes=ab)
-    moe_up = up(expert_tokens, f, local_experts) + shared_up
-    moe_mlp = (moe_up + shared_mlp - shared_up
+    routed_up = up(expert_tokens, f, local_experts)
+    moe_up = routed_up + shared_up  # the column-parallel GEMMs of a MoE layer's MLPs
+    moe_mlp = (routed_up
                + gemm_time(acc, eff, expert_tokens, h, f / t, p, batch=local_experts, act_bytes=ab)
                + jnp.where(moe, gemm_time(acc, eff, tokens, model.num_experts, h, p,
-                                          act_bytes=ab), 0.0))
+                                          act_bytes=ab), 0.0)
+               + shared_mlp)
     if model.known_absent("dense_layers"):  # the common case, kept out of sweeps' traces
         dense_up = dense_mlp = 0.0
     else:

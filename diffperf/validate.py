@@ -26,7 +26,7 @@ def constants_static(tree):
     """A stacked `tree` with every leaf whose values are equal along the batch replaced by that
     one value as a Python float. `eqx.filter_vmap` broadcasts such leaves instead of mapping
     them, and the model sees them concrete: trace-time specialisation
-    (`Transformer.known_absent` / `known_mla`) and XLA's constant folding then apply to what
+    (`Transformer.known_absent` / `known_present`) and XLA's constant folding then apply to what
     all rows share (e.g. no row of the shipped data has MLA or shared experts)."""
     def one(x):
         a = np.asarray(x)
