@@ -166,6 +166,18 @@ def test_search_training_reports(setup):
     assert top["vs_best"].iloc[0] == "best" and "mostly" in top["vs_best"].iloc[1]
     assert (top["tp"] * top["pp"] * top["dp"] * top["cp"] == GPUS).all()
     assert "does not fit in HBM" in r["reasons"]
+    # The table's reports (a separately compiled vmap with the model as a constant) agree with
+    # the sweep's objective and with train_step called on each plan alone.
+    best = r["result"].top_value[np.isfinite(r["result"].top_value)]
+    assert np.allclose(top["step_time_s"].iloc[0], best[0], rtol=1e-6)
+    for _, row in top.iterrows():
+        plan = dp.TrainingPlan(**{k: int(row[k]) for k in (
+            "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "zero", "sequence_parallel",
+            "flash_attention", "overlap_tp", "overlap_dp", "fp32_gradients", "offload_layers")},
+            recompute=row["recompute"], precision=row["precision"], global_batch=GBS)
+        alone = dp.train_step(model, system, plan, eff)
+        assert np.isclose(float(alone.step_time), row["step_time_s"], rtol=1e-5)
+        assert np.isclose(float(alone.memory.total) / 1e9, row["memory_gb"], rtol=1e-5)
 
 
 def test_search_skips_uneven_pipeline_layouts_unless_asked():
