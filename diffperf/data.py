@@ -26,11 +26,14 @@ INFER = ("batch", "input_len", "output_len")
 #: what current Megatron-core / NeMo recipes do), and for
 #: ZeRO-3 gathering weight matrix by weight matrix (DeepSpeed; empty or absent = 0, FSDP units),
 #: for fp32 gradient buffers (empty or absent = 1, Megatron-LM for bf16; 0 = 16-bit), for
-#: counting the embedding and the loss as pipeline layers (empty or absent = 0), and for fp32
-#: Adam moments (empty or absent = 1; 0 = bf16 moments, Megatron's precision-aware optimizer).
+#: counting the embedding and the loss as pipeline layers (empty or absent = 0), for fp32
+#: Adam moments (empty or absent = 1; 0 = bf16 moments, Megatron's precision-aware optimizer),
+#: and for overlapping the expert-parallel all-to-alls with another micro-batch (empty or
+#: absent = 0).
 TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_dp": 1.0,
                         "zero3_per_matrix": 0.0, "fp32_gradients": 1.0,
-                        "account_embedding_loss": 0.0, "fp32_optimizer_moments": 1.0}
+                        "account_embedding_loss": 0.0, "fp32_optimizer_moments": 1.0,
+                        "overlap_ep": 0.0}
 #: diffperf extension columns of rows of both kinds: 0/1, a parallel attention + MLP block
 #: (GPT-J, Falcon; empty or absent = 0, the sequential block), whether training applies
 #: dropout (empty or absent = 1, Korthikanti's GPT; 0 for Llama-style models), and whether the
@@ -49,8 +52,9 @@ MODEL_OPTIONAL_COUNTS = {"head_dim": 0.0, "sliding_window": 0.0, "global_layers"
                          "v_head_dim": 0.0}
 #: diffperf extension columns of train rows holding layer counts (empty or absent = 0): layers
 #: per pipeline chunk fully recomputed (Megatron's block method) and with activations offloaded
-#: to host memory; see `TrainingPlan.recompute_layers` / `offload_layers`.
-TRAIN_OPTIONAL_COUNTS = {"recompute_layers": 0.0, "offload_layers": 0.0}
+#: to host memory, and the expert MLPs' tensor-parallel degree (0 = tp); see
+#: `TrainingPlan.recompute_layers` / `offload_layers` / `expert_tp`.
+TRAIN_OPTIONAL_COUNTS = {"recompute_layers": 0.0, "offload_layers": 0.0, "expert_tp": 0.0}
 #: diffperf extension column of infer rows: 0/1, whether decode attention runs a grouped
 #: tensor-core kernel (empty or absent = 1) or TensorRT-LLM's per-query-head masked MHA (0); see
 #: `InferencePlan.grouped_decode_attention`.
@@ -254,7 +258,8 @@ def train_specs(row: BenchmarkRow):
                         fp32_optimizer_moments=v.get("fp32_optimizer_moments", 1),
                         account_embedding_loss=v.get("account_embedding_loss", 0),
                         recompute_layers=v.get("recompute_layers", 0),
-                        offload_layers=v.get("offload_layers", 0))
+                        offload_layers=v.get("offload_layers", 0),
+                        expert_tp=v.get("expert_tp", 0), overlap_ep=v.get("overlap_ep", 0))
     problem = layer_count_error(v["layers"], v["pp"], v["vp"], v["recompute"] == "full",
                                 v.get("recompute_layers", 0), v.get("offload_layers", 0))
     if problem:

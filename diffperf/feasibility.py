@@ -19,7 +19,7 @@ REASONS = {
     5: "pp * vp exceeds layers",
     6: "interleaving (vp > 1) needs pp > 1 and a number of micro-batches divisible by pp",
     7: "cp does not divide seq_len",
-    8: "ep does not divide num_experts, or does not divide dp * cp",
+    8: "ep does not divide num_experts, or ep * expert_tp does not divide tp * cp * dp",
     9: "the GPU has no tensor cores for this precision",
     10: "does not fit in HBM",
     11: "batch * (input + output) exceeds the model's context or the plan is otherwise invalid",
@@ -44,10 +44,11 @@ def divides(a, b) -> jax.Array:
     return (k * a == b) & jnp.isfinite(k)
 
 
-def tp_divides_mlps(tp, model: Transformer) -> jax.Array:
-    """tp divides the width of every MLP the model has: the (expert) MLP, a MoE model's
-    dense-MLP layers and its shared expert."""
-    ok = divides(tp, model.ffn_hidden)
+def tp_divides_mlps(tp, model: Transformer, expert_tp=None) -> jax.Array:
+    """tp divides the width of every MLP the model has: the (expert) MLP (split over
+    `expert_tp` when given, see `TrainingPlan.expert_layout`), a MoE model's dense-MLP layers
+    and its shared expert."""
+    ok = divides(tp if expert_tp is None else expert_tp, model.ffn_hidden)
     if not model.known_absent("dense_ffn_hidden"):  # else the dense width is ffn_hidden
         ok = ok & divides(tp, model.dense_width)
     if not model.known_absent("shared_ffn_hidden"):
@@ -68,15 +69,16 @@ def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
     """Reason code of a training plan (see `REASONS`); `host_total` = offloaded activation
     bytes per GPU in host memory."""
     m = plan.num_micro_batches
+    etp = plan.expert_layout(model)[0]
     checks = [
         divides(plan.tp, model.heads),
         divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp),
-        tp_divides_mlps(plan.tp, model),
+        tp_divides_mlps(plan.tp, model, etp),
         divides(plan.dp * plan.micro_batch, plan.global_batch),
         plan.pp * plan.vp <= model.layers,
         (plan.vp == 1) | ((plan.pp > 1) & divides(plan.pp, m)),
         divides(plan.cp, model.seq_len),
-        divides(plan.ep, model.num_experts) & divides(plan.ep, plan.dp * plan.cp),
+        divides(plan.ep, model.num_experts) & divides(etp * plan.ep, plan.tp * plan.cp * plan.dp),
         acc.peak_flops(plan.precision) > 0,
         memory_total <= acc.hbm_capacity,
         jnp.asarray(True),  # 11: inference only
@@ -109,7 +111,9 @@ def describe_failure(reason: int, model: Transformer, plan) -> str:
         5: f"pp={f(getattr(plan, 'pp', 1))}, vp={f(getattr(plan, 'vp', 1))}, "
            f"layers={f(model.layers)}",
         7: f"cp={f(getattr(plan, 'cp', 1))}, seq_len={f(model.seq_len)}",
-        8: f"ep={f(getattr(plan, 'ep', 1))}, num_experts={f(model.num_experts)}",
+        8: f"ep={f(getattr(plan, 'ep', 1))}, num_experts={f(model.num_experts)}" + (
+            f", expert_tp={f(plan.expert_layout(model)[0])}, tp * cp * dp="
+            f"{f(plan.tp * plan.cp * plan.dp)}" if hasattr(plan, "expert_layout") else ""),
     }
     if reason == 4 and hasattr(plan, "global_batch"):
         details[4] = (f"dp={f(plan.dp)}, micro_batch={f(plan.micro_batch)}, "

@@ -46,13 +46,22 @@ class TrainingPlan(eqx.Module):
     """How one training job is parallelised and run.
 
     Ranks are ordered tensor-parallel innermost, then context, data, pipeline parallel outermost
-    (Megatron's order); experts are sharded over `ep` of the data x context-parallel ranks,
-    which Megatron-core lays out tp apart for the expert layers.
+    (Megatron's order). The expert layers of a MoE model regroup the tp * cp * dp ranks of a
+    stage as expert-tensor x expert x expert-data parallel, innermost first (Megatron-core's
+    "MoE parallel folding"): experts are sharded over `ep` ranks spaced `expert_tp` apart.
 
     **Arguments:**
 
     - `tp`, `pp`, `dp`, `cp`, `ep`: tensor / pipeline / data / context / expert parallel degrees.
       The job uses tp * pp * dp * cp GPUs.
+    - `expert_tp`: tensor-parallel degree of the expert MLPs (Megatron-core's
+      `expert_tensor_parallel_size`); 0 (the default) = `tp`, Megatron-core's default. With
+      `expert_tp` < `tp` (NVIDIA's MoE recipes use 1) each rank dispatches only its own
+      sequence-parallel share of the tokens and `ep` may span tensor-parallel ranks:
+      `ep * expert_tp` must divide `tp * cp * dp`. Dense models ignore it.
+    - `overlap_ep`: 1 to hide the expert-parallel all-to-alls behind the compute of another
+      micro-batch (Megatron-core's `overlap_moe_expert_parallel_comm`, DeepSeek's DualPipe);
+      0 (the default) runs them in line.
     - `micro_batch`: sequences per micro-batch.
     - `global_batch`: sequences per optimizer step (divisible by dp * micro_batch).
     - `vp`: interleaved pipeline chunks per stage (1 = plain 1F1B).
@@ -121,13 +130,16 @@ class TrainingPlan(eqx.Module):
     account_embedding_loss: jax.Array = eqx.field(converter=as_float, default=0)
     offload_layers: jax.Array = eqx.field(converter=as_float, default=0)
     fp32_optimizer_moments: jax.Array = eqx.field(converter=as_float, default=1)
+    expert_tp: jax.Array = eqx.field(converter=as_float, default=0)
+    overlap_ep: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):
             check_integer("TrainingPlan", name, getattr(self, name))
+        check_integer("TrainingPlan", "expert_tp", self.expert_tp, minimum=0)
         for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_tp_backward",
                      "overlap_dp", "zero3_per_matrix", "fp32_gradients", "account_embedding_loss",
-                     "fp32_optimizer_moments"):
+                     "fp32_optimizer_moments", "overlap_ep"):
             check_choice("TrainingPlan", name, getattr(self, name), {0: "off", 1: "on"})
         check_choice("TrainingPlan", "recompute", self.recompute, RECOMPUTE)
         for name in ("recompute_layers", "offload_layers"):
@@ -139,6 +151,13 @@ class TrainingPlan(eqx.Module):
     def num_gpus(self) -> jax.Array:
         """GPUs in the job, tp * pp * dp * cp."""
         return self.tp * self.pp * self.dp * self.cp
+
+    def expert_layout(self, model) -> tuple[jax.Array, jax.Array]:
+        """(etp, edp): the expert MLPs' tensor-parallel degree (`expert_tp`, or `tp` when it is
+        0 or the model is dense) and their data-parallel degree tp * cp * dp / (etp * ep), the
+        ranks that hold the same experts and reduce their gradients."""
+        etp = jnp.where((self.expert_tp > 0) & (model.num_experts > 1), self.expert_tp, self.tp)
+        return etp, self.tp * self.cp * self.dp / (etp * self.ep)
 
     @property
     def num_micro_batches(self) -> jax.Array:

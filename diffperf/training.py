@@ -11,9 +11,10 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import collectives as coll
-from ._checks import check_finite_report
+from ._checks import check_finite_report, is_concrete
 from .efficiency import Efficiency, matmul_efficiency
 from .feasibility import training_reason
 from .hardware import System
@@ -22,8 +23,9 @@ from .attention import projections
 from .plans import TrainingPlan
 from .roofline import (bytes_per_element, exposed_after_overlap, gemm_time, op_time,
                        peak_matmul_flops)
-from .training_memory import (TrainingMemory, params_per_gpu, stored_bytes_per_layer,
-                              training_memory, weight_bytes)
+from .training_memory import (TrainingMemory, expert_params_per_gpu, params_per_gpu,
+                              sharded_params_per_gpu, stored_bytes_per_layer, training_memory,
+                              weight_bytes)
 
 
 class TrainingReport(eqx.Module):
@@ -112,6 +114,22 @@ class _Layer(eqx.Module):
     comm: jax.Array  # exposed TP + CP + EP communication (forward, backward, recompute)
 
 
+def _known_dense(model: Transformer) -> bool:
+    """True when `num_experts` is a concrete 1 everywhere: the expert-layer terms then equal the
+    dense ones and stay out of the trace."""
+    return is_concrete(model.num_experts) and bool(np.all(np.asarray(model.num_experts) <= 1))
+
+
+def _tp_reduction(net, eff: Efficiency, msg, group, sp):
+    """One tensor-parallel reduction of `msg` bytes over `group` ranks: (its forward cost:
+    all-reduce, or reduce-scatter + all-gather with SP; SP's extra all-gather of the output
+    gradient in the backward; the backward's input-gradient reduction), s."""
+    ar = coll.all_reduce(net, eff, msg, group)
+    rs = coll.reduce_scatter(net, eff, msg, group)
+    ag = coll.all_gather(net, eff, msg, group)
+    return jnp.where(sp, rs + ag, ar), jnp.where(sp, ag, 0.0), jnp.where(sp, rs, ar)
+
+
 def _activation_bytes(precision) -> jax.Array:
     """Bytes per activation element: 16 bit even in fp8 / fp4 recipes, 4 in fp32 training."""
     return jnp.maximum(bytes_per_element(precision), 2.0)
@@ -135,7 +153,12 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     k_top = model.experts_per_token
     moe = model.num_experts > 1
     local_experts = model.num_experts / ep
-    expert_tokens = tokens * k_top * ep / model.num_experts  # tokens each local expert sees
+    # Expert layers (`TrainingPlan.expert_layout`): an expert-tensor-parallel group of etp ranks
+    # dispatches its tokens (each rank holds tokens / t under sequence parallelism; all of them
+    # when etp = t) to the ep ranks of its experts; each local expert runs an f / etp slice.
+    etp = plan.expert_layout(model)[0]
+    moe_tokens = tokens * etp / t
+    expert_tokens = moe_tokens * k_top * ep / model.num_experts  # tokens each local expert sees
 
     # Weight GEMMs, forward. Each backward GEMM (data and weight gradient) is a permutation of
     # (m, n, k) with the same FLOPs and (symmetric) efficiency: backward = 2 x forward.
@@ -147,18 +170,19 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
             for pr in projections(model, t)]
     qkv = sum(time for pr, time in proj if not pr.is_output)  # input projections
     out_proj = sum(time for pr, time in proj if pr.is_output)
-    up = lambda m, width, batch=1.0: gemm_time(acc, eff, m, (model.mlp_matrices - 1.0) * width
-                                               / t, h, p, batch=batch, act_bytes=ab)
+    up = lambda m, width, batch=1.0, split=t: gemm_time(  # noqa: E731
+        acc, eff, m, (model.mlp_matrices - 1.0) * width / split, h, p, batch=batch, act_bytes=ab)
     if model.known_absent("shared_ffn_hidden"):  # the common case, kept out of sweeps' traces
         shared_up = shared_mlp = 0.0
     else:
         has, f_c = model.has_shared, model.shared_width  # f_c: f_s, finite when f_s = 0
         shared_up = has * up(tokens, f_c)
         shared_mlp = shared_up + has * gemm_time(acc, eff, tokens, h, f_c / t, p, act_bytes=ab)
-    routed_up = up(expert_tokens, f, local_experts)
+    routed_up = up(expert_tokens, f, local_experts, etp)
     moe_up = routed_up + shared_up  # the column-parallel GEMMs of a MoE layer's MLPs
     moe_mlp = (routed_up
-               + gemm_time(acc, eff, expert_tokens, h, f / t, p, batch=local_experts, act_bytes=ab)
+               + gemm_time(acc, eff, expert_tokens, h, f / etp, p, batch=local_experts,
+                           act_bytes=ab)
                + jnp.where(moe, gemm_time(acc, eff, tokens, model.num_experts, h, p,
                                           act_bytes=ab), 0.0)
                + shared_mlp)
@@ -205,9 +229,20 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
         2.0 + model.gated_mlp)
     elem_flops = norm_elems * (2 * 8 + 2 * 3) + act_elems * 8
     elem_fwd = op_time(acc, eff, elem_flops, elem_bytes, kernels=5.0)
+    # Token permutation of a MoE layer (Megatron-core's all-to-all dispatcher): copy each of the
+    # k routes of a token into expert order before the dispatch, regroup the received tokens by
+    # local expert after it, and undo both around the combine, which then sums the k weighted
+    # copies: 6 reads or writes of the k-fold tokens plus one of the result, the same again in
+    # the backward pass.
+    if _known_dense(model):
+        permute = 0.0
+    else:
+        routed = moe_tokens * k_top * h * ab
+        permute = jnp.where(moe, (1.0 - r) * op_time(acc, eff, 0.0, 7.0 * routed, kernels=4.0),
+                            0.0)
 
-    forward = gemms + attn_fwd + elem_fwd
-    backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd
+    forward = gemms + attn_fwd + elem_fwd + permute
+    backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd + permute
     # Fully recomputed layers (all with recompute = full, else `recompute_layers` per chunk) rerun
     # the forward pass; the others rerun the attention core under selective recompute without a
     # fused kernel (a flash kernel's recomputation is part of its backward).
@@ -218,32 +253,41 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather with SP) in the forward,
     # 2 in the backward, 2 more when the whole forward is recomputed; half as many in a parallel
     # attention + MLP block (one reduction of the summed branches per pass).
+    # The MLP's reduction of a MoE layer runs over the expert-tensor-parallel group (on its
+    # tokens), plus the tensor-parallel one of a shared expert, when etp < t.
     per_pass = model.tp_reductions_per_pass
-    n_forward = per_pass * (1.0 + full)
-    msg = tokens * h * ab
     sp = plan.sequence_parallel > 0
-    ar = coll.all_reduce(net, eff, msg, t)
-    rs = coll.reduce_scatter(net, eff, msg, t)
-    ag = coll.all_gather(net, eff, msg, t)
-    tp_one = jnp.where(sp, rs + ag, ar)
+    one, sp_ag, bwd = _tp_reduction(net, eff, tokens * h * ab, t, sp)  # each reduction over t
+    if not _known_dense(model):
+        e_one, e_ag, e_bwd = _tp_reduction(net, eff, moe_tokens * h * ab, etp, sp)
+        shared = model.has_shared if not model.known_absent("shared_ffn_hidden") else 0.0
+        folded = etp < t
+        mix = lambda x, e: jnp.where(folded, r * x + (1.0 - r) * (shared * x + e), x)  # noqa: E731
+        one, sp_ag, bwd = (x + (per_pass - 1.0) * mix(x, e) for x, e in
+                           ((one, e_one), (sp_ag, e_ag), (bwd, e_bwd)))
+        per_pass_scale = 1.0
+    else:
+        per_pass_scale = per_pass
     left = 1.0 - plan.overlap_tp * eff.tp_overlap  # what GEMM-collective overlap leaves exposed
     # Backward: the reduction of a column-parallel layer's input gradient (all-reduce, or
     # reduce-scatter with SP) can run while that layer's weight-gradient GEMM runs (Megatron's
     # asynchronous all-reduce); SP's all-gather of the output gradient stays in line.
-    bwd_async = per_pass * jnp.where(sp, rs, ar) * left
+    bwd_async = per_pass_scale * bwd * left
     bwd_async = jnp.where(plan.overlap_tp_backward > 0,
                           exposed_after_overlap(bwd_async, qkv + mlp_up), bwd_async)
-    tp_comm = (n_forward * tp_one + per_pass * jnp.where(sp, ag, 0.0)) * left + bwd_async
+    tp_comm = per_pass_scale * ((1.0 + full) * one + sp_ag) * left + bwd_async
     # Context parallel: all-gather K and V of the whole sequence (forward, recompute), reduce-
     # scatter their gradients (backward); largely hidden behind the attention core.
     kv_bytes = plan.micro_batch * seq * kv * (qk + v) * ab
     n_cp = 2.0 + full
     cp_comm = n_cp * coll.all_gather(net, eff, kv_bytes, cp, t) * (1.0 - eff.cp_overlap)
-    # Expert parallel: dispatch + combine all-to-all per pass. Megatron-core folds cp x dp into
-    # ep x expert-dp for the expert layers, so EP ranks sit tp apart (its 'tp-ep-dp-pp' order).
-    a2a = coll.all_to_all(net, eff, tokens * k_top * h * ab, ep, t)
+    # Expert parallel: dispatch + combine all-to-all per pass, between ranks etp apart. With
+    # `overlap_ep` they run while another micro-batch computes (its forward and backward).
+    a2a = coll.all_to_all(net, eff, moe_tokens * k_top * h * ab, ep, etp)
     per_block = 4.0 + 2.0 * full
     ep_comm = jnp.where(moe, (1.0 - r) * per_block * a2a, 0.0)
+    ep_comm = jnp.where(plan.overlap_ep > 0,
+                        exposed_after_overlap(ep_comm, forward + backward + recompute), ep_comm)
     return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm)
 
 
@@ -328,6 +372,22 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     ar = coll.all_reduce(net, eff, grads, group, plan.tp)
     rs = coll.reduce_scatter(net, eff, grads, group, plan.tp)
     ag = coll.all_gather(net, eff, wts, group, plan.tp)
+    dp_ranks = group  # the largest group that reduces gradients
+    if not _known_dense(model):
+        # Expert weights are reduced over their own data-parallel ranks, etp * ep apart.
+        etp, edp = plan.expert_layout(model)
+        n_exp = expert_params_per_gpu(model, plan)
+        dense_g, exp_g = (n_params - n_exp) * plan.gradient_bytes, n_exp * plan.gradient_bytes
+        dense_w, exp_w = (n_params - n_exp) * weight_bytes(plan), n_exp * weight_bytes(plan)
+        stride = etp * plan.ep
+        moe = (model.num_experts > 1) & (n_exp > 0)  # else one reduction of them all
+        ar = jnp.where(moe, coll.all_reduce(net, eff, dense_g, group, plan.tp)
+                       + coll.all_reduce(net, eff, exp_g, edp, stride), ar)
+        rs = jnp.where(moe, coll.reduce_scatter(net, eff, dense_g, group, plan.tp)
+                       + coll.reduce_scatter(net, eff, exp_g, edp, stride), rs)
+        ag = jnp.where(moe, coll.all_gather(net, eff, dense_w, group, plan.tp)
+                       + coll.all_gather(net, eff, exp_w, edp, stride), ag)
+        dp_ranks = jnp.maximum(group, edp)
     # ZeRO-3 / FSDP gathers and reduces one transformer layer at a time per micro-batch, or
     # (DeepSpeed) one weight matrix at a time: each is an NCCL ring paying its own latency.
     units = layers_per_stage * jnp.where(plan.zero3_per_matrix > 0, 2.0 + model.mlp_matrices,
@@ -352,14 +412,14 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
         layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))
     hide = jnp.where(plan.zero >= 3, eff.zero3_overlap * compute,
                      plan.overlap_dp * eff.dp_overlap * last_mb)
-    dp_comm = jnp.where(group > 1, exposed_after_overlap(dp_total, hide), 0.0)
+    dp_comm = jnp.where(dp_ranks > 1, exposed_after_overlap(dp_total, hide), 0.0)
 
     # Adam on the local shard: read the gradient (g B) and the optimizer state (fp32 master, m,
     # v: `optimizer_state_bytes`, 12 B), write the state and the model weight (w B), after
     # reading the gradient once more for the clipping norm (g B); then the whole local gradient
     # buffer is zeroed for the next step (g B per parameter). With fp32 gradients and moments
     # and 16-bit weights: 34 B per shard parameter.
-    shard = n_params / jnp.where(plan.zero >= 1, group, 1.0)
+    shard = jnp.where(plan.zero >= 1, sharded_params_per_gpu(model, plan), n_params)
     g = plan.gradient_bytes
     state = 2.0 * plan.optimizer_state_bytes  # read + write
     optimizer = op_time(acc, eff, 14.0 * shard,

@@ -75,16 +75,31 @@ def weight_bytes(plan: TrainingPlan) -> jax.Array:
 def params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
     """Parameters held by one GPU of the first pipeline stage before ZeRO sharding, count.
 
-    Dense weights are split over `tp`; expert weights over `tp * ep`; the stage holds L / pp
-    layers (`TrainingPlan.end_stage_layers`) plus the input embedding (V h / tp), and with
-    pp = 1 also the output head unless it is tied to the embedding.
+    Dense weights are split over `tp`; expert weights over `etp * ep`
+    (`TrainingPlan.expert_layout`); the stage holds L / pp layers
+    (`TrainingPlan.end_stage_layers`) plus the input embedding (V h / tp), and with pp = 1 also
+    the output head unless it is tied to the embedding.
     """
-    expert = model.expert_params()
-    dense = model.layer_params() - expert
-    per_layer = dense / plan.tp + expert / (plan.tp * plan.ep)
+    dense = model.layer_params() - model.expert_params()
     tables = 1.0 + jnp.where(plan.pp == 1, 1.0 - model.tied_embeddings, 0.0)
-    return (plan.end_stage_layers(model.layers) * per_layer
-            + tables * model.vocab * model.hidden / plan.tp)
+    return (plan.end_stage_layers(model.layers) * dense / plan.tp
+            + tables * model.vocab * model.hidden / plan.tp + expert_params_per_gpu(model, plan))
+
+
+def expert_params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """The expert-MLP part of `params_per_gpu` (a dense model's MLP weights), count."""
+    etp = plan.expert_layout(model)[0]
+    return plan.end_stage_layers(model.layers) * model.expert_params() / (etp * plan.ep)
+
+
+def sharded_params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """`params_per_gpu` after sharding each weight over the ranks that hold a copy of it (ZeRO,
+    the distributed optimizer): dense weights over dp * cp, expert weights over their
+    expert-data-parallel ranks (`TrainingPlan.expert_layout`; dp * cp / ep when expert_tp = tp),
+    count."""
+    expert = expert_params_per_gpu(model, plan)
+    return ((params_per_gpu(model, plan) - expert) / (plan.dp * plan.cp)
+            + expert / plan.expert_layout(model)[1])
 
 
 def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Array:
@@ -166,12 +181,10 @@ def in_flight_factor(plan: TrainingPlan) -> jax.Array:
 def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> TrainingMemory:
     """Per-GPU memory breakdown of the first pipeline stage (the most loaded one), B."""
     n = params_per_gpu(model, plan)
-    shard = plan.dp * plan.cp
-    wbytes = weight_bytes(plan)
-    obytes = plan.optimizer_state_bytes
-    weights = n * wbytes / jnp.where(plan.zero >= 3, shard, 1.0)
-    grads = n * plan.gradient_bytes / jnp.where(plan.zero >= 2, shard, 1.0)
-    optim = n * obytes / jnp.where(plan.zero >= 1, shard, 1.0)
+    shard = sharded_params_per_gpu(model, plan)
+    weights = jnp.where(plan.zero >= 3, shard, n) * weight_bytes(plan)
+    grads = jnp.where(plan.zero >= 2, shard, n) * plan.gradient_bytes
+    optim = jnp.where(plan.zero >= 1, shard, n) * plan.optimizer_state_bytes
     # Per layer: fully recomputed layers keep their input, offloaded ones nothing, the others
     # what their `recompute` mode stores.
     full_frac = plan.recomputed_fraction(model.layers)
