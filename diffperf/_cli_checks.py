@@ -25,8 +25,8 @@ _AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "m
 _FLOAT32_EXACT = tuple(k for k in _AT_LEAST_ONE if k not in ("n", "starts"))
 #: Options that are physical budgets or targets: > 0.
 _POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")
-#: Options where 0 is meaningful (no L-BFGS stage, no prior).
-_NON_NEGATIVE = ("lbfgs_steps", "prior_weight")
+#: Options where 0 is meaningful (no L-BFGS stage, no prior, expert TP = TP).
+_NON_NEGATIVE = ("lbfgs_steps", "prior_weight", "expert_tp")
 
 
 def _opt(dest: str) -> str:

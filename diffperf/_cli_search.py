@@ -139,7 +139,7 @@ def run_search_train(args) -> int:
         return NO_PLAN
     plan_cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
                  "sequence_parallel", "flash_attention", "ep", "overlap_tp", "overlap_dp",
-                 "precision", "fp32_gradients", "offload_layers"]
+                 "precision", "fp32_gradients", "offload_layers", "expert_tp", "overlap_ep"]
     print("\nbest plans:")
     print(top[_shown(top, plan_cols, always=10) + ["step_time_s", "mfu", "memory_gb",
                                                    "vs_best"]]

@@ -85,6 +85,13 @@ def _add_train(sub):
     p.add_argument("--dp", type=int, default=None, help="default: gpus / (tp * pp * cp)")
     p.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (default 1)")
+    p.add_argument("--expert-tp", type=int, default=0,
+                   help="tensor-parallel degree of the expert MLPs (Megatron-core "
+                        "--expert-tensor-parallel-size; NVIDIA's MoE recipes use 1, which lets "
+                        "--ep span the TP ranks); default 0 = --tp")
+    p.add_argument("--overlap-ep", action="store_true",
+                   help="hide the expert-parallel all-to-alls behind another micro-batch's "
+                        "compute (Megatron-core --overlap-moe-expert-parallel-comm)")
     p.add_argument("--vp", type=int, default=None,
                    help="interleaved chunks per stage (default 3 with --pp > 1, else 1)")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch "
@@ -191,7 +198,8 @@ def _train_inputs(args):
                         account_embedding_loss=int(args.account_embedding_loss),
                         recompute_layers=args.recompute_layers,
                         offload_layers=args.offload_layers,
-                        fp32_optimizer_moments=int(args.optimizer_moments == "fp32"))
+                        fp32_optimizer_moments=int(args.optimizer_moments == "fp32"),
+                        expert_tp=args.expert_tp, overlap_ep=int(args.overlap_ep))
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu)
 
 

@@ -36,7 +36,7 @@ REASON_UNEVEN = REASON_DUPLICATE + 1
 REASON_OFFLOAD = REASON_UNEVEN + 1
 PLAN_AXES = ("tp", "pp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
              "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision",
-             "fp32_gradients", "offload_layers")
+             "fp32_gradients", "offload_layers", "expert_tp", "overlap_ep")
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -49,7 +49,8 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
 
     tp: powers of two up to 64; pp: divisors of the GPU count up to the layer count that divide
     the layer count or are powers of two; cp: 1, 2, 4, 8, 16; ep: divisors of the
-    expert count (1 for dense); vp: divisors of the layer count; micro-batch: divisors of the
+    expert count (1 for dense), and for MoE models expert_tp tp or 1 and the all-to-all
+    overlap off / on; vp: divisors of the layer count; micro-batch: divisors of the
     global batch up to 256; recompute none / selective / full; ZeRO 0-3; sequence parallelism,
     flash attention, TP and DP overlap on / off; `precisions` (codes; default tf32 and bf16).
     `fp32_gradients` (1 fp32, 0 16-bit gradient buffers) and `offload_layers` (layers per chunk
@@ -73,7 +74,8 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
         "overlap_tp": [0, 1],
         "overlap_dp": [0, 1],
         "precision": list(precisions),
-    } | ({"fp32_gradients": list(fp32_gradients)} if list(fp32_gradients) != [1] else {})
+    } | ({"expert_tp": [0, 1], "overlap_ep": [0, 1]} if experts > 1 else {})
+      | ({"fp32_gradients": list(fp32_gradients)} if list(fp32_gradients) != [1] else {})
       | ({"offload_layers": list(offload_layers)} if list(offload_layers) != [0] else {}))
 
 
@@ -83,7 +85,7 @@ def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
     defaults = {"tp": 1.0, "pp": 1.0, "cp": 1.0, "ep": 1.0, "vp": 1.0, "micro_batch": 1.0, "recompute": 0.0,
                 "zero": 1.0, "sequence_parallel": 0.0, "flash_attention": 1.0,
                 "overlap_tp": 1.0, "overlap_dp": 1.0, "precision": 1.0, "fp32_gradients": 1.0,
-                "offload_layers": 0.0}
+                "offload_layers": 0.0, "expert_tp": 0.0, "overlap_ep": 0.0}
     for key, d in defaults.items():
         v.setdefault(key, d)
     dp = gpus / (v["tp"] * v["pp"] * v["cp"])
@@ -122,7 +124,9 @@ def _gpus_reason(reason, values, gpus):
            & (values.get("ep", 1.0) == 1))
         | ((values.get("overlap_dp", 0.0) > 0) & (dp * cp == 1))
         | ((values.get("zero", 0.0) > 0) & (dp * cp == 1))
-        | ((values.get("recompute", 0.0) == 1) & (values.get("flash_attention", 0.0) > 0)))
+        | ((values.get("recompute", 0.0) == 1) & (values.get("flash_attention", 0.0) > 0))
+        | ((values.get("expert_tp", 0.0) == 1) & (tp == 1))
+        | ((values.get("overlap_ep", 0.0) > 0) & (values.get("ep", 1.0) == 1)))
     reason = jnp.where((reason == 0) & no_effect, REASON_DUPLICATE, reason)
     return jnp.where(divides(per, gpus), reason, REASON_GPUS)
 
@@ -220,7 +224,7 @@ def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,
                         plan_from_values(values, gpus, global_batch))
     cols = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
             "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "fp32_gradients",
-            "offload_layers")
+            "offload_layers", "expert_tp", "overlap_ep")
     df = pd.DataFrame({k: np.rint(np.asarray(getattr(plan, k))[:n]).astype(int) for k in cols})
     df["recompute"] = [RECOMPUTE[int(x)] for x in df["recompute"]]
     df["precision"] = [PRECISIONS[int(x)] for x in np.asarray(plan.precision)[:n]]

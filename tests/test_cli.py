@@ -58,6 +58,24 @@ def test_train_memory_recipe_flags(capsys):
     assert fp16["memory_gb"]["gradients"] == pytest.approx(bf16["memory_gb"]["gradients"] / 2)
 
 
+def test_train_expert_parallel_flags(capsys):
+    """NVIDIA's DeepSeek-V3 / Qwen3-235B H100 layout: TP 2 and PP 8 leave 32 ranks per stage on
+    256 GPUs, so EP 32 needs expert TP 1 (Megatron-core's rule, named in the error);
+    overlapping the all-to-alls never costs time."""
+    def args(ep, *extra):
+        return ("train", "--model", "deepseek-v3", "--gpu", "h100-sxm5-80gb", "--gpus", "256",
+                "--tp", "2", "--pp", "8", "--vp", "1", "--ep", str(ep), "--global-batch",
+                "1024", "--precision", "fp8", *extra)
+    code, _, err = run(capsys, *args(32))
+    assert code == 2 and "ep * expert_tp does not divide tp * cp * dp" in err
+    assert "expert_tp=2" in err
+    folded = json.loads(run(capsys, *args(32, "--expert-tp", "1", "--json"))[1])
+    hidden = json.loads(run(capsys, *args(32, "--expert-tp", "1", "--overlap-ep", "--json"))[1])
+    assert hidden["step_time_s"] < folded["step_time_s"]
+    code, _, err = run(capsys, *args(8, "--expert-tp", "-1"))
+    assert code == 2 and "--expert-tp must be >= 0" in err
+
+
 def test_train_zero3_per_matrix_pays_more_gathers(capsys):
     """DeepSpeed-style ZeRO-3 (one gather per weight matrix) over 256 GPUs exposes more
     data-parallel communication than FSDP-style per-layer gathers; compute is unchanged."""
