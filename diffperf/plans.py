@@ -58,7 +58,8 @@ class TrainingPlan(eqx.Module):
       `expert_tensor_parallel_size`); 0 (the default) = `tp`, Megatron-core's default. With
       `expert_tp` < `tp` (NVIDIA's MoE recipes use 1) each rank dispatches only its own
       sequence-parallel share of the tokens and `ep` may span tensor-parallel ranks:
-      `ep * expert_tp` must divide `tp * cp * dp`. Dense models ignore it.
+      `ep * expert_tp` must divide `tp * cp * dp`. Modelled with sequence parallelism, which
+      Megatron-core requires for MoE with tp > 1. Dense models ignore it.
     - `overlap_ep`: 1 to hide the expert-parallel all-to-alls behind the compute of another
       micro-batch (Megatron-core's `overlap_moe_expert_parallel_comm`, DeepSeek's DualPipe);
       0 (the default) runs them in line.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import equinox as eqx
 import jax
 import numpy as np
 import pytest
@@ -19,6 +20,9 @@ from diffperf.feasibility import REASONS, describe_failure
 
 EFF = dp.Efficiency()
 H100 = dp.system("h100-sxm5-80gb")
+#: train_step compiled once for every call below (same tree structure; the model's fields are
+#: traced, so the MoE and dense models run the same expert-aware trace)
+STEP = eqx.filter_jit(dp.train_step)
 # 4 layers of h = 1024, 8 query heads of 128, 32 gated experts 256 wide, top 4; no dense layers
 L, H, E, K, F, V = 4, 1024, 32, 4, 256, 1000
 MOE = dp.Transformer(layers=L, hidden=H, heads=8, kv_heads=8, ffn_hidden=F, vocab=V,
@@ -44,7 +48,7 @@ def test_expert_weights_are_sharded_over_their_own_data_parallel_ranks():
     assert float(params_per_gpu(MOE, plan)) == pytest.approx(per_gpu, rel=1e-6)
     sharded = DENSE_PARAMS / 2 / 8 + EXPERT_PARAMS / (2 * 4) / 2
     assert float(sharded_params_per_gpu(MOE, plan)) == pytest.approx(sharded, rel=1e-6)
-    mem = dp.train_step(MOE, H100, plan, EFF).memory
+    mem = STEP(MOE, H100, plan, EFF).memory
     assert float(mem.optimizer) == pytest.approx(12.0 * sharded, rel=1e-6)
     # expert_tp 1 (folding): whole experts, E / 4 per GPU; 2 * 8 / 4 = 4 ranks share them
     folded = _plan(expert_tp=1)
@@ -58,23 +62,26 @@ def test_dense_models_and_expert_tp_equal_to_tp_keep_the_default_layout():
     dense = dataclasses.replace(MOE, num_experts=1, experts_per_token=1, ffn_hidden=4 * H)
     plan = _plan(ep=1)
     for model, ep in ((MOE, 4), (dense, 1)):
-        a = dp.train_step(model, H100, _plan(ep=ep), EFF)
-        b = dp.train_step(model, H100, _plan(ep=ep, expert_tp=2), EFF)
+        a = STEP(model, H100, _plan(ep=ep), EFF)
+        b = STEP(model, H100, _plan(ep=ep, expert_tp=2), EFF)
         assert float(a.step_time) == float(b.step_time)
         assert float(a.memory.total) == float(b.memory.total)
-    # a dense model ignores expert_tp altogether
+    # a dense model ignores expert_tp altogether, also on the path a concrete dense model takes
+    # (the expert terms left out of the trace)
     a = dp.train_step(dense, H100, plan, EFF)
     c = dp.train_step(dense, H100, _plan(ep=1, expert_tp=1), EFF)
     assert float(a.step_time) == float(c.step_time)
+    assert float(a.step_time) == pytest.approx(float(STEP(dense, H100, plan, EFF).step_time),
+                                               rel=1e-6)
 
 
 def test_megatron_core_rank_rule_for_expert_parallelism():
     """ep * expert_tp must divide tp * cp * dp. With tp 2 and dp 16 (32 ranks per stage), ep 32
     needs expert_tp 1 (NVIDIA's Qwen3-235B H100 recipe: TP 2, EP 32 on 256 GPUs, PP 8)."""
     plan = _plan(dp=16, ep=32, global_batch=64)
-    assert int(dp.train_step(MOE, H100, plan, EFF).reason) == 8
+    assert int(STEP(MOE, H100, plan, EFF).reason) == 8
     folded = _plan(dp=16, ep=32, expert_tp=1, global_batch=64)
-    assert int(dp.train_step(MOE, H100, folded, EFF).reason) == 0
+    assert int(STEP(MOE, H100, folded, EFF).reason) == 0
     msg = describe_failure(8, MOE, plan)
     assert "expert_tp=2" in msg and "tp * cp * dp=32" in msg
     assert "ep * expert_tp does not divide tp * cp * dp" in REASONS[8]
@@ -86,8 +93,8 @@ def test_folding_keeps_the_flops_and_dispatches_each_ranks_own_tokens():
     """Same model FLOPs with expert_tp 1 or 2. With expert_tp 1 the all-to-all carries the
     rank's own (sequence-parallel) tokens, tokens / tp, and the expert MLPs need no tensor-
     parallel reduction (ep 4 stays inside one node either way: ranks 1 or 2 apart)."""
-    a = dp.train_step(MOE, H100, _plan(), EFF)
-    b = dp.train_step(MOE, H100, _plan(expert_tp=1), EFF)
+    a = STEP(MOE, H100, _plan(), EFF)
+    b = STEP(MOE, H100, _plan(expert_tp=1), EFF)
     assert float(a.model_flops) == pytest.approx(float(b.model_flops), rel=1e-9)
     # the MoE layers' MLP reductions vanish (expert_tp 1) and the all-to-all halves
     assert float(b.tp_comm_time) < 0.8 * float(a.tp_comm_time)
@@ -95,15 +102,15 @@ def test_folding_keeps_the_flops_and_dispatches_each_ranks_own_tokens():
 
 def test_overlapping_the_all_to_all_never_costs_time_and_hides_at_most_it():
     for kw in ({}, {"expert_tp": 1}, {"dp": 16, "ep": 16, "expert_tp": 1, "global_batch": 64}):
-        a = dp.train_step(MOE, H100, _plan(**kw), EFF)
-        b = dp.train_step(MOE, H100, _plan(overlap_ep=1, **kw), EFF)
+        a = STEP(MOE, H100, _plan(**kw), EFF)
+        b = STEP(MOE, H100, _plan(overlap_ep=1, **kw), EFF)
         assert float(b.step_time) <= float(a.step_time)
         assert float(a.tp_comm_time) - float(b.tp_comm_time) == pytest.approx(
             float(a.step_time) - float(b.step_time), rel=1e-4)
         # the dense model has nothing to overlap
     dense = dataclasses.replace(MOE, num_experts=1, experts_per_token=1, ffn_hidden=4 * H)
-    a = dp.train_step(dense, H100, _plan(ep=1), EFF)
-    b = dp.train_step(dense, H100, _plan(ep=1, overlap_ep=1), EFF)
+    a = STEP(dense, H100, _plan(ep=1), EFF)
+    b = STEP(dense, H100, _plan(ep=1, overlap_ep=1), EFF)
     assert float(a.step_time) == float(b.step_time)
 
 
@@ -113,7 +120,7 @@ def test_expert_fields_vmap_and_differentiate():
     plans = [_plan(expert_tp=e, overlap_ep=o) for e in (0, 1, 2) for o in (0, 1)]
     stacked = jax.tree.map(lambda *x: np.stack(x), *plans)
     batched = jax.vmap(lambda p: dp.train_step(MOE, H100, p, EFF).step_time)(stacked)
-    loop = [float(dp.train_step(MOE, H100, p, EFF).step_time) for p in plans]
+    loop = [float(STEP(MOE, H100, p, EFF).step_time) for p in plans]
     np.testing.assert_allclose(np.asarray(batched), loop, rtol=1e-5)
     g = jax.grad(lambda s: dp.train_step(MOE, s, _plan(expert_tp=1, overlap_ep=1),
                                          EFF).step_time)(H100)

@@ -11,32 +11,28 @@ from pathlib import Path
 import numpy as np
 
 from diffperf.calibrate import default_data_paths
-from diffperf import train_step
 from diffperf.data import read_benchmarks, train_specs
 from diffperf.validate import validate
 
 HOLDOUT = Path(__file__).resolve().parent.parent / "benchmarks_data" / "train_moe_holdout.csv"
 
 
-def test_holdout_rows_are_valid_and_not_in_the_fit():
+def test_holdout_rows_are_valid_not_in_the_fit_and_no_worse_than_measured():
     rows = read_benchmarks(HOLDOUT)
     assert len(rows) == 26 and all(r.kind == "train" for r in rows)
     assert HOLDOUT not in default_data_paths()
     fitted = {r.id for p in default_data_paths() for r in read_benchmarks(p)}
     assert not fitted & {r.id for r in rows}
     for r in rows:
-        model, system, plan = train_specs(r)
+        model, _, plan = train_specs(r)
         assert float(model.num_experts) > 1 and float(plan.expert_tp) == 1
-        # every structural rule holds (ep * expert_tp divides tp * dp, as Megatron-core
-        # demands); only the memory estimate may disagree with the published run
-        assert int(train_step(model, system, plan).reason) in (0, 10), r.id
-
-
-def test_holdout_error_stays_at_most_as_measured():
     result = validate([HOLDOUT])
+    # every structural rule holds (ep * expert_tp divides tp * dp, as Megatron-core demands):
+    # no row fails; only the memory estimate may disagree with a published run (a warning)
     assert not result["failed"]
+    assert all("does not fit in HBM" in w["warning"] for w in result["warnings"])
     s = result["summary"]["tokens_per_s_per_gpu"]
     assert s["n"] == 26
     assert s["mape"] <= 50.0  # 48.0 % when the rows were added (README)
     apes = np.array([r["ape"] for r in result["rows"]])
-    assert np.median(apes) <= 40.0
+    assert np.median(apes) <= 40.0  # 35.7 %
