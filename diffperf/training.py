@@ -253,29 +253,28 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather with SP) in the forward,
     # 2 in the backward, 2 more when the whole forward is recomputed; half as many in a parallel
     # attention + MLP block (one reduction of the summed branches per pass).
-    # The MLP's reduction of a MoE layer runs over the expert-tensor-parallel group (on its
-    # tokens), plus the tensor-parallel one of a shared expert, when etp < t.
+    # Per pass: the attention's reduction over t and, in a sequential block, the MLP's: over t
+    # too, except in the MoE layers with etp < t, where it runs over the expert-tensor-parallel
+    # group on that group's tokens (plus a shared expert's over t).
     per_pass = model.tp_reductions_per_pass
     sp = plan.sequence_parallel > 0
-    one, sp_ag, bwd = _tp_reduction(net, eff, tokens * h * ab, t, sp)  # each reduction over t
-    if not _known_dense(model):
-        e_one, e_ag, e_bwd = _tp_reduction(net, eff, moe_tokens * h * ab, etp, sp)
-        shared = model.has_shared if not model.known_absent("shared_ffn_hidden") else 0.0
-        folded = etp < t
-        mix = lambda x, e: jnp.where(folded, r * x + (1.0 - r) * (shared * x + e), x)  # noqa: E731
-        one, sp_ag, bwd = (x + (per_pass - 1.0) * mix(x, e) for x, e in
-                           ((one, e_one), (sp_ag, e_ag), (bwd, e_bwd)))
-        per_pass_scale = 1.0
+    attn = _tp_reduction(net, eff, tokens * h * ab, t, sp)
+    if _known_dense(model):
+        mlp = attn
     else:
-        per_pass_scale = per_pass
+        expert = _tp_reduction(net, eff, moe_tokens * h * ab, etp, sp)
+        shared = model.has_shared if not model.known_absent("shared_ffn_hidden") else 0.0
+        mlp = tuple(jnp.where(etp < t, r * a + (1.0 - r) * (shared * a + e), a)
+                    for a, e in zip(attn, expert))
+    one, sp_ag, bwd = (a + (per_pass - 1.0) * m for a, m in zip(attn, mlp))
     left = 1.0 - plan.overlap_tp * eff.tp_overlap  # what GEMM-collective overlap leaves exposed
     # Backward: the reduction of a column-parallel layer's input gradient (all-reduce, or
     # reduce-scatter with SP) can run while that layer's weight-gradient GEMM runs (Megatron's
     # asynchronous all-reduce); SP's all-gather of the output gradient stays in line.
-    bwd_async = per_pass_scale * bwd * left
+    bwd_async = bwd * left
     bwd_async = jnp.where(plan.overlap_tp_backward > 0,
                           exposed_after_overlap(bwd_async, qkv + mlp_up), bwd_async)
-    tp_comm = per_pass_scale * ((1.0 + full) * one + sp_ag) * left + bwd_async
+    tp_comm = ((1.0 + full) * one + sp_ag) * left + bwd_async
     # Context parallel: all-gather K and V of the whole sequence (forward, recompute), reduce-
     # scatter their gradients (backward); largely hidden behind the attention core.
     kv_bytes = plan.micro_batch * seq * kv * (qk + v) * ab
@@ -377,16 +376,14 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
         # Expert weights are reduced over their own data-parallel ranks, etp * ep apart.
         etp, edp = plan.expert_layout(model)
         n_exp = expert_params_per_gpu(model, plan)
-        dense_g, exp_g = (n_params - n_exp) * plan.gradient_bytes, n_exp * plan.gradient_bytes
-        dense_w, exp_w = (n_params - n_exp) * weight_bytes(plan), n_exp * weight_bytes(plan)
-        stride = etp * plan.ep
         moe = (model.num_experts > 1) & (n_exp > 0)  # else one reduction of them all
-        ar = jnp.where(moe, coll.all_reduce(net, eff, dense_g, group, plan.tp)
-                       + coll.all_reduce(net, eff, exp_g, edp, stride), ar)
-        rs = jnp.where(moe, coll.reduce_scatter(net, eff, dense_g, group, plan.tp)
-                       + coll.reduce_scatter(net, eff, exp_g, edp, stride), rs)
-        ag = jnp.where(moe, coll.all_gather(net, eff, dense_w, group, plan.tp)
-                       + coll.all_gather(net, eff, exp_w, edp, stride), ag)
+
+        def split(collective, bytes_per_param):
+            return (collective(net, eff, (n_params - n_exp) * bytes_per_param, group, plan.tp)
+                    + collective(net, eff, n_exp * bytes_per_param, edp, etp * plan.ep))
+        ar = jnp.where(moe, split(coll.all_reduce, plan.gradient_bytes), ar)
+        rs = jnp.where(moe, split(coll.reduce_scatter, plan.gradient_bytes), rs)
+        ag = jnp.where(moe, split(coll.all_gather, weight_bytes(plan)), ag)
         dp_ranks = jnp.maximum(group, edp)
     # ZeRO-3 / FSDP gathers and reduces one transformer layer at a time per micro-batch, or
     # (DeepSpeed) one weight matrix at a time: each is an NCCL ring paying its own latency.
