@@ -1,8 +1,9 @@
 """The held-out MoE training rows (`benchmarks_data/train_moe_holdout.csv`: NVIDIA's
-Megatron-Bridge 25.09 / 25.11 DeepSeek-V3, Qwen3 MoE and gpt-oss runs). They are not in the
-calibration fit; these tests keep them readable, structurally valid under the model (every
-published plan is one Megatron-core accepts) and their error at or below what was measured
-when they were added (a regression guard, not an accuracy target: README, Accuracy)."""
+Megatron-Bridge 25.09 / 25.11 DeepSeek-V3, Qwen3 MoE and gpt-oss runs, and DeepSeek's own
+DeepSeek-V3 pre-training rate on H800). They are not in the calibration fit; these tests keep
+them readable, structurally valid under the model (every published plan is one Megatron-core
+accepts) and their error at or below what was measured when they were added (a regression
+guard, not an accuracy target: README, Accuracy)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ HOLDOUT = Path(__file__).resolve().parent.parent / "benchmarks_data" / "train_mo
 
 def test_holdout_rows_are_valid_not_in_the_fit_and_no_worse_than_measured():
     rows = read_benchmarks(HOLDOUT)
-    assert len(rows) == 26 and all(r.kind == "train" for r in rows)
+    assert len(rows) == 27 and all(r.kind == "train" for r in rows)
     assert HOLDOUT not in default_data_paths()
     fitted = {r.id for p in default_data_paths() for r in read_benchmarks(p)}
     assert not fitted & {r.id for r in rows}
@@ -32,7 +33,7 @@ def test_holdout_rows_are_valid_not_in_the_fit_and_no_worse_than_measured():
     assert not result["failed"]
     assert all("does not fit in HBM" in w["warning"] for w in result["warnings"])
     s = result["summary"]["tokens_per_s_per_gpu"]
-    assert s["n"] == 26
-    assert s["mape"] <= 50.0  # 48.0 % when the rows were added (README)
+    assert s["n"] == 27
+    assert s["mape"] <= 50.0  # 46.8 % when the rows were added (README)
     apes = np.array([r["ape"] for r in result["rows"]])
-    assert np.median(apes) <= 40.0  # 35.7 %
+    assert np.median(apes) <= 40.0  # 34.5 %
