@@ -233,6 +233,19 @@ def test_bad_per_gpu_file_is_a_clear_error(tmp_path):
         efficiency_from_json(f)
 
 
+def test_a_gpu_without_fitted_factors_borrows_its_chips():
+    """The H800 (an H100 with less NVLink) has no measured rows of its own: it takes the H100's
+    fitted factors (`efficiency_of`); a GPU with neither gets the shared ones."""
+    from diffperf.presets import default_efficiency
+    h800, h100 = default_efficiency("h800-sxm5-80gb"), default_efficiency("h100-sxm5-80gb")
+    shared = default_efficiency()
+    for f in ("matmul_lowp", "hbm", "kernel_overhead"):
+        assert float(getattr(h800, f)) == float(getattr(h100, f))
+    assert float(h100.matmul_lowp) != float(shared.matmul_lowp)  # the H100 has its own
+    v100 = default_efficiency("v100-sxm2-32gb")
+    assert float(v100.matmul_lowp) == float(shared.matmul_lowp)
+
+
 def test_default_efficiency_per_gpu():
     import diffperf as dp
     from diffperf.presets import default_efficiency

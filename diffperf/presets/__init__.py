@@ -111,10 +111,15 @@ class GpuEfficiency(Efficiency):
     per_gpu: tuple = eqx.field(static=True, default=())
 
     def overrides(self, gpu: str | None) -> dict:
-        """The factors overridden for GPU `gpu` (empty for None or a GPU without overrides)."""
+        """The factors overridden for GPU `gpu` (empty for None or a GPU without overrides). A
+        preset GPU without its own takes those of the GPU named by its `efficiency_of` entry
+        (the H800 is an H100 with less NVLink: same chip, same kernels)."""
         if gpu is None:
             return {}
-        return dict(dict(self.per_gpu).get(str(gpu).lower(), ()))
+        table, key = dict(self.per_gpu), str(gpu).lower()
+        if key not in table and key in _table("gpus"):
+            key = _table("gpus")[key].get("efficiency_of", key)
+        return dict(table.get(key, ()))
 
     def shared(self) -> Efficiency:
         """The shared factors as a plain `Efficiency`."""
