@@ -13,12 +13,13 @@ up-projecting it, so the GEMMs below serve prefill and decode alike.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from .model import Transformer
+if TYPE_CHECKING:  # model.py derives its attention weight count from `projections`
+    from .model import Transformer
 
 
 class Projection(NamedTuple):

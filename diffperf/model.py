@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import as_float, check_divides, check_fraction, check_integer, is_concrete
+from .attention import projections
 
 def _F():
     return eqx.field(converter=as_float)
@@ -175,14 +176,9 @@ class Transformer(eqx.Module):
         return jnp.where(self.kv_lora_rank > 0, self.heads, self.kv_heads)
 
     def attention_weights(self) -> jax.Array:
-        """Weights of the attention projections of one layer (no biases / norms), count."""
-        h, a, d = self.hidden, self.heads, self.head_dim
-        standard = h * (a + 2.0 * self.kv_heads) * d + a * d * h
-        q_lora, c = self.q_lora_rank, self.kv_lora_rank
-        query = jnp.where(q_lora > 0, h * q_lora + q_lora * a * self.qk_dim, h * a * self.qk_dim)
-        latent = (query + h * (c + self.rope_head_dim) + c * a * (d + self.v_dim)
-                  + a * self.v_dim * h)
-        return (1.0 - self.mla) * standard + self.mla * latent
+        """Weights of the attention projections of one layer (no biases / norms), count: the
+        GEMMs of `attention.projections` on one GPU."""
+        return sum(pr.share * pr.n * pr.k for pr in projections(self, 1.0))
 
     def kv_cache_width(self, tp) -> jax.Array:
         """Elements one GPU caches per token and layer: K and V of its max(kv_heads / tp, 1)
@@ -190,6 +186,11 @@ class Transformer(eqx.Module):
         standard = 2.0 * jnp.maximum(self.kv_heads / tp, 1.0) * self.head_dim
         return ((1.0 - self.mla) * standard
                 + self.mla * (self.kv_lora_rank + self.rope_head_dim))
+
+    def known_dense(self) -> bool:
+        """True when `num_experts` is a concrete 1 for every model of a batch: the expert-layer
+        terms then equal the dense ones and can be left out of the trace."""
+        return is_concrete(self.num_experts) and bool(np.all(np.asarray(self.num_experts) <= 1))
 
     def known_absent(self, name: str) -> bool:
         """True when field `name` is a concrete zero (not a tracer): the model has no such

@@ -11,10 +11,9 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import collectives as coll
-from ._checks import check_finite_report, is_concrete
+from ._checks import check_finite_report
 from .efficiency import Efficiency, matmul_efficiency
 from .feasibility import training_reason
 from .hardware import System
@@ -112,12 +111,6 @@ class _Layer(eqx.Module):
     backward: jax.Array
     recompute: jax.Array
     comm: jax.Array  # exposed TP + CP + EP communication (forward, backward, recompute)
-
-
-def _known_dense(model: Transformer) -> bool:
-    """True when `num_experts` is a concrete 1 everywhere: the expert-layer terms then equal the
-    dense ones and stay out of the trace."""
-    return is_concrete(model.num_experts) and bool(np.all(np.asarray(model.num_experts) <= 1))
 
 
 def _tp_reduction(net, eff: Efficiency, msg, group, sp):
@@ -234,7 +227,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # local expert after it, and undo both around the combine, which then sums the k weighted
     # copies: 6 reads or writes of the k-fold tokens plus one of the result, the same again in
     # the backward pass.
-    if _known_dense(model):
+    if model.known_dense():
         permute = 0.0
     else:
         routed = moe_tokens * k_top * h * ab
@@ -259,7 +252,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     per_pass = model.tp_reductions_per_pass
     sp = plan.sequence_parallel > 0
     attn = _tp_reduction(net, eff, tokens * h * ab, t, sp)
-    if _known_dense(model):
+    if model.known_dense():
         mlp = attn
     else:
         expert = _tp_reduction(net, eff, moe_tokens * h * ab, etp, sp)
@@ -372,7 +365,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     rs = coll.reduce_scatter(net, eff, grads, group, plan.tp)
     ag = coll.all_gather(net, eff, wts, group, plan.tp)
     dp_ranks = group  # the largest group that reduces gradients
-    if not _known_dense(model):
+    if not model.known_dense():
         # Expert weights are reduced over their own data-parallel ranks, etp * ep apart.
         etp, edp = plan.expert_layout(model)
         n_exp = expert_params_per_gpu(model, plan)
