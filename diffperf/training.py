@@ -359,25 +359,27 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # parameters (`weight_bytes`) as stored.
     n_params = params_per_gpu(model, plan)
     group = plan.dp * plan.cp
-    grads = n_params * plan.gradient_bytes
-    wts = n_params * weight_bytes(plan)
-    ar = coll.all_reduce(net, eff, grads, group, plan.tp)
-    rs = coll.reduce_scatter(net, eff, grads, group, plan.tp)
-    ag = coll.all_gather(net, eff, wts, group, plan.tp)
     dp_ranks = group  # the largest group that reduces gradients
     if not model.known_dense():
-        # Expert weights are reduced over their own data-parallel ranks, etp * ep apart.
+        # Expert weights are reduced (and ZeRO-sharded) over their own data-parallel ranks,
+        # etp * ep apart.
         etp, edp = plan.expert_layout(model)
         n_exp = expert_params_per_gpu(model, plan)
-        moe = (model.num_experts > 1) & (n_exp > 0)  # else one reduction of them all
-
-        def split(collective, bytes_per_param):
-            return (collective(net, eff, (n_params - n_exp) * bytes_per_param, group, plan.tp)
-                    + collective(net, eff, n_exp * bytes_per_param, edp, etp * plan.ep))
-        ar = jnp.where(moe, split(coll.all_reduce, plan.gradient_bytes), ar)
-        rs = jnp.where(moe, split(coll.reduce_scatter, plan.gradient_bytes), rs)
-        ag = jnp.where(moe, split(coll.all_gather, weight_bytes(plan)), ag)
+        moe = (model.num_experts > 1) & (n_exp > 0)  # else one collective of them all
         dp_ranks = jnp.maximum(group, edp)
+
+    def dp_collective(collective, bytes_per_param, *args):
+        """`collective` over the ranks that hold a copy of each weight, s."""
+        whole = collective(net, eff, n_params * bytes_per_param, group, plan.tp, *args)
+        if model.known_dense():
+            return whole
+        split = (collective(net, eff, (n_params - n_exp) * bytes_per_param, group, plan.tp, *args)
+                 + collective(net, eff, n_exp * bytes_per_param, edp, etp * plan.ep, *args))
+        return jnp.where(moe, split, whole)
+
+    ar = dp_collective(coll.all_reduce, plan.gradient_bytes)
+    rs = dp_collective(coll.reduce_scatter, plan.gradient_bytes)
+    ag = dp_collective(coll.all_gather, weight_bytes(plan))
     # ZeRO-3 / FSDP gathers and reduces one transformer layer at a time per micro-batch, or
     # (DeepSpeed) one weight matrix at a time: each is an NCCL ring paying its own latency.
     units = layers_per_stage * jnp.where(plan.zero3_per_matrix > 0, 2.0 + model.mlp_matrices,
@@ -386,9 +388,10 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # as flat rings through each rank's own NIC (`striped = 0`, see `coll.all_gather`).
     per_matrix = plan.zero3_per_matrix > 0
     striped = 1.0 - plan.zero3_per_matrix
-    gather = coll.all_gather(net, eff, wts / units, group, plan.tp, striped)
-    scatter = coll.reduce_scatter(net, eff, jnp.where(per_matrix, wts, grads) / units, group,
-                                  plan.tp, striped)
+    gather = dp_collective(coll.all_gather, weight_bytes(plan) / units, striped)
+    scatter = dp_collective(coll.reduce_scatter,
+                            jnp.where(per_matrix, weight_bytes(plan), plan.gradient_bytes) / units,
+                            striped)
     zero3_per_mb = units * ((2.0 + plan.recomputed_fraction(model.layers)) * gather + scatter)
     dp_total = jnp.where(plan.zero >= 3, m * zero3_per_mb, jnp.where(plan.zero >= 1, rs + ag, ar))
     # Gradients are reduced during the backward pass of the last micro-batch (and, with a sharded

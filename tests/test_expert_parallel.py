@@ -58,6 +58,20 @@ def test_expert_weights_are_sharded_over_their_own_data_parallel_ranks():
         DENSE_PARAMS / 2 / 8 + EXPERT_PARAMS / 4 / 4, rel=1e-6)
 
 
+def test_zero3_gathers_expert_weights_only_over_their_own_data_parallel_ranks():
+    """ZeRO-3 with ep = dp (tp 2, etp 2): each GPU holds the only copy of its experts, so it
+    gathers and reduce-scatters none of their weights, and wider experts leave the DP traffic
+    alone. With ep 4 two ranks share each expert shard, and wider experts cost DP time."""
+    no_hiding = dataclasses.replace(EFF, zero3_overlap=0.0)
+    wide = dataclasses.replace(MOE, ffn_hidden=4 * F)
+
+    def dp_time(model, ep):
+        return float(STEP(model, H100, _plan(ep=ep, zero=3), no_hiding).dp_comm_time)
+    assert dp_time(MOE, 8) > 0
+    assert dp_time(wide, 8) == pytest.approx(dp_time(MOE, 8), rel=1e-9)
+    assert dp_time(wide, 4) > 1.01 * dp_time(MOE, 4)
+
+
 def test_dense_models_and_expert_tp_equal_to_tp_keep_the_default_layout():
     dense = dataclasses.replace(MOE, num_experts=1, experts_per_token=1, ffn_hidden=4 * H)
     plan = _plan(ep=1)
