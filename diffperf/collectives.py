@@ -93,11 +93,13 @@ def reduce_scatter(net: Network, eff: Efficiency, size, n, stride=1.0, striped=1
 
 def all_to_all(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     """All-to-all where each rank holds `size` bytes and keeps 1/n of it: the in-domain share
-    (n_in - 1)/n goes over NVLink, the rest (n - n_in)/n over the scale-out fabric."""
+    (n_in - 1)/n goes over NVLink, the rest (n - n_in)/n over the scale-out fabric. The two
+    run at the same time (NCCL issues every peer's send and receive in one group, over
+    NVLink and over the NIC), so the slower sets the time."""
     n = jnp.asarray(n, dtype=jnp.result_type(float))
     n_in, n_out = tier_split(net, n, stride)
     bw_in, bw_out = _bw(net, eff)
-    t = (size * (n_in - 1) / n / bw_in + size * (n - n_in) / n / bw_out
+    t = (jnp.maximum(size * (n_in - 1) / n / bw_in, size * (n - n_in) / n / bw_out)
          + (n_in - 1) * net.nvlink_latency + (n_out - 1) * net.scaleout_latency)
     return t + _fixed(n, eff)
 
