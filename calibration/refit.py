@@ -195,7 +195,8 @@ def _implausible_lines(fit):
 
 def _holdout_lines(efficiency_path) -> list[str]:
     """The held-out rows (`benchmarks_data/train_moe_holdout.csv`) predicted with the new fit,
-    by model: they are never fitted, so this is how far the fit carries to them."""
+    by model and by source: they are never fitted, so this is how far the fit carries to
+    them."""
     if not HOLDOUT.exists():
         return []
     import numpy as np
@@ -209,12 +210,16 @@ def _holdout_lines(efficiency_path) -> list[str]:
              f"`{HOLDOUT.relative_to(ROOT)}` predicted with this fit (`diffperf validate --data` "
              "that file): fine-grained MoE runs whose costs the model does not fully represent "
              "(`benchmarks_data/SOURCES.md`).", "",
-             "| model | values | MAPE | median APE | predicted too fast |",
+             "| model / source | values | MAPE | median APE | predicted too fast |",
              "|---|---:|---:|---:|---:|"]
-    groups: dict[str, list[dict]] = {}
+    by_model: dict[str, list[dict]] = {}
+    by_source: dict[str, list[dict]] = {}
     for r in result["rows"]:
-        groups.setdefault(model[r["id"]], []).append(r)
-    for name, rows in list(groups.items()) + [("all", result["rows"])]:
+        by_model.setdefault(model[r["id"]], []).append(r)
+        source = ("deepseek-v3-report" if r["id"].startswith("deepseek-v3-report")
+                  else r["id"].split("-")[0])
+        by_source.setdefault(f"`{source}`", []).append(r)
+    for name, rows in [*by_model.items(), *by_source.items(), ("all", result["rows"])]:
         ape = np.array([r["ape"] for r in rows])
         fast = sum(r["predicted"] > r["measured"] for r in rows)
         lines.append(f"| {name} | {ape.size} | {ape.mean():.1f} % | {np.median(ape):.1f} % | "
