@@ -2,7 +2,7 @@
 token dispatch and combine (arXiv:2603.07685 Table 7; `benchmarks_data/all_to_all_latency.csv`).
 Each rank sends its 4,096 tokens' 8 routed copies of 7,168 16-bit values. The errors bounded
 here were measured when the table was added: on H100 (EP 8 in one node, EP 16-64 across 2-8
-nodes) at most 7 %; on GB200 NVL72 (all in one NVLink domain) 12-24 % too fast."""
+nodes) at most 8 %; on GB200 NVL72 (all in one NVLink domain) 11-24 % too fast."""
 
 from __future__ import annotations
 
