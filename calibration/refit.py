@@ -133,6 +133,49 @@ def _coverage(fit, held_out):
             "parameter_sd_max": float(np.max(held))}
 
 
+def _moe_error(fit, cv_source_preds, efficiency_path):
+    """Set the fit's MoE training model error (`MOE_STEP_TIME`): the RMS log residual over the
+    fitted MoE rows' leave-one-source-out predictions and the held-out MoE rows' predictions
+    with this fit (never fitted), one residual per measurement. Returns the residuals."""
+    import numpy as np
+    from diffperf.calibrate_uncertainty import MOE_STEP_TIME, measurements
+    from diffperf.presets import efficiency_from_json
+    from diffperf.validate import validate
+    moe_ids = {r.id for r in fit.problem.ds.train_rows if float(r.values["num_experts"]) > 1}
+    fitted = [m["r"] for m in measurements([p for p in cv_source_preds if p["id"] in moe_ids])]
+    held: dict[str, list[float]] = {}
+    if HOLDOUT.exists():
+        for row in validate([HOLDOUT], efficiency_from_json(efficiency_path))["rows"]:
+            held.setdefault(row["id"], []).append(np.log(row["predicted"] / row["measured"]))
+    residuals = np.array(fitted + [float(np.mean(v)) for v in held.values()])
+    if residuals.size:
+        fit.residual_sd[MOE_STEP_TIME] = float(np.sqrt(np.mean(residuals ** 2)))
+    return {"fitted": len(fitted), "held_out": len(held), "residuals": residuals}
+
+
+def _moe_error_lines(fit, moe):
+    """The MoE model error's row of the interval table, and how the dense error would cover."""
+    import numpy as np
+    from statistics import NormalDist
+    from diffperf.calibrate_uncertainty import MOE_STEP_TIME
+    r = moe["residuals"]
+    if not r.size:
+        return []
+    z = NormalDist().inv_cdf(0.95)
+    sd, dense = fit.residual_sd[MOE_STEP_TIME], fit.residual_sd["step_time"]
+    half = (np.exp(z * sd) - np.exp(-z * sd)) / 2 * 100
+    return [
+        f"MoE models' training steps get their own model error, `{MOE_STEP_TIME}`: the RMS "
+        f"log residual of {moe['fitted']} fitted MoE rows (leave-one-source-out) and "
+        f"{moe['held_out']} held-out MoE rows (`{HOLDOUT.relative_to(ROOT)}`, never fitted): "
+        f"{sd * 100:.1f} % against {dense * 100:.1f} % for all training steps, a mean "
+        f"half-width of {half:.0f} %. With the all-training error only "
+        f"{np.mean(np.abs(r) <= z * dense) * 100:.0f} % of these {r.size} MoE measurements "
+        f"would fall inside their 90 % interval; with their own, "
+        f"{np.mean(np.abs(r) <= z * sd) * 100:.0f} % (own scale, parameter part left out).",
+        ""]
+
+
 def _coverage_lines(fit, cov):
     from diffperf.calibrate_uncertainty import QUANTITIES
     t = cov["table"]
@@ -263,6 +306,10 @@ def main(argv=None) -> int:
     fit.metadata["fit_wall_seconds"] = round(t_fit, 1)
     fit.metadata["settings"] = SETTINGS
     fit.save(args.out)
+    moe = None
+    if coverage:  # the MoE error needs the saved fit's predictions of the held-out rows
+        moe = _moe_error(fit, cv_preds["source"], args.out)
+        fit.save(args.out)
     print(f"wrote {args.out}", file=sys.stderr)
     report = Path(args.report)
     lines = [
@@ -295,6 +342,7 @@ def main(argv=None) -> int:
         lines += ([note, ""] if note else []) + [_table(title, ins, cvs, key), ""]
     if coverage:
         lines += _coverage_lines(fit, coverage)
+        lines += _moe_error_lines(fit, moe)
     lines += _implausible_lines(fit)
     lines += _holdout_lines(args.out)
     lines += [

@@ -138,7 +138,8 @@ def _add_train(sub):
     p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     p.add_argument("--interval", action="store_true",
                    help="also print the 90%% prediction interval of the step time (calibration "
-                        "uncertainty + model error; a few seconds more)")
+                        "uncertainty + model error, a MoE model's from held-out MoE runs; a few "
+                        "seconds more)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_train)
 
@@ -264,7 +265,8 @@ def _print_training(args, s: dict, plan) -> None:
     print(f"  step time            {s['step_time_s']:10.3f} s")
     if "step_time_interval_s" in s:
         iv = s["step_time_interval_s"]
-        print(f"    prediction         {iv['text']}" if "text" in iv else
+        moe = " (MoE runs' model error)" if iv.get("quantity") == "step_time_moe" else ""
+        print(f"    prediction         {iv['text']}{moe}" if "text" in iv else
               f"    (no interval: {iv['error']})")
     for k, v in s["breakdown_s"].items():
         if k == "offload_exposed" and not args.offload_layers:
@@ -322,10 +324,10 @@ def run_train(args) -> int:
     if notes:
         s["note"] = "; ".join(notes)
     if args.interval:
-        from .calibrate_uncertainty import interval_summary
+        from .calibrate_uncertainty import interval_summary, training_quantity
         s["step_time_interval_s"] = interval_summary(
             lambda e: train_step(model, system, plan, e).step_time, args.efficiency, args.gpu,
-            "train", "step_time")
+            "train", training_quantity(model))
     if args.set:
         base_system = _train_system(args)
         try:

@@ -41,3 +41,27 @@ def test_holdout_rows_are_valid_not_in_the_fit_and_no_worse_than_measured():
     # NVIDIA's tuned Megatron Core runs of DeepSeek-V3 and Qwen3-235B: 14.9 %
     mcore = [r["ape"] for r in result["rows"] if r["id"].startswith("mcore26-")]
     assert len(mcore) == 9 and np.mean(mcore) <= 17.0
+
+
+def test_holdout_rows_fall_inside_their_intervals_as_often_as_stated():
+    """`diffperf validate --interval` gives MoE rows the MoE model error (`step_time_moe`,
+    measured by calibration/refit.py on these rows and the fitted MoE rows' held-out
+    predictions): about 90 % of the measured rates lie inside their 90 % intervals. With the
+    all-training-step error instead, fewer than two thirds would."""
+    import json
+    import math
+    from importlib import resources
+    from statistics import NormalDist
+    from diffperf.batch_predict import predict_csv
+    df = predict_csv(HOLDOUT, intervals=True)
+    measured = {r.id: r.measured["tokens_per_s_per_gpu"] for r in read_benchmarks(HOLDOUT)}
+    # tokens/s = tokens per step / step time: the step time interval maps onto it
+    ratio = np.array([measured[i] / p for i, p in zip(df["id"], df["tokens_per_s_per_gpu"])])
+    implied_step = df["step_time_s"].to_numpy() / ratio  # the step time the run measured
+    inside = (df["interval_low_s"] <= implied_step) & (implied_step <= df["interval_high_s"])
+    assert inside.mean() >= 0.85
+    sd = json.loads(resources.files("diffperf.presets").joinpath("efficiency.json")
+                    .read_text())["uncertainty"]["residual_sd"]
+    z = NormalDist().inv_cdf(0.95)
+    dense_inside = np.abs(np.log(ratio)) <= z * math.hypot(sd["step_time"], 0.02)
+    assert dense_inside.mean() < 0.67

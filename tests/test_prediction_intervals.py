@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from diffperf.calibrate import Parameterisation
-from diffperf.calibrate_uncertainty import (FitUncertainty, interval_coverage, model_error_sd,
-                                            prediction_interval, quantity_of, residual_sds,
-                                            decode_quantity)
+from diffperf.calibrate_uncertainty import (MOE_STEP_TIME, FitUncertainty, interval_coverage,
+                                            model_error_sd, prediction_interval, quantity_of,
+                                            residual_sds, decode_quantity, training_quantity)
 from diffperf.cli import main
 
 Z90 = NormalDist().inv_cdf(0.95)
@@ -107,6 +107,44 @@ def test_interval_uses_the_model_error_of_its_quantity():
         assert iv.value / iv.low == pytest.approx(math.exp(Z90 * sd), rel=1e-9)
     with pytest.raises(ValueError, match="'e2e_latency'"):
         prediction_interval(f, u, 0.9, quantity="e2e_latency")
+
+
+def test_moe_training_steps_use_their_own_model_error():
+    import diffperf as dp
+    assert training_quantity(dp.model("mixtral-8x7b")) == MOE_STEP_TIME
+    assert training_quantity(dp.model("deepseek-v3")) == MOE_STEP_TIME
+    assert training_quantity(dp.model("gpt3-175b")) == "step_time"
+    # A fit without a MoE error (e.g. `diffperf calibrate` output) falls back to the training
+    # step's, not to the kind's.
+    assert model_error_sd({"step_time": 0.1, "train": 0.2}, MOE_STEP_TIME, "train") == 0.1
+    assert model_error_sd({"step_time": 0.1, MOE_STEP_TIME: 0.4}, MOE_STEP_TIME, "train") == 0.4
+    assert model_error_sd({"step_time": 0.1, MOE_STEP_TIME: 0.4}, "step_time", "train") == 0.1
+    par = Parameterisation.build(groups=())
+    theta = np.asarray(par.theta_from())
+    u = FitUncertainty(par, theta, np.zeros((theta.size, theta.size)),
+                       {"step_time": 0.1, MOE_STEP_TIME: 0.4})
+    iv = prediction_interval(lambda e: 2.0 * e.hbm, u, 0.9, kind="train", quantity=MOE_STEP_TIME)
+    assert iv.high / iv.value == pytest.approx(math.exp(Z90 * 0.4), rel=1e-9)
+
+
+def test_train_cli_interval_of_a_moe_model_uses_the_moe_error(capsys):
+    shipped = _shipped()["uncertainty"]["residual_sd"]
+    # Held-out MoE runs miss by far more than the fitted (mostly dense) tables
+    # (calibration/report.md): their error is the wider one.
+    assert shipped[MOE_STEP_TIME] > 2 * shipped["step_time"]
+    args = ["train", "--model", "mixtral-8x7b", "--gpu", "h100-sxm5-80gb", "--gpus", "64",
+            "--tp", "2", "--pp", "1", "--vp", "1", "--ep", "8", "--global-batch", "256",
+            "--recompute", "none", "--interval"]
+    assert main(args + ["--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    iv = s["step_time_interval_s"]
+    assert iv["quantity"] == MOE_STEP_TIME
+    # log half-width = z sqrt(parameter sd^2 + MoE error^2); the parameter part is a few %
+    half = math.log(iv["high"] / iv["low"]) / 2.0
+    assert Z90 * shipped[MOE_STEP_TIME] <= half <= Z90 * math.hypot(shipped[MOE_STEP_TIME], 0.05)
+    assert iv["low"] < s["step_time_s"] < iv["high"]
+    assert main(args) == 0
+    assert "(MoE runs' model error)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("batch, e2e_quantity", [(1, "latency"), (8, "throughput")])
