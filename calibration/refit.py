@@ -133,20 +133,29 @@ def _coverage(fit, held_out):
             "parameter_sd_max": float(np.max(held))}
 
 
-def _moe_error(fit, cv_source_preds, efficiency_path):
-    """Set the fit's MoE training model error (`MOE_STEP_TIME`): the RMS log residual over the
-    fitted MoE rows' leave-one-source-out predictions and the held-out MoE rows' predictions
-    with this fit (never fitted), one residual per measurement. Returns the residuals."""
-    import numpy as np
-    from diffperf.calibrate_uncertainty import MOE_STEP_TIME, measurements
+def _validate_holdout(efficiency_path):
+    """`validate` of the held-out rows with the fit saved at `efficiency_path` (None when the
+    file is absent)."""
+    if not HOLDOUT.exists():
+        return None
     from diffperf.presets import efficiency_from_json
     from diffperf.validate import validate
-    moe_ids = {r.id for r in fit.problem.ds.train_rows if float(r.values["num_experts"]) > 1}
+    return validate([HOLDOUT], efficiency_from_json(efficiency_path))
+
+
+def _moe_error(fit, cv_source_preds, holdout):
+    """Set the fit's MoE training model error (`MOE_STEP_TIME`): the RMS log residual over the
+    fitted MoE rows' leave-one-source-out predictions and the held-out MoE rows' predictions
+    with this fit (`holdout`: `_validate_holdout`; never fitted), one residual per
+    measurement. Returns the residuals."""
+    import numpy as np
+    from diffperf.calibrate_uncertainty import MOE_STEP_TIME, measurements, training_quantity
+    moe_ids = {r.id for r in fit.problem.ds.train_rows
+               if training_quantity(r.values["num_experts"]) == MOE_STEP_TIME}
     fitted = [m["r"] for m in measurements([p for p in cv_source_preds if p["id"] in moe_ids])]
     held: dict[str, list[float]] = {}
-    if HOLDOUT.exists():
-        for row in validate([HOLDOUT], efficiency_from_json(efficiency_path))["rows"]:
-            held.setdefault(row["id"], []).append(np.log(row["predicted"] / row["measured"]))
+    for row in holdout["rows"] if holdout else []:
+        held.setdefault(row["id"], []).append(np.log(row["predicted"] / row["measured"]))
     residuals = np.array(fitted + [float(np.mean(v)) for v in held.values()])
     if residuals.size:
         fit.residual_sd[MOE_STEP_TIME] = float(np.sqrt(np.mean(residuals ** 2)))
@@ -236,19 +245,16 @@ def _implausible_lines(fit):
     return lines + [""]
 
 
-def _holdout_lines(efficiency_path) -> list[str]:
-    """The held-out rows (`benchmarks_data/train_moe_holdout.csv`) predicted with the new fit,
-    by model and by source: they are never fitted, so this is how far the fit carries to
-    them."""
-    if not HOLDOUT.exists():
+def _holdout_lines(result) -> list[str]:
+    """The held-out rows (`benchmarks_data/train_moe_holdout.csv`) predicted with the new fit
+    (`result`: `_validate_holdout`), by model and by source: they are never fitted, so this is
+    how far the fit carries to them."""
+    if result is None:
         return []
     import numpy as np
     import pandas as pd
-    from diffperf.presets import efficiency_from_json
-    from diffperf.validate import validate
     table = pd.read_csv(HOLDOUT)
     model = dict(zip(table["id"], table["model"]))
-    result = validate([HOLDOUT], efficiency_from_json(efficiency_path))
     lines = ["## Held-out rows (not fitted)", "",
              f"`{HOLDOUT.relative_to(ROOT)}` predicted with this fit (`diffperf validate --data` "
              "that file): fine-grained MoE runs whose costs the model does not fully represent "
@@ -306,10 +312,11 @@ def main(argv=None) -> int:
     fit.metadata["fit_wall_seconds"] = round(t_fit, 1)
     fit.metadata["settings"] = SETTINGS
     fit.save(args.out)
+    holdout = _validate_holdout(args.out)  # the held-out rows predicted with the saved fit
     moe = None
-    if coverage:  # the MoE error needs the saved fit's predictions of the held-out rows
-        moe = _moe_error(fit, cv_preds["source"], args.out)
-        fit.save(args.out)
+    if coverage:
+        moe = _moe_error(fit, cv_preds["source"], holdout)
+        fit.save(args.out)  # with the MoE error
     print(f"wrote {args.out}", file=sys.stderr)
     report = Path(args.report)
     lines = [
@@ -344,7 +351,7 @@ def main(argv=None) -> int:
         lines += _coverage_lines(fit, coverage)
         lines += _moe_error_lines(fit, moe)
     lines += _implausible_lines(fit)
-    lines += _holdout_lines(args.out)
+    lines += _holdout_lines(holdout)
     lines += [
         "## Fitted factors",
         "",

@@ -95,14 +95,13 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
 def _intervals(kind: str, stacked, fit) -> dict:
     """`{row id: (low, high)}`: 90 % intervals of the headline time of `stacked`'s rows."""
     import jax
-    from .calibrate_uncertainty import MOE_STEP_TIME, decode_quantity, row_intervals
+    from .calibrate_uncertainty import decode_quantity, row_intervals, training_quantity
     from .inference import infer
     from .training import train_step
     ms, ss, ps = stacked.models, stacked.systems, stacked.plans
     if kind == "train":
         predict = lambda e: jax.vmap(train_step)(ms, ss, ps, e).step_time  # noqa: E731
-        quantities = [MOE_STEP_TIME if float(r.values.get("num_experts") or 1) > 1
-                      else "step_time" for r in stacked.rows]
+        quantities = [training_quantity(r.values["num_experts"]) for r in stacked.rows]
     else:
         predict = lambda e: jax.vmap(infer)(ms, ss, ps, e).e2e_latency  # noqa: E731
         quantities = [decode_quantity(r.values["batch"]) for r in stacked.rows]

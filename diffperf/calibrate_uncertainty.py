@@ -61,10 +61,11 @@ QUANTITIES = {
 MOE_STEP_TIME = "step_time_moe"
 
 
-def training_quantity(model) -> str:
-    """The model-error key of a training prediction for `model` (a `Transformer`):
-    `MOE_STEP_TIME` for a MoE model (num_experts > 1), else `"step_time"`."""
-    return MOE_STEP_TIME if float(np.max(np.asarray(model.num_experts))) > 1 else "step_time"
+def training_quantity(num_experts) -> str:
+    """The model-error key of a training prediction for a model with `num_experts` experts per
+    MoE layer (`Transformer.num_experts`, a benchmark row's column): `MOE_STEP_TIME` for a MoE
+    model (> 1), else `"step_time"`."""
+    return MOE_STEP_TIME if float(np.max(np.asarray(num_experts))) > 1 else "step_time"
 
 
 def quantity_of(metric: str, batch: float | None = None) -> str:

@@ -265,7 +265,8 @@ def _print_training(args, s: dict, plan) -> None:
     print(f"  step time            {s['step_time_s']:10.3f} s")
     if "step_time_interval_s" in s:
         iv = s["step_time_interval_s"]
-        moe = " (MoE runs' model error)" if iv.get("quantity") == "step_time_moe" else ""
+        from .calibrate_uncertainty import MOE_STEP_TIME
+        moe = " (MoE runs' model error)" if iv.get("quantity") == MOE_STEP_TIME else ""
         print(f"    prediction         {iv['text']}{moe}" if "text" in iv else
               f"    (no interval: {iv['error']})")
     for k, v in s["breakdown_s"].items():
@@ -327,7 +328,7 @@ def run_train(args) -> int:
         from .calibrate_uncertainty import interval_summary, training_quantity
         s["step_time_interval_s"] = interval_summary(
             lambda e: train_step(model, system, plan, e).step_time, args.efficiency, args.gpu,
-            "train", training_quantity(model))
+            "train", training_quantity(model.num_experts))
     if args.set:
         base_system = _train_system(args)
         try:

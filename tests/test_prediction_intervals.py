@@ -111,9 +111,9 @@ def test_interval_uses_the_model_error_of_its_quantity():
 
 def test_moe_training_steps_use_their_own_model_error():
     import diffperf as dp
-    assert training_quantity(dp.model("mixtral-8x7b")) == MOE_STEP_TIME
-    assert training_quantity(dp.model("deepseek-v3")) == MOE_STEP_TIME
-    assert training_quantity(dp.model("gpt3-175b")) == "step_time"
+    assert training_quantity(dp.model("mixtral-8x7b").num_experts) == MOE_STEP_TIME
+    assert training_quantity(dp.model("deepseek-v3").num_experts) == MOE_STEP_TIME
+    assert training_quantity(dp.model("gpt3-175b").num_experts) == "step_time"
     # A fit without a MoE error (e.g. `diffperf calibrate` output) falls back to the training
     # step's, not to the kind's.
     assert model_error_sd({"step_time": 0.1, "train": 0.2}, MOE_STEP_TIME, "train") == 0.1
