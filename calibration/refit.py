@@ -144,22 +144,11 @@ def _validate_holdout(efficiency_path):
 
 
 def _moe_error(fit, cv_source_preds, holdout):
-    """Set the fit's MoE training model error (`MOE_STEP_TIME`): the RMS log residual over the
-    fitted MoE rows' leave-one-source-out predictions and the held-out MoE rows' predictions
-    with this fit (`holdout`: `_validate_holdout`; never fitted), one residual per
-    measurement. Returns the residuals."""
-    import numpy as np
-    from diffperf.calibrate_uncertainty import MOE_STEP_TIME, measurements, training_quantity
-    moe_ids = {r.id for r in fit.problem.ds.train_rows
-               if training_quantity(r.values["num_experts"]) == MOE_STEP_TIME}
-    fitted = [m["r"] for m in measurements([p for p in cv_source_preds if p["id"] in moe_ids])]
-    held: dict[str, list[float]] = {}
-    for row in holdout["rows"] if holdout else []:
-        held.setdefault(row["id"], []).append(np.log(row["predicted"] / row["measured"]))
-    residuals = np.array(fitted + [float(np.mean(v)) for v in held.values()])
-    if residuals.size:
-        fit.residual_sd[MOE_STEP_TIME] = float(np.sqrt(np.mean(residuals ** 2)))
-    return {"fitted": len(fitted), "held_out": len(held), "residuals": residuals}
+    """Set the fit's MoE training model error (`MOE_STEP_TIME`, `moe_step_error`) from the fitted
+    MoE rows' leave-one-source-out predictions and the held-out rows (`holdout`:
+    `_validate_holdout`)."""
+    from diffperf.calibrate_uncertainty import moe_step_error
+    return moe_step_error(fit, cv_source_preds, holdout["rows"] if holdout else [])
 
 
 def _moe_error_lines(fit, moe):

@@ -38,6 +38,10 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
                    help="source balance exponent in [0, 1] (0: every cell weighs the same)")
     p.add_argument("--no-uncertainty", action="store_true",
                    help="skip the Laplace covariance (no prediction intervals from this file)")
+    p.add_argument("--moe-holdout", default=None, metavar="CSV",
+                   help="MoE training runs kept out of the fit, on which the model error of MoE "
+                        "training steps (their prediction intervals) is measured (default: the "
+                        "shipped benchmarks_data/train_moe_holdout.csv; 'none' to skip)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print the fit summary as JSON")
     p.set_defaults(func=run_calibrate)
@@ -81,6 +85,7 @@ def run_calibrate(args) -> int:
     out = Path(args.out)
     if out.parent and not out.parent.exists():
         raise ValueError(f"--out {out}: directory {out.parent} does not exist")
+    holdout = _moe_holdout_path(args.moe_holdout)
     fields = None
     if args.fields is not None:
         fields = [f.strip() for f in args.fields.split(",") if f.strip()]
@@ -106,6 +111,8 @@ def run_calibrate(args) -> int:
         print(f"warning: the fit did not converge in {args.steps} Adam + {args.lbfgs_steps} "
               f"L-BFGS steps (raise --lbfgs-steps); its factors are not at the optimum and "
               f"its prediction intervals are not meaningful", file=sys.stderr)
+    # The fitted rows' predictions for the MoE error: held-out ones if CV runs.
+    fitted_predictions, basis = fit.predictions, "in-sample"
     if args.cv != "none":
         cv = cross_validate(fit.problem, args.cv, k=args.folds, adam_steps=args.steps,
                             lbfgs_steps=args.lbfgs_steps, progress=prog)
@@ -117,19 +124,70 @@ def run_calibrate(args) -> int:
             # Prediction intervals for new configurations carry the held-out error.
             from .calibrate_uncertainty import use_cross_validated_error
             use_cross_validated_error(fit, cv["predictions"], args.cv)
+            fitted_predictions, basis = cv["predictions"], f"cross-validated ({args.cv})"
     fit.save(out)
+    moe_line = None
+    if holdout is not None:
+        moe_line = _measure_moe_error(fit, holdout, out, fitted_predictions, basis)
+        fit.save(out)
     ins = summaries(fit.predictions)
     if args.json:
         print(json.dumps({"out": str(out), "loss": fit.loss, "in_sample": ins,
                           "cv": fit.cv, "factors": fit.shared, "per_gpu": fit.per_gpu,
+                          "model_error": fit.residual_sd,
                           "excluded": fit.excluded}, indent=1))
         return 0
     print(f"wrote {out} (loss {fit.loss:.5g}; use: diffperf validate --efficiency {out})")
     print(format_table(ins, fit.cv.get(args.cv) if args.cv != "none" else None, args.cv))
+    if moe_line:
+        print(moe_line)
     if fit.excluded:
         print(f"rows left out (structurally infeasible or invalid): "
               f"{', '.join(e['id'] for e in fit.excluded)}")
     return 0
+
+
+def _moe_holdout_path(arg: str | None) -> Path | None:
+    """The held-out MoE runs of `--moe-holdout`: the given file, the shipped one by default
+    (None if this install has no `benchmarks_data/`), None for 'none'."""
+    if arg is not None and arg.strip().lower() == "none":
+        return None
+    if arg is None:
+        from .calibrate import benchmarks_dir
+        from .calibrate_uncertainty import MOE_HOLDOUT
+        path = benchmarks_dir() / MOE_HOLDOUT
+        return path if path.is_file() else None
+    if not Path(arg).is_file():
+        raise ValueError(f"--moe-holdout {arg}: file not found (give a benchmark CSV of MoE "
+                         f"training runs, or 'none')")
+    return Path(arg)
+
+
+def _measure_moe_error(fit, holdout: Path, fitted_path: Path, fitted_predictions: list[dict],
+                       basis: str) -> str | None:
+    """Set `fit`'s MoE training error (`moe_step_error`) from its MoE rows and the MoE runs of
+    `holdout` it was not fitted to, predicted with the saved fit at `fitted_path`; records how in
+    the metadata. **Returns:** the line to print (None when there is no MoE measurement)."""
+    from .calibrate_uncertainty import MOE_STEP_TIME, moe_step_error, training_quantity
+    from .data import read_benchmarks
+    from .presets import efficiency_from_json
+    from .validate import validate
+    fitted_ids = {r.id for r in fit.problem.ds.train_rows}
+    moe_ids = {r.id for r in read_benchmarks(holdout)
+               if r.kind == "train" and r.id not in fitted_ids
+               and training_quantity(r.values["num_experts"]) == MOE_STEP_TIME}
+    result = validate([holdout], efficiency_from_json(fitted_path))
+    moe = moe_step_error(fit, fitted_predictions,
+                         [row for row in result["rows"] if row["id"] in moe_ids])
+    if MOE_STEP_TIME not in fit.residual_sd:
+        return None
+    basis = (f"{moe['fitted']} fitted MoE rows ({basis}) and {moe['held_out']} held-out MoE "
+             f"runs of {holdout.name}")
+    fit.metadata["moe_error_basis"] = basis
+    sd, dense = fit.residual_sd[MOE_STEP_TIME], fit.residual_sd.get("step_time")
+    versus = f" (all training steps: {dense * 100:.1f} %)" if dense is not None else ""
+    return (f"MoE training steps: model error {sd * 100:.1f} %{versus}, from {basis}; "
+            f"`diffperf train --interval` uses it for MoE models")
 
 
 def format_table(ins: dict, cv: dict | None, cv_kind: str = "cv") -> str:

@@ -22,7 +22,8 @@ parameter error, so adding `g^T cov g` on top is slightly conservative (1.9 % lo
 median cell in quadrature). `calibrate` sets it from the in-sample residuals;
 `calibration/refit.py` replaces it with the leave-one-source-out residuals (the error on tables
 the fit never saw, which is what a new configuration faces) and measures how many held-out
-values fall inside their interval (`interval_coverage`).
+values fall inside their interval (`interval_coverage`). Both it and `diffperf calibrate` add
+the MoE training error measured on MoE runs the fit never saw (`moe_step_error`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,35 @@ def training_quantity(num_experts) -> str:
     MoE layer (`Transformer.num_experts`, a benchmark row's column): `MOE_STEP_TIME` for a MoE
     model (> 1), else `"step_time"`."""
     return MOE_STEP_TIME if float(np.max(np.asarray(num_experts))) > 1 else "step_time"
+
+
+#: File name of the held-out MoE training runs in `benchmarks_data/` (never fitted): the rows
+#: `moe_step_error` measures a fit's MoE error on.
+MOE_HOLDOUT = "train_moe_holdout.csv"
+
+
+def moe_step_error(fit, fitted_predictions: list[dict], held_out_rows: list[dict]) -> dict:
+    """Set `fit.residual_sd[MOE_STEP_TIME]`, the model error of a MoE model's training step:
+    the RMS log residual log(predicted / measured) over the fit's own MoE rows and MoE runs it
+    never saw, one residual per measurement (a row's columns averaged).
+
+    - `fitted_predictions`: prediction cells of the fitted rows (`calibrate.predictions_table`
+      form), cross-validated where possible; only the MoE rows' cells are used.
+    - `held_out_rows`: `validate(...)["rows"]` of held-out MoE runs predicted with this fit.
+
+    Leaves `fit` unchanged when there is no MoE measurement. **Returns:** `{"fitted": n,
+    "held_out": n, "residuals": array}`.
+    """
+    moe_ids = {r.id for r in fit.problem.ds.train_rows
+               if training_quantity(r.values["num_experts"]) == MOE_STEP_TIME}
+    fitted = [m["r"] for m in measurements([p for p in fitted_predictions if p["id"] in moe_ids])]
+    held: dict[str, list[float]] = {}
+    for row in held_out_rows:
+        held.setdefault(row["id"], []).append(math.log(row["predicted"] / row["measured"]))
+    residuals = np.array(fitted + [float(np.mean(v)) for v in held.values()])
+    if residuals.size:
+        fit.residual_sd[MOE_STEP_TIME] = float(np.sqrt(np.mean(residuals ** 2)))
+    return {"fitted": len(fitted), "held_out": len(held), "residuals": residuals}
 
 
 def quantity_of(metric: str, batch: float | None = None) -> str:

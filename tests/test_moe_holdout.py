@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from diffperf.calibrate import default_data_paths
 from diffperf.data import read_benchmarks, train_specs
@@ -65,3 +66,66 @@ def test_holdout_rows_fall_inside_their_intervals_as_often_as_stated():
     z = NormalDist().inv_cdf(0.95)
     dense_inside = np.abs(np.log(ratio)) <= z * math.hypot(sd["step_time"], 0.02)
     assert dense_inside.mean() < 0.67
+
+
+def _calibrate(capsys, tmp_path, data, *extra):
+    """`diffperf calibrate --json` on `data` (no optimisation steps: the MoE error is measured
+    with whatever factors come out); returns (exit code, JSON summary, saved file, stderr)."""
+    import json
+
+    from diffperf.cli import main
+    fitted = tmp_path / "fitted.json"
+    argv = ["calibrate", "--out", str(fitted), "--steps", "0", "--lbfgs-steps", "0", "--quiet",
+            "--json", *extra]
+    for d in data:
+        argv += ["--data", str(d)]
+    code = main(argv)
+    cap = capsys.readouterr()
+    summary = json.loads(cap.out) if code == 0 else None
+    saved = json.loads(fitted.read_text()) if fitted.exists() else None
+    return code, summary, saved, cap.err
+
+
+def test_calibrate_measures_the_moe_error_on_held_out_runs_only(capsys, tmp_path):
+    """`diffperf calibrate` sets the MoE training error from the held-out MoE runs predicted
+    with its own fit (by default the shipped ones); runs it was fitted to are not counted as
+    held out; `--moe-holdout none` leaves it unset (MoE intervals fall back to step_time)."""
+    import pandas as pd
+
+    from diffperf.calibrate_uncertainty import MOE_STEP_TIME
+    from diffperf.presets import efficiency_from_json
+    dense = tmp_path / "dense.csv"
+    pd.read_csv(default_data_paths()[0]).head(3).to_csv(dense, index=False)
+    code, summary, saved, _ = _calibrate(capsys, tmp_path, [dense])
+    assert code == 0
+    error = saved["uncertainty"]["residual_sd"][MOE_STEP_TIME]
+    assert summary["model_error"][MOE_STEP_TIME] == error
+    assert "0 fitted MoE rows (in-sample) and 36 held-out" in saved["metadata"]["moe_error_basis"]
+    # the RMS log ratio of the held-out runs, predicted with the saved factors
+    rows = validate([HOLDOUT], efficiency_from_json(tmp_path / "fitted.json"))["rows"]
+    logs = {}
+    for r in rows:
+        logs.setdefault(r["id"], []).append(np.log(r["predicted"] / r["measured"]))
+    expected = np.sqrt(np.mean([np.mean(v) ** 2 for v in logs.values()]))
+    assert len(logs) == 36 and error == pytest.approx(expected, rel=1e-9)
+    assert error > 3 * saved["uncertainty"]["residual_sd"]["step_time"]
+
+    # two held-out runs also given as --data are fitted rows, not held-out ones
+    two = tmp_path / "two_moe.csv"
+    pd.read_csv(HOLDOUT).head(2).to_csv(two, index=False)
+    code, _, saved, _ = _calibrate(capsys, tmp_path, [dense, two], "--moe-holdout", str(two))
+    assert code == 0
+    assert saved["metadata"]["moe_error_basis"].startswith("2 fitted MoE rows (in-sample) and "
+                                                           "0 held-out")
+
+    code, _, saved, _ = _calibrate(capsys, tmp_path, [dense], "--moe-holdout", "none")
+    assert code == 0 and MOE_STEP_TIME not in saved["uncertainty"]["residual_sd"]
+    assert "moe_error_basis" not in saved["metadata"]
+
+
+def test_calibrate_rejects_a_missing_moe_holdout_before_fitting(capsys, tmp_path):
+    code, _, saved, err = _calibrate(capsys, tmp_path, [default_data_paths()[0]],
+                                     "--moe-holdout", str(tmp_path / "absent.csv"))
+    assert code == 2 and saved is None  # nothing was fitted or written
+    assert "--moe-holdout" in err and "absent.csv: file not found" in err
+    assert "Traceback" not in err
