@@ -139,8 +139,9 @@ def tile_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
 
 
 def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
-              act_bytes=None) -> jax.Array:
-    """Time of `batch` independent (m x k) @ (k x n) GEMMs in one kernel, s.
+              act_bytes=None, kernels=1.0) -> jax.Array:
+    """Time of `batch` independent (m x k) @ (k x n) GEMMs in `kernels` launches (one batched
+    kernel by default; `batch` for one kernel per GEMM), s.
 
     FLOPs 2*batch*m*n*k at `peak * matmul_efficiency * tile_efficiency`; HBM traffic reads both
     operands and writes the output once (`act_bytes` per activation element, default the
@@ -155,5 +156,5 @@ def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
             * tile_efficiency(acc, m, n, batch))
     hbm = batch * (m * k * ab + k * n * b + m * n * ab)
     l2 = flops * b / L2_REUSE
-    return op_time(acc, eff, flops, hbm, l2, kernels=1.0, flops_per_s=rate,
+    return op_time(acc, eff, flops, hbm, l2, kernels=kernels, flops_per_s=rate,
                    sharpness=GEMM_SHARPNESS)

@@ -163,8 +163,12 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
             for pr in projections(model, t)]
     qkv = sum(time for pr, time in proj if not pr.is_output)  # input projections
     out_proj = sum(time for pr, time in proj if pr.is_output)
+    # The routed experts' GEMMs run one cuBLAS kernel per local expert (Transformer Engine's
+    # GroupedLinear, behind Megatron-core's grouped-GEMM expert MLP, launches `batch` GEMMs over
+    # four streams), so each pays its own launch and tail.
     up = lambda m, width, batch=1.0, split=t: gemm_time(  # noqa: E731
-        acc, eff, m, (model.mlp_matrices - 1.0) * width / split, h, p, batch=batch, act_bytes=ab)
+        acc, eff, m, (model.mlp_matrices - 1.0) * width / split, h, p, batch=batch, act_bytes=ab,
+        kernels=batch)
     if model.known_absent("shared_ffn_hidden"):  # the common case, kept out of sweeps' traces
         shared_up = shared_mlp = 0.0
     else:
@@ -175,7 +179,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     moe_up = routed_up + shared_up  # the column-parallel GEMMs of a MoE layer's MLPs
     moe_mlp = (routed_up
                + gemm_time(acc, eff, expert_tokens, h, f / etp, p, batch=local_experts,
-                           act_bytes=ab)
+                           act_bytes=ab, kernels=local_experts)
                + jnp.where(moe, gemm_time(acc, eff, tokens, model.num_experts, h, p,
                                           act_bytes=ab), 0.0)
                + shared_mlp)

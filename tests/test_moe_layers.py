@@ -221,3 +221,23 @@ def test_batched_models_with_and_without_shared_experts_equal_a_loop():
     assert np.all(np.isfinite(batched))
     np.testing.assert_allclose(batched, [np.asarray(both(w)) for w in (0.0, 1024.0, 4096.0)],
                                rtol=1e-5)
+
+
+def test_routed_expert_gemms_launch_one_kernel_per_local_expert():
+    """Transformer Engine's grouped expert GEMMs (Megatron-core's grouped-GEMM expert MLP) run
+    one cuBLAS GEMM per local expert, each with its own launch and tail. d step / d
+    kernel_overhead counts the launches: on one GPU (no collectives), doubling the experts from
+    8 to 16 adds, per added expert, per MoE layer (3 of the 4) and per micro-batch (4), the two
+    forward GEMMs (up and down projection) and their four backward GEMMs (data and weight
+    gradients): 4 * 3 * 6 * 8 = 576 launches."""
+    import equinox as eqx
+    plan = dp.TrainingPlan(global_batch=4, micro_batch=1, recompute="none")
+
+    def launches(model):
+        def step(overhead):
+            eff = eqx.tree_at(lambda e: e.kernel_overhead, EFF, overhead)
+            return dp.train_step(model, H100, plan, eff).step_time
+        return float(jax.grad(step)(jnp.asarray(2e-6)))
+
+    sixteen = dataclasses.replace(MOE, num_experts=16)
+    assert launches(sixteen) - launches(MOE) == pytest.approx(4 * 3 * 6 * 8, rel=1e-9)
