@@ -49,7 +49,7 @@ def random_plans(n: int, gpus: int = 1024, global_batch: int = 1536, seed: int =
         overlap_tp_backward=np.ones(n), overlap_dp=np.ones(n), zero3_per_matrix=np.zeros(n),
         recompute_layers=np.zeros(n), offload_layers=np.zeros(n), fp32_gradients=np.ones(n),
         account_embedding_loss=np.zeros(n), fp32_optimizer_moments=np.ones(n),
-        expert_tp=np.zeros(n), overlap_ep=np.zeros(n))
+        expert_tp=np.zeros(n), overlap_ep=np.zeros(n), fused_expert_gemm=np.zeros(n))
 
 
 def _slice(tree, i, j):

@@ -92,6 +92,10 @@ def _add_train(sub):
     p.add_argument("--overlap-ep", action="store_true",
                    help="hide the expert-parallel all-to-alls behind another micro-batch's "
                         "compute (Megatron-core --overlap-moe-expert-parallel-comm)")
+    p.add_argument("--fused-expert-gemm", action="store_true",
+                   help="each grouped expert GEMM is one kernel (CUTLASS / cuBLASLt grouped GEMM, "
+                        "DeepGEMM); default: one GEMM launch per local expert, as Transformer "
+                        "Engine's GroupedLinear in Megatron-core runs them")
     p.add_argument("--vp", type=int, default=None,
                    help="interleaved chunks per stage (default 3 with --pp > 1, else 1)")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch "
@@ -200,7 +204,8 @@ def _train_inputs(args):
                         recompute_layers=args.recompute_layers,
                         offload_layers=args.offload_layers,
                         fp32_optimizer_moments=int(args.optimizer_moments == "fp32"),
-                        expert_tp=args.expert_tp, overlap_ep=int(args.overlap_ep))
+                        expert_tp=args.expert_tp, overlap_ep=int(args.overlap_ep),
+                        fused_expert_gemm=int(args.fused_expert_gemm))
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu)
 
 

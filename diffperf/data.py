@@ -28,12 +28,13 @@ INFER = ("batch", "input_len", "output_len")
 #: for fp32 gradient buffers (empty or absent = 1, Megatron-LM for bf16; 0 = 16-bit), for
 #: counting the embedding and the loss as pipeline layers (empty or absent = 0), for fp32
 #: Adam moments (empty or absent = 1; 0 = bf16 moments, Megatron's precision-aware optimizer),
-#: and for overlapping the expert-parallel all-to-alls with another micro-batch (empty or
-#: absent = 0).
+#: for overlapping the expert-parallel all-to-alls with another micro-batch (empty or
+#: absent = 0), and for one kernel per grouped expert GEMM (empty or absent = 0: one per local
+#: expert).
 TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_dp": 1.0,
                         "zero3_per_matrix": 0.0, "fp32_gradients": 1.0,
                         "account_embedding_loss": 0.0, "fp32_optimizer_moments": 1.0,
-                        "overlap_ep": 0.0}
+                        "overlap_ep": 0.0, "fused_expert_gemm": 0.0}
 #: diffperf extension columns of rows of both kinds: 0/1, a parallel attention + MLP block
 #: (GPT-J, Falcon; empty or absent = 0, the sequential block), whether training applies
 #: dropout (empty or absent = 1, Korthikanti's GPT; 0 for Llama-style models), and whether the
@@ -259,7 +260,8 @@ def train_specs(row: BenchmarkRow):
                         account_embedding_loss=v.get("account_embedding_loss", 0),
                         recompute_layers=v.get("recompute_layers", 0),
                         offload_layers=v.get("offload_layers", 0),
-                        expert_tp=v.get("expert_tp", 0), overlap_ep=v.get("overlap_ep", 0))
+                        expert_tp=v.get("expert_tp", 0), overlap_ep=v.get("overlap_ep", 0),
+                        fused_expert_gemm=v.get("fused_expert_gemm", 0))
     problem = layer_count_error(v["layers"], v["pp"], v["vp"], v["recompute"] == "full",
                                 v.get("recompute_layers", 0), v.get("offload_layers", 0))
     if problem:

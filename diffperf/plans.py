@@ -63,6 +63,10 @@ class TrainingPlan(eqx.Module):
     - `overlap_ep`: 1 to hide the expert-parallel all-to-alls behind the compute of another
       micro-batch (Megatron-core's `overlap_moe_expert_parallel_comm`, DeepSeek's DualPipe);
       0 (the default) runs them in line.
+    - `fused_expert_gemm`: 1 if each grouped GEMM of the local experts is one kernel (a
+      CUTLASS / cuBLASLt grouped GEMM, DeepSeek's DeepGEMM); 0 (the default) if it launches one
+      GEMM per local expert, as Transformer Engine's `GroupedLinear` behind Megatron-core's
+      grouped-GEMM expert MLP does (its multi-stream cuBLAS backend).
     - `micro_batch`: sequences per micro-batch.
     - `global_batch`: sequences per optimizer step (divisible by dp * micro_batch).
     - `vp`: interleaved pipeline chunks per stage (1 = plain 1F1B).
@@ -133,6 +137,7 @@ class TrainingPlan(eqx.Module):
     fp32_optimizer_moments: jax.Array = eqx.field(converter=as_float, default=1)
     expert_tp: jax.Array = eqx.field(converter=as_float, default=0)
     overlap_ep: jax.Array = eqx.field(converter=as_float, default=0)
+    fused_expert_gemm: jax.Array = eqx.field(converter=as_float, default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):
@@ -140,7 +145,7 @@ class TrainingPlan(eqx.Module):
         check_integer("TrainingPlan", "expert_tp", self.expert_tp, minimum=0)
         for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_tp_backward",
                      "overlap_dp", "zero3_per_matrix", "fp32_gradients", "account_embedding_loss",
-                     "fp32_optimizer_moments", "overlap_ep"):
+                     "fp32_optimizer_moments", "overlap_ep", "fused_expert_gemm"):
             check_choice("TrainingPlan", name, getattr(self, name), {0: "off", 1: "on"})
         check_choice("TrainingPlan", "recompute", self.recompute, RECOMPUTE)
         for name in ("recompute_layers", "offload_layers"):

@@ -165,21 +165,22 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     out_proj = sum(time for pr, time in proj if pr.is_output)
     # The routed experts' GEMMs run one cuBLAS kernel per local expert (Transformer Engine's
     # GroupedLinear, behind Megatron-core's grouped-GEMM expert MLP, launches `batch` GEMMs over
-    # four streams), so each pays its own launch and tail.
-    up = lambda m, width, batch=1.0, split=t: gemm_time(  # noqa: E731
+    # four streams), so each pays its own launch and tail; a fused grouped GEMM is one kernel.
+    expert_kernels = jnp.where(plan.fused_expert_gemm > 0, 1.0, local_experts)
+    up = lambda m, width, batch=1.0, split=t, kernels=1.0: gemm_time(  # noqa: E731
         acc, eff, m, (model.mlp_matrices - 1.0) * width / split, h, p, batch=batch, act_bytes=ab,
-        kernels=batch)
+        kernels=kernels)
     if model.known_absent("shared_ffn_hidden"):  # the common case, kept out of sweeps' traces
         shared_up = shared_mlp = 0.0
     else:
         has, f_c = model.has_shared, model.shared_width  # f_c: f_s, finite when f_s = 0
         shared_up = has * up(tokens, f_c)
         shared_mlp = shared_up + has * gemm_time(acc, eff, tokens, h, f_c / t, p, act_bytes=ab)
-    routed_up = up(expert_tokens, f, local_experts, etp)
+    routed_up = up(expert_tokens, f, local_experts, etp, expert_kernels)
     moe_up = routed_up + shared_up  # the column-parallel GEMMs of a MoE layer's MLPs
     moe_mlp = (routed_up
                + gemm_time(acc, eff, expert_tokens, h, f / etp, p, batch=local_experts,
-                           act_bytes=ab, kernels=local_experts)
+                           act_bytes=ab, kernels=expert_kernels)
                + jnp.where(moe, gemm_time(acc, eff, tokens, model.num_experts, h, p,
                                           act_bytes=ab), 0.0)
                + shared_mlp)

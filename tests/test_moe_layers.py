@@ -241,3 +241,6 @@ def test_routed_expert_gemms_launch_one_kernel_per_local_expert():
 
     sixteen = dataclasses.replace(MOE, num_experts=16)
     assert launches(sixteen) - launches(MOE) == pytest.approx(4 * 3 * 6 * 8, rel=1e-9)
+    # a fused grouped GEMM (CUTLASS / cuBLASLt grouped, DeepGEMM) is one launch at any count
+    plan = dataclasses.replace(plan, fused_expert_gemm=1)
+    assert launches(sixteen) == pytest.approx(launches(MOE), rel=1e-12)
