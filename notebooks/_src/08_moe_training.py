@@ -1,0 +1,140 @@
+# %% [markdown]
+# # MoE training: how far to trust a prediction, and what sets a step's time
+#
+# Fine-grained mixture-of-experts models (DeepSeek-V3, Qwen3, gpt-oss) are the least certain
+# thing diffperf predicts. Their published runs are kept out of the calibration
+# (`benchmarks_data/train_moe_holdout.csv`), so they test the model on data it never saw. How
+# close is it, do the prediction intervals cover the measurements, and how does the layout of
+# the experts (expert parallelism, grouped-GEMM kernels, all-to-all overlap) move the step?
+
+# %%
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+import diffperf as dp
+from diffperf.batch_predict import predict_csv
+from diffperf.cli import BENCHMARKS  # the shipped benchmarks_data/
+from diffperf.data import read_benchmarks
+from diffperf.presets import efficiency_for
+
+HOLDOUT = BENCHMARKS / "train_moe_holdout.csv"
+rows = {r.id: r for r in read_benchmarks(HOLDOUT)}
+pred = predict_csv(HOLDOUT, intervals=True)  # the shipped fit; MoE rows get the MoE error
+
+
+def family(run_id: str) -> str:
+    for key, name in (("deepseek", "DeepSeek-V3"), ("235b", "Qwen3-235B-A22B"),
+                      ("30b-a3b", "Qwen3-30B-A3B"), ("gpt-oss", "gpt-oss-120b")):
+        if key in run_id:
+            return name
+    return "other"
+
+
+measured = np.array([rows[i].measured["tokens_per_s_per_gpu"] for i in pred["id"]])
+predicted = pred["tokens_per_s_per_gpu"].to_numpy()
+# tokens/s per GPU is tokens per step / step time: the step-time interval maps onto it
+low = predicted * pred["step_time_s"].to_numpy() / pred["interval_high_s"].to_numpy()
+high = predicted * pred["step_time_s"].to_numpy() / pred["interval_low_s"].to_numpy()
+df = pd.DataFrame({"id": pred["id"], "model": [family(i) for i in pred["id"]],
+                   "measured": measured, "predicted": predicted, "low": low, "high": high})
+df["error_%"] = 100 * (df["predicted"] / df["measured"] - 1)
+df["inside"] = (df["low"] <= df["measured"]) & (df["measured"] <= df["high"])
+summary = df.groupby("model").agg(
+    runs=("id", "size"), MAPE=("error_%", lambda e: np.mean(np.abs(e))),
+    median_APE=("error_%", lambda e: np.median(np.abs(e))), worst=("error_%", "max"),
+    too_fast=("error_%", lambda e: int(np.sum(e > 0))), inside_90=("inside", "mean"))
+summary.loc["all"] = [len(df), np.mean(np.abs(df["error_%"])), np.median(np.abs(df["error_%"])),
+                      df["error_%"].max(), int(np.sum(df["error_%"] > 0)), df["inside"].mean()]
+summary.round(2)
+
+# %% [markdown]
+# The model is too fast on most runs: what fine-grained MoE layers cost beyond their GEMMs,
+# all-to-alls, token permutations and per-expert GEMM launches (router and auxiliary-loss
+# kernels, the dispatcher's host synchronisation, quantising the dispatched tokens) is not
+# modelled. The prediction intervals know it: MoE steps carry their own model error, measured
+# on these runs and the fitted MoE rows, so about 90 % of the measurements fall inside.
+
+# %%
+fig, ax = plt.subplots(figsize=(6.5, 5))
+for name, g in df.groupby("model"):
+    ax.errorbar(g["measured"], g["predicted"],
+                yerr=[g["predicted"] - g["low"], g["high"] - g["predicted"]],
+                fmt="o", ms=4, capsize=2, lw=0.8, label=name)
+lim = [df[["measured", "low"]].min().min() * 0.8, df[["measured", "high"]].max().max() * 1.2]
+ax.plot(lim, lim, "k--", lw=0.8)
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set_xlim(lim)
+ax.set_ylim(lim)
+ax.set_xlabel("measured tokens/s per GPU")
+ax.set_ylabel("predicted (90 % interval)")
+ax.set_title("Held-out MoE training runs (never fitted)")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig("figures/08_moe_holdout.png", dpi=110)
+
+# %% [markdown]
+# ## DeepSeek-V3 on 256 GB200: the expert layout
+# PP 4 with 4 interleaved chunks, DP 64, expert tensor parallelism 1, selective recompute,
+# fp8, as in NVIDIA's recipe; the expert-parallel degree varies. Fewer EP ranks mean more
+# experts per GPU (more, smaller GEMMs, each its own launch with Transformer Engine's grouped
+# GEMM) and a smaller all-to-all; a fused grouped GEMM launches one kernel per grouped GEMM.
+
+# %%
+model = dp.model("deepseek-v3")
+system = dp.system("gb200-nvl72")
+eff = efficiency_for(dp.default_efficiency(), "gb200")
+layout = []
+for ep in (8, 16, 32, 64):
+    for fused in (0, 1):
+        for overlap in (0, 1):
+            plan = dp.TrainingPlan(tp=1, pp=4, dp=64, vp=4, ep=ep, expert_tp=1,
+                                   micro_batch=1, global_batch=2048, recompute="selective",
+                                   precision="fp8", fp32_gradients=0, fp32_optimizer_moments=0,
+                                   fused_expert_gemm=fused, overlap_ep=overlap)
+            r = dp.train_step(model, system, plan, eff)
+            layout.append({"ep": ep, "local experts": 256 // ep, "fused GEMM": fused,
+                           "a2a overlap": overlap, "step_s": float(r.step_time),
+                           "compute_s": float(r.compute_time), "ep_comm_s": float(r.tp_comm_time),
+                           "other_s": float(r.step_time - r.compute_time - r.tp_comm_time),
+                           "memory_GB": float(r.memory.total) / 1e9, "fits": bool(r.fits)})
+layout = pd.DataFrame(layout)
+layout.round(3)
+
+# %%
+base = layout[(layout["fused GEMM"] == 0) & (layout["a2a overlap"] == 0)].set_index("ep")
+fig, ax = plt.subplots(figsize=(6.5, 3.8))
+bottom = np.zeros(len(base))
+for col, label in (("compute_s", "compute"), ("ep_comm_s", "exposed all-to-all"),
+                   ("other_s", "pipeline, DP, optimizer")):
+    ax.bar([str(e) for e in base.index], base[col], bottom=bottom, label=label)
+    bottom += base[col].to_numpy()
+for i, ep in enumerate(base.index):
+    fused = layout[(layout["ep"] == ep) & (layout["fused GEMM"] == 1)
+                   & (layout["a2a overlap"] == 0)]["step_s"].iloc[0]
+    ax.plot([i - 0.4, i + 0.4], [fused, fused], "k-", lw=1.5,
+            label="with a fused grouped GEMM" if i == 0 else None)
+for i, (ep, r) in enumerate(base.iterrows()):
+    if not r["fits"]:
+        ax.annotate(f"does not fit\n({r['memory_GB']:.0f} GB)", (i, r["step_s"]), ha="center",
+                    xytext=(0, 4), textcoords="offset points", fontsize=8)
+ax.set_ylim(0, base["step_s"].max() * 1.35)
+ax.set_xlabel("expert-parallel degree (256 / EP experts per GPU)")
+ax.set_ylabel("step time (s)")
+ax.set_title("DeepSeek-V3, 256 GB200, PP 4 x VP 4, fp8, GBS 2048")
+ax.legend(fontsize=8, ncol=2, loc="upper right")
+fig.tight_layout()
+fig.savefig("figures/08_moe_layout.png", dpi=110)
+
+# %% [markdown]
+# **Finding.** On the 36 runs the fit never saw, the MoE training rate is predicted with a
+# MAPE of 34.5 % (DeepSeek-V3 15 %, Qwen3-235B 24 %, Qwen3-30B-A3B and gpt-oss about 70 %),
+# too fast on 30; 89 % of the measurements lie inside their 90 % interval, but only 71-75 % for
+# the two worst families, because one MoE model error serves every MoE model. For DeepSeek-V3
+# on 256 GB200 the expert layout moves the step by little once it fits (EP 8 needs 209 GB per
+# GPU): from EP 16 to EP 64 the step goes from 7.83 to 7.69 s, per-expert GEMM launches cost
+# 0.24 s (3 %) at 16 experts per GPU and 0.05 s at 4, and the exposed all-to-all, 1.2-1.3 s
+# (16 %), is what hiding it behind another micro-batch removes.
