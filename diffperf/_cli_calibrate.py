@@ -86,6 +86,9 @@ def run_calibrate(args) -> int:
     if out.parent and not out.parent.exists():
         raise ValueError(f"--out {out}: directory {out.parent} does not exist")
     holdout = _moe_holdout_path(args.moe_holdout)
+    if holdout is not None:
+        from .data import read_benchmarks
+        holdout_rows = read_benchmarks(holdout)  # a malformed file fails before the fit
     fields = None
     if args.fields is not None:
         fields = [f.strip() for f in args.fields.split(",") if f.strip()]
@@ -128,7 +131,8 @@ def run_calibrate(args) -> int:
     fit.save(out)
     moe_line = None
     if holdout is not None:
-        moe_line = _measure_moe_error(fit, holdout, out, fitted_predictions, basis)
+        moe_line = _measure_moe_error(fit, holdout, holdout_rows, out, fitted_predictions,
+                                      basis)
         fit.save(out)
     ins = summaries(fit.predictions)
     if args.json:
@@ -163,17 +167,17 @@ def _moe_holdout_path(arg: str | None) -> Path | None:
     return Path(arg)
 
 
-def _measure_moe_error(fit, holdout: Path, fitted_path: Path, fitted_predictions: list[dict],
-                       basis: str) -> str | None:
+def _measure_moe_error(fit, holdout: Path, holdout_rows, fitted_path: Path,
+                       fitted_predictions: list[dict], basis: str) -> str | None:
     """Set `fit`'s MoE training error (`moe_step_error`) from its MoE rows and the MoE runs of
-    `holdout` it was not fitted to, predicted with the saved fit at `fitted_path`; records how in
-    the metadata. **Returns:** the line to print (None when there is no MoE measurement)."""
+    `holdout` (parsed: `holdout_rows`) it was not fitted to, predicted with the saved fit at
+    `fitted_path`; records how in the metadata. **Returns:** the line to print (None when there
+    is no MoE measurement)."""
     from .calibrate_uncertainty import MOE_STEP_TIME, moe_step_error, training_quantity
-    from .data import read_benchmarks
     from .presets import efficiency_from_json
     from .validate import validate
     fitted_ids = {r.id for r in fit.problem.ds.train_rows}
-    moe_ids = {r.id for r in read_benchmarks(holdout)
+    moe_ids = {r.id for r in holdout_rows
                if r.kind == "train" and r.id not in fitted_ids
                and training_quantity(r.values["num_experts"]) == MOE_STEP_TIME}
     result = validate([holdout], efficiency_from_json(fitted_path))

@@ -129,3 +129,16 @@ def test_calibrate_rejects_a_missing_moe_holdout_before_fitting(capsys, tmp_path
     assert code == 2 and saved is None  # nothing was fitted or written
     assert "--moe-holdout" in err and "absent.csv: file not found" in err
     assert "Traceback" not in err
+
+
+def test_calibrate_rejects_a_malformed_moe_holdout_before_fitting(capsys, tmp_path):
+    import pandas as pd
+    bad = tmp_path / "bad.csv"
+    table = pd.read_csv(HOLDOUT).head(2)
+    table["tp"] = table["tp"].astype(object)
+    table.loc[1, "tp"] = "two"
+    table.to_csv(bad, index=False)
+    code, _, saved, err = _calibrate(capsys, tmp_path, [default_data_paths()[0]],
+                                     "--moe-holdout", str(bad))
+    assert code == 2 and saved is None
+    assert "bad.csv" in err and "'tp'" in err and "Traceback" not in err
