@@ -47,7 +47,7 @@ from .feasibility import MEMORY_REASONS
 
 #: Factors in (0, 1): parameterised as sigmoid(u).
 FRACTION_FIELDS = ("matmul_peak", "matmul_lowp", "attention", "vector", "hbm", "l2", "nvlink",
-                   "scaleout", "tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap",
+                   "all_to_all", "scaleout", "tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap",
                    "zero3_overlap", "per_head_attention")
 #: Positive factors: parameterised as default * softplus(u) / log(2).
 POSITIVE_FIELDS = ("matmul_size_scale", "kernel_overhead", "collective_overhead",

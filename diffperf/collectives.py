@@ -98,7 +98,8 @@ def all_to_all(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     NVLink and over the NIC), so the slower sets the time."""
     n = jnp.asarray(n, dtype=jnp.result_type(float))
     n_in, n_out = tier_split(net, n, stride)
-    bw_in, bw_out = _bw(net, eff)
+    bw_out = _bw(net, eff)[1]
+    bw_in = net.nvlink_bandwidth * eff.all_to_all  # every peer at once, not a ring
     t = (jnp.maximum(size * (n_in - 1) / n / bw_in, size * (n - n_in) / n / bw_out)
          + (n_in - 1) * net.nvlink_latency + (n_out - 1) * net.scaleout_latency)
     return t + _fixed(n, eff)

@@ -33,6 +33,10 @@ class Efficiency(eqx.Module):
     - `hbm`: fraction of HBM bandwidth reached by streaming kernels, (0, 1].
     - `l2`: fraction of L2 bandwidth reached, (0, 1].
     - `nvlink`: fraction of NVLink bandwidth a NCCL collective reaches, (0, 1].
+    - `all_to_all`: fraction of NVLink bandwidth a NCCL all-to-all reaches, (0, 1]: every rank
+      exchanging with every other at once, which rings do not (default 0.67: NVIDIA's
+      measured DeepSeek-V3 dispatch / combine inside one NVLink domain, arXiv:2603.07685
+      Table 7, 0.58-0.73 over GB200 NVL72 EP 8-64 and DGX H100 EP 8).
     - `scaleout`: fraction of scale-out bandwidth a NCCL collective reaches, (0, 1].
     - `kernel_overhead`: per-kernel time beyond the launch (tail effect, sync), s.
     - `collective_overhead`: fixed software latency of one collective call, s.
@@ -58,6 +62,7 @@ class Efficiency(eqx.Module):
     hbm: jax.Array = eqx.field(converter=as_float, default=0.85)
     l2: jax.Array = eqx.field(converter=as_float, default=0.70)
     nvlink: jax.Array = eqx.field(converter=as_float, default=0.80)
+    all_to_all: jax.Array = eqx.field(converter=as_float, default=0.67)
     scaleout: jax.Array = eqx.field(converter=as_float, default=0.85)
     kernel_overhead: jax.Array = eqx.field(converter=as_float, default=2e-6)
     collective_overhead: jax.Array = eqx.field(converter=as_float, default=10e-6)
@@ -71,7 +76,7 @@ class Efficiency(eqx.Module):
 
     def __check_init__(self):
         for name in ("matmul_peak", "matmul_lowp", "attention", "vector", "hbm", "l2", "nvlink",
-                     "scaleout", "per_head_attention"):
+                     "all_to_all", "scaleout", "per_head_attention"):
             check_fraction("Efficiency", name, getattr(self, name), allow_zero=False)
         for name in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "zero3_overlap"):
             check_fraction("Efficiency", name, getattr(self, name))

@@ -42,7 +42,8 @@ RATE_COLUMNS = ("tokens_per_s_per_gpu", "model_tflops_per_gpu", "output_tok_s_pe
 def ideal_efficiency() -> Efficiency:
     """Every fraction of peak 1, every overhead 0, every overlap complete, no size losses."""
     return Efficiency(matmul_peak=1.0, matmul_size_scale=1e-6, matmul_lowp=1.0, attention=1.0,
-                      vector=1.0, hbm=1.0, l2=1.0, nvlink=1.0, scaleout=1.0,
+                      vector=1.0, hbm=1.0, l2=1.0, nvlink=1.0, all_to_all=1.0,
+                      scaleout=1.0,
                       kernel_overhead=0.0, collective_overhead=0.0, tp_overlap=1.0,
                       dp_overlap=1.0, pp_overlap=1.0, cp_overlap=1.0, zero3_overlap=1.0,
                       per_head_attention=1.0, memory_reserve=0.0)
