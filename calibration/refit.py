@@ -143,14 +143,6 @@ def _validate_holdout(efficiency_path):
     return validate([HOLDOUT], efficiency_from_json(efficiency_path))
 
 
-def _moe_error(fit, cv_source_preds, holdout):
-    """Set the fit's MoE training model error (`MOE_STEP_TIME`, `moe_step_error`) from the fitted
-    MoE rows' leave-one-source-out predictions and the held-out rows (`holdout`:
-    `_validate_holdout`)."""
-    from diffperf.calibrate_uncertainty import moe_step_error
-    return moe_step_error(fit, cv_source_preds, holdout["rows"] if holdout else [])
-
-
 def _moe_error_lines(fit, moe):
     """The MoE model error's row of the interval table, and how the dense error would cover."""
     import numpy as np
@@ -304,7 +296,8 @@ def main(argv=None) -> int:
     holdout = _validate_holdout(args.out)  # the held-out rows predicted with the saved fit
     moe = None
     if coverage:
-        moe = _moe_error(fit, cv_preds["source"], holdout)
+        from diffperf.calibrate_uncertainty import moe_step_error
+        moe = moe_step_error(fit, cv_preds["source"], holdout["rows"] if holdout else [])
         fit.save(args.out)  # with the MoE error
     print(f"wrote {args.out}", file=sys.stderr)
     report = Path(args.report)

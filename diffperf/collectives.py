@@ -25,8 +25,11 @@ def tier_split(net: Network, n, stride) -> tuple[jax.Array, jax.Array]:
     return n_in, n / n_in
 
 
-def _bw(net: Network, eff: Efficiency):
-    return net.nvlink_bandwidth * eff.nvlink, net.scaleout_bandwidth * eff.scaleout
+def _bw(net: Network, eff: Efficiency, nvlink_fraction=None):
+    """Achieved (NVLink, scale-out) bandwidth, B/s: NVLink at `eff.nvlink` (rings) unless
+    `nvlink_fraction` is given."""
+    f = eff.nvlink if nvlink_fraction is None else nvlink_fraction
+    return net.nvlink_bandwidth * f, net.scaleout_bandwidth * eff.scaleout
 
 
 def _fixed(n, eff: Efficiency):
@@ -98,8 +101,7 @@ def all_to_all(net: Network, eff: Efficiency, size, n, stride=1.0) -> jax.Array:
     NVLink and over the NIC), so the slower sets the time."""
     n = jnp.asarray(n, dtype=jnp.result_type(float))
     n_in, n_out = tier_split(net, n, stride)
-    bw_out = _bw(net, eff)[1]
-    bw_in = net.nvlink_bandwidth * eff.all_to_all  # every peer at once, not a ring
+    bw_in, bw_out = _bw(net, eff, eff.all_to_all)  # every peer at once, not a ring
     t = (jnp.maximum(size * (n_in - 1) / n / bw_in, size * (n - n_in) / n / bw_out)
          + (n_in - 1) * net.nvlink_latency + (n_out - 1) * net.scaleout_latency)
     return t + _fixed(n, eff)

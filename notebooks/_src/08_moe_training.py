@@ -22,15 +22,8 @@ from diffperf.presets import efficiency_for
 
 HOLDOUT = BENCHMARKS / "train_moe_holdout.csv"
 rows = {r.id: r for r in read_benchmarks(HOLDOUT)}
+family = pd.read_csv(HOLDOUT).set_index("id")["model"]  # the table's model column
 pred = predict_csv(HOLDOUT, intervals=True)  # the shipped fit; MoE rows get the MoE error
-
-
-def family(run_id: str) -> str:
-    for key, name in (("deepseek", "DeepSeek-V3"), ("235b", "Qwen3-235B-A22B"),
-                      ("30b-a3b", "Qwen3-30B-A3B"), ("gpt-oss", "gpt-oss-120b")):
-        if key in run_id:
-            return name
-    return "other"
 
 
 measured = np.array([rows[i].measured["tokens_per_s_per_gpu"] for i in pred["id"]])
@@ -38,7 +31,7 @@ predicted = pred["tokens_per_s_per_gpu"].to_numpy()
 # tokens/s per GPU is tokens per step / step time: the step-time interval maps onto it
 low = predicted * pred["step_time_s"].to_numpy() / pred["interval_high_s"].to_numpy()
 high = predicted * pred["step_time_s"].to_numpy() / pred["interval_low_s"].to_numpy()
-df = pd.DataFrame({"id": pred["id"], "model": [family(i) for i in pred["id"]],
+df = pd.DataFrame({"id": pred["id"], "model": family[pred["id"]].to_numpy(),
                    "measured": measured, "predicted": predicted, "low": low, "high": high})
 df["error_%"] = 100 * (df["predicted"] / df["measured"] - 1)
 df["inside"] = (df["low"] <= df["measured"]) & (df["measured"] <= df["high"])
