@@ -52,6 +52,10 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
     p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
     add_per_head_decode(p)
+    p.add_argument("--gemm-peak-fraction", type=float, default=1.0,
+                   help="share of the tensor-core peak the weight GEMM kernels can issue "
+                        "(default 1; about 0.67 for Ampere-generation mma.sync kernels on "
+                        "Hopper, e.g. TensorRT-LLM <= 0.9 weight-only / MoE GEMMs, Marlin)")
     add_set_argument(p)
     p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
     p.add_argument("--interval", action="store_true",
@@ -73,7 +77,8 @@ def _specs(args):
                          output_len=args.output, weight_precision=args.precision,
                          activation_precision=act, kv_precision=args.kv_precision or args.precision,
                          flash_attention=0 if args.no_flash else 1,
-                         grouped_decode_attention=0 if args.per_head_decode else 1)
+                         grouped_decode_attention=0 if args.per_head_decode else 1,
+                         gemm_peak_fraction=args.gemm_peak_fraction)
     return mdl, sys_, plan, _load_efficiency(args.efficiency, args.gpu)
 
 
@@ -98,8 +103,13 @@ def _summary(rep) -> dict:
 def _print(args, s: dict, table, capacity: float) -> None:
     m = s["memory_gb"]
     what_if = tag(args.set)
+    act, kv = args.activation_precision or args.precision, args.kv_precision or args.precision
+    precisions = (args.precision if act == kv == args.precision else
+                  f"weights {args.precision}, GEMM inputs {act}, KV cache {kv}")
+    peak = (f", GEMMs at {args.gemm_peak_fraction:g} of the tensor peak"
+            if args.gemm_peak_fraction != 1 else "")
     print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}), "
-          f"batch {args.batch}, {args.input} in / {args.output} out, {args.precision}")
+          f"batch {args.batch}, {args.input} in / {args.output} out, {precisions}{peak}")
     def interval(field):
         if field in s:
             iv = s[field]

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ._checks import MAX_EXACT_COUNT
-from .hardware import PRECISION_CODES
+from .hardware import BYTES_PER_ELEMENT, PRECISION_CODES
 from .model import Transformer
 from .plans import RECOMPUTE_CODES, TrainingPlan, layer_count_error
 from .presets import gpu_names, system
@@ -60,6 +60,13 @@ TRAIN_OPTIONAL_COUNTS = {"recompute_layers": 0.0, "offload_layers": 0.0, "expert
 #: tensor-core kernel (empty or absent = 1) or TensorRT-LLM's per-query-head masked MHA (0); see
 #: `InferencePlan.grouped_decode_attention`.
 INFER_OPTIONAL_FLAGS = {"grouped_decode_attention": 1.0}
+#: diffperf extension column of infer rows: the share of the tensor-core peak the weight GEMMs
+#: can issue, in (0, 1] (empty or absent = 1); see `InferencePlan.gemm_peak_fraction`.
+INFER_OPTIONAL_FRACTIONS = {"gemm_peak_fraction": 1.0}
+#: Storage names the optional infer column `weight_precision` accepts (weight-only
+#: quantisation; empty or absent = the row's `precision`), as the precision whose width they
+#: have: integer weights are dequantised inside the GEMM, which runs at the row's `precision`.
+WEIGHT_STORAGE = {**{name: name for name in PRECISION_CODES}, "int8": "fp8", "int4": "fp4"}
 TRAIN_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb")
 INFER_METRICS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 #: Documented defaults for empty plan cells (docs/benchmark-format.md).
@@ -122,6 +129,37 @@ def _flags(path, i, rec, flags: dict[str, float]) -> dict[str, float]:
             raise _err(path, i, c, f"must be 0 or 1, got {rec[c]!r}")
         out[c] = default if x is None else x
     return out
+
+
+def _fractions(path, i, rec, fractions: dict[str, float]) -> dict[str, float]:
+    """Optional extension columns holding a share in (0, 1] (empty or absent = the default)."""
+    out = {}
+    for c, default in fractions.items():
+        x = _number(path, i, c, rec.get(c, ""), required=False)
+        if x is not None and not 0.0 < x <= 1.0:
+            raise _err(path, i, c, f"must lie in (0, 1], got {rec[c]!r}")
+        out[c] = default if x is None else x
+    return out
+
+
+def _weight_precision(path, i, rec, precision: str) -> str:
+    """The optional `weight_precision` column: a precision name of the weights' storage width
+    (int8 -> fp8, int4 -> fp4), no wider than the row's GEMM `precision`; empty = `precision`."""
+    name = rec.get("weight_precision", "").lower()
+    if not name:
+        return precision
+    if name not in WEIGHT_STORAGE:
+        raise _err(path, i, "weight_precision", f"must be one of {sorted(WEIGHT_STORAGE)}, got "
+                                                f"{rec['weight_precision']!r}")
+    storage = WEIGHT_STORAGE[name]
+    if BYTES_PER_ELEMENT[PRECISION_CODES[storage]] > BYTES_PER_ELEMENT[PRECISION_CODES[precision]]:
+        raise _err(path, i, "weight_precision", f"{name} weights are wider than the GEMM "
+                                                f"precision {precision}")
+    if name.startswith("int") and PRECISION_CODES[precision] >= PRECISION_CODES["fp8"]:
+        raise _err(path, i, "weight_precision", f"{name} weights need 16-bit or wider GEMMs "
+                                                f"(weight-only quantisation); {precision} "
+                                                f"integer math (W8A8) is not modelled")
+    return storage
 
 
 def _optional_counts(path, i, rec, counts: dict[str, float]) -> dict[str, float]:
@@ -208,6 +246,8 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
             for c in INFER:
                 values[c] = _number(path, i, c, rec[c])
             values.update(_flags(path, i, rec, INFER_OPTIONAL_FLAGS))
+            values.update(_fractions(path, i, rec, INFER_OPTIONAL_FRACTIONS))
+            values["weight_precision"] = _weight_precision(path, i, rec, values["precision"])
             metrics = INFER_METRICS
         measured = {}
         for c in metrics:

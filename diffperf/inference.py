@@ -131,13 +131,15 @@ def _network(time, nbytes) -> Cost:
                 launch=zero, kernels=zero)
 
 
-def _gemm(system: System, eff: Efficiency, m, n, k, math, w_bytes, a_bytes, groups=1.0) -> Cost:
+def _gemm(system: System, eff: Efficiency, m, n, k, math, w_bytes, a_bytes, groups=1.0,
+          peak_fraction=1.0) -> Cost:
     """`groups` independent (m x k) @ (k x n) GEMMs in one kernel (two with split-K, when
     m <= `SPLIT_K_MAX_M`): weights (k x n) at `w_bytes` per element, activations in and out at
-    `a_bytes`. The split-K partial sums stay in L2 (no extra HBM traffic counted)."""
+    `a_bytes`, on `peak_fraction` of the tensor peak (`InferencePlan.gemm_peak_fraction`). The
+    split-K partial sums stay in L2 (no extra HBM traffic counted)."""
     flops = 2.0 * groups * m * n * k
     nbytes = groups * (k * n * w_bytes + m * k * a_bytes + m * n * a_bytes)
-    rate = (peak_matmul_flops(system.accelerator, math)
+    rate = (peak_matmul_flops(system.accelerator, math) * peak_fraction
             * matmul_efficiency(eff, m, n, k, math))
     kernels = jnp.where(m <= SPLIT_K_MAX_M, 2.0, 1.0)
     return _compute(system, eff, flops, nbytes, rate, kernels, GEMM_SHARPNESS)
@@ -172,6 +174,7 @@ class _Dims(eqx.Module):
     sb: jax.Array  # residual stream bytes per element (at least 16 bit)
     kb: jax.Array  # KV-cache bytes per element
     moe: jax.Array
+    peak_fraction: jax.Array  # share of the tensor peak the weight GEMMs can issue
 
 
 def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
@@ -193,7 +196,8 @@ def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
         vocab=model.vocab / plan.tp, math=plan.math_precision,
         head_math=jnp.minimum(plan.math_precision, 1.0),
         wb=bytes_per_element(plan.weight_precision), ab=ab, sb=jnp.maximum(ab, 2.0),
-        kb=bytes_per_element(plan.kv_precision), moe=model.num_experts > 1)
+        kb=bytes_per_element(plan.kv_precision), moe=model.num_experts > 1,
+        peak_fraction=plan.gemm_peak_fraction)
 
 
 def experts_touched(model: Transformer, tokens) -> jax.Array:
@@ -212,7 +216,8 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     k_top = model.experts_per_token
     touched = experts_touched(model, tokens)
     per_expert = tokens * k_top / touched
-    g = lambda m, n, k, groups=1.0: _gemm(system, eff, m, n, k, x.math, x.wb, x.ab, groups)
+    g = lambda m, n, k, groups=1.0: _gemm(system, eff, m, n, k, x.math, x.wb, x.ab, groups,
+                                          x.peak_fraction)
     moe = 1.0 - x.dense
     def only(field, share, m, n, k):  # a zero cost where the model has no such layers
         return (_network(jnp.zeros(()), 0.0) if model.known_absent(field)

@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._checks import as_float, check_choice, check_integer
+from ._checks import as_float, check_choice, check_fraction, check_integer
 from .hardware import PRECISION_CODES, PRECISIONS
 
 
@@ -44,6 +44,13 @@ class InferencePlan(eqx.Module):
       without an XQA kernel): scalar FP32 dot products at `Efficiency.per_head_attention` of the
       CUDA-core FLOP/s, g times the work per K/V byte for g query heads per KV head (the L2
       serves a group's repeated K/V reads).
+    - `gemm_peak_fraction`: the share of the GPU's tensor-core peak that the layers' weight
+      GEMM kernels can issue, set by the instruction they are built on, not an efficiency
+      (default 1: kernels native to the GPU). Ampere-generation kernels (`mma.sync`) on Hopper
+      reach about 2/3 of its peak, which needs `wgmma` (the FlashAttention-3 authors, citing
+      Luo et al., arXiv:2402.13499): TensorRT-LLM <= 0.9's weight-only and MoE GEMMs, Marlin.
+      Applies to the attention projections and the MLP / expert GEMMs, not to the router,
+      the LM head or attention itself.
     """
 
     tp: jax.Array = eqx.field(converter=as_float, default=1)
@@ -57,6 +64,7 @@ class InferencePlan(eqx.Module):
     kv_precision: jax.Array = eqx.field(converter=_precision("kv_precision"), default=1)
     flash_attention: jax.Array = eqx.field(converter=as_float, default=1)
     grouped_decode_attention: jax.Array = eqx.field(converter=as_float, default=1)
+    gemm_peak_fraction: jax.Array = eqx.field(converter=as_float, default=1)
 
     def __check_init__(self):
         for name in ("tp", "pp", "batch", "input_len", "output_len"):
@@ -66,6 +74,8 @@ class InferencePlan(eqx.Module):
         check_choice("InferencePlan", "flash_attention", self.flash_attention, {0: "off", 1: "on"})
         check_choice("InferencePlan", "grouped_decode_attention", self.grouped_decode_attention,
                      {0: "off", 1: "on"})
+        check_fraction("InferencePlan", "gemm_peak_fraction", self.gemm_peak_fraction,
+                       allow_zero=False)
 
     @property
     def num_gpus(self) -> jax.Array:

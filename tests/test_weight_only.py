@@ -1,0 +1,157 @@
+"""Weight-only quantisation (`weight_precision` narrower than the GEMM precision) and GEMM kernels
+that cannot issue the GPU's full tensor peak (`gemm_peak_fraction`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from diffperf.data import BenchmarkError, read_benchmarks
+from diffperf.efficiency import Efficiency
+from diffperf.inference import inference_ops, weight_bytes_per_gpu
+from diffperf.inference_plan import InferencePlan
+from diffperf.inference_validate import infer_specs
+from diffperf.presets import model, system
+
+ROOT = Path(__file__).resolve().parent.parent
+INFER_CSV = ROOT / "benchmarks_data" / "infer_calibration.csv"
+H100 = "h100-sxm5-80gb"
+WEIGHT_GEMMS = ("qkv_proj", "out_proj", "mlp_up", "mlp_down")
+
+
+def _prefill(mdl, plan):
+    return inference_ops(mdl, system(H100), plan, Efficiency())["prefill"]
+
+
+def test_gemm_peak_fraction_divides_the_weight_gemms_compute_rate_only():
+    """At 2/3 of the peak each weight GEMM's compute time is exactly 1.5x, its traffic and
+    launches unchanged; the router, the LM head and attention keep the full peak."""
+    mdl = model("mixtral-8x7b")
+    base = InferencePlan(tp=2, batch=4, input_len=2048, output_len=1)
+    slow = InferencePlan(tp=2, batch=4, input_len=2048, output_len=1, gemm_peak_fraction=2 / 3)
+    a, b = _prefill(mdl, base), _prefill(mdl, slow)
+    for op in WEIGHT_GEMMS:
+        assert float(b[op].compute) == pytest.approx(1.5 * float(a[op].compute), rel=1e-5), op
+        assert float(b[op].memory) == pytest.approx(float(a[op].memory), rel=1e-6), op
+        assert float(b[op].launch) == pytest.approx(float(a[op].launch), rel=1e-6), op
+    for op in ("router", "lm_head", "attention", "elementwise"):
+        assert float(b[op].compute) == pytest.approx(float(a[op].compute), rel=1e-6), op
+
+
+def test_int8_weights_with_16_bit_math_by_hand():
+    """Weight-only int8: the layers' weight matrices are stored at one byte (norms, embedding
+    and LM head stay 16 bit), the GEMMs still run at the 16-bit rate, so a compute-bound
+    prefill GEMM takes as long as with fp16 weights but reads fewer bytes."""
+    mdl = model("llama2-7b")  # 32 layers, h 4096, f 11008 (gated), vocab 32000
+    fp16 = InferencePlan(weight_precision="bf16", activation_precision="bf16")
+    w8 = InferencePlan(weight_precision="fp8", activation_precision="bf16")
+    assert float(w8.math_precision) == 1.0
+    h, f, v = 4096, 11008, 32000
+    matrices = 32 * (4 * h * h + 3 * h * f)
+    assert float(weight_bytes_per_gpu(mdl, fp16)) - float(weight_bytes_per_gpu(mdl, w8)) == (
+        pytest.approx(matrices * (2 - 1), rel=1e-6))
+    assert float(weight_bytes_per_gpu(mdl, w8)) == pytest.approx(
+        matrices + 32 * 4 * h * 2 + 2 * v * h * 2, rel=1e-6)  # norms: 2 x (weight, bias)
+    big = dict(batch=8, input_len=2048, output_len=1)
+    a = _prefill(mdl, InferencePlan(weight_precision="bf16", **big))
+    b = _prefill(mdl, InferencePlan(weight_precision="fp8", activation_precision="bf16", **big))
+    for op in WEIGHT_GEMMS:
+        assert float(b[op].compute) == pytest.approx(float(a[op].compute), rel=1e-6), op
+        assert float(b[op].flops) == pytest.approx(float(a[op].flops), rel=1e-6), op
+        assert float(b[op].bytes) < float(a[op].bytes), op
+
+
+@pytest.mark.parametrize("value", [0.0, -0.5, 1.5])
+def test_gemm_peak_fraction_outside_0_1_is_refused(value):
+    with pytest.raises(ValueError, match=r"InferencePlan.gemm_peak_fraction must lie in \(0, 1\]"):
+        InferencePlan(gemm_peak_fraction=value)
+
+
+HEADER = ["id", "kind", "source", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
+          "vocab", "gated_mlp", "num_experts", "experts_per_token", "gpu", "num_gpus",
+          "gpus_per_node", "tp", "pp", "precision", "batch", "input_len", "output_len", "ttft_s",
+          "weight_precision", "gemm_peak_fraction", "notes"]
+BASE = dict(kind="infer", source="s", model="Mixtral-8x7B", layers=32, hidden=4096, heads=32,
+            kv_heads=8, ffn_hidden=14336, vocab=32000, gated_mlp=1, num_experts=8,
+            experts_per_token=2, gpu=H100, num_gpus=2, gpus_per_node=8, tp=2, pp=1,
+            precision="fp16", batch=1, input_len=128, output_len=1, ttft_s=0.0134)
+
+
+def _write(path, rows):
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=HEADER)
+        w.writeheader()
+        for k, r in enumerate(rows):
+            w.writerow({**{c: "" for c in HEADER}, **BASE, "id": f"i{k}", **r})
+    return path
+
+
+def test_weight_only_columns_reach_the_plan(tmp_path):
+    rows = [{"weight_precision": "int8", "gemm_peak_fraction": "0.667"},
+            {"weight_precision": "int4"}, {}, {"weight_precision": "fp16"}]
+    plans = [infer_specs(r)[2] for r in read_benchmarks(_write(tmp_path / "w.csv", rows))]
+    assert [float(p.weight_precision) for p in plans] == [2.0, 3.0, 1.0, 1.0]  # fp8/fp4 widths
+    assert [float(p.math_precision) for p in plans] == [1.0] * 4  # 16-bit GEMMs throughout
+    assert [float(p.activation_precision) for p in plans] == [1.0] * 4
+    assert [float(p.gemm_peak_fraction) for p in plans] == pytest.approx([0.667, 1, 1, 1])
+
+
+@pytest.mark.parametrize("row, needle", [
+    ({"weight_precision": "int3"}, "must be one of"),
+    ({"weight_precision": "fp32"}, "wider than the GEMM precision fp16"),
+    ({"weight_precision": "int8", "precision": "fp8"}, "W8A8"),
+    ({"gemm_peak_fraction": "1.2"}, "must lie in (0, 1]"),
+    ({"gemm_peak_fraction": "0"}, "must lie in (0, 1]"),
+])
+def test_bad_weight_only_cells_name_file_row_and_column(tmp_path, row, needle):
+    path = _write(tmp_path / "bad.csv", [{}, row])
+    column = next(iter(c for c in ("weight_precision", "gemm_peak_fraction") if c in row))
+    with pytest.raises(BenchmarkError) as info:
+        read_benchmarks(path)
+    msg = str(info.value)
+    assert "bad.csv" in msg and "row 2" in msg and f"'{column}'" in msg and needle in msg, msg
+
+
+def test_shipped_trtllm09_mixtral_rows_are_int8_weight_only():
+    """TensorRT-LLM 0.9 had no FP8 for Mixtral, only INT8 / INT4 weight-only; its weight-only
+    and MoE GEMMs were SM80 (mma.sync) kernels, at about 2/3 of Hopper's tensor peak. Every
+    Mixtral row of that table says so, and no other row carries either column."""
+    rows = read_benchmarks(INFER_CSV)
+    mixtral = [r for r in rows if r.id.startswith("trtllm090") and "mixtral" in r.id]
+    assert len(mixtral) == 18
+    for r in rows:
+        v = r.values
+        if r in mixtral:
+            assert (v["precision"], v["weight_precision"]) == ("fp16", "fp8"), r.id
+            hopper = v["gpu"].startswith(("h100", "h200"))
+            assert v["gemm_peak_fraction"] == (0.667 if hopper else 1.0), r.id
+        else:
+            assert v["weight_precision"] == v["precision"], r.id
+            assert v["gemm_peak_fraction"] == 1.0, r.id
+    with INFER_CSV.open(newline="") as f:
+        raw = {r["id"]: r for r in csv.DictReader(f)}
+    assert {raw[r.id]["weight_precision"] for r in mixtral} == {"int8"}
+
+
+def test_cli_gemm_peak_fraction(capsys):
+    from diffperf._cli_infer import run_infer
+    from diffperf.cli import build_parser
+    argv = ["infer", "--model", "mixtral-8x7b", "--gpu", H100, "--tp", "2", "--input", "2048",
+            "--output", "1", "--precision", "fp8", "--activation-precision", "fp16",
+            "--kv-precision", "fp16"]
+    parser = build_parser()
+    ttft = []
+    for extra in ([], ["--gemm-peak-fraction", "0.667"]):
+        assert run_infer(parser.parse_args(argv + extra)) == 0
+        out = capsys.readouterr().out
+        assert "weights fp8, GEMM inputs fp16, KV cache fp16" in out.splitlines()[0]
+        assert ("0.667 of the tensor peak" in out) == bool(extra)
+        assert run_infer(parser.parse_args(argv + extra + ["--json"])) == 0
+        ttft.append(json.loads(capsys.readouterr().out)["ttft_s"])
+    assert ttft[1] > 1.2 * ttft[0]  # a prefill of 2,048 tokens is GEMM-bound
+    assert run_infer(parser.parse_args(argv + ["--gemm-peak-fraction", "0"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "gemm_peak_fraction" in err and "Traceback" not in err
