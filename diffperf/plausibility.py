@@ -50,11 +50,18 @@ def ideal_efficiency() -> Efficiency:
 
 
 def _without_launch_cost(stacked):
-    """Stacked row specs (`validate.StackedRows`) on GPUs without kernel launch cost."""
+    """Stacked row specs (`validate.StackedRows`) on GPUs without kernel launch cost, and for
+    inference rows with GEMM kernels that can issue the full tensor peak (a row's
+    `gemm_peak_fraction` is a property of its software, so the bound does not rest on it)."""
     acc = stacked.systems.accelerator
-    return stacked._replace(systems=eqx.tree_at(
+    stacked = stacked._replace(systems=eqx.tree_at(
         lambda s: s.accelerator.launch_overhead, stacked.systems,
         jnp.zeros_like(acc.launch_overhead)))
+    if hasattr(stacked.plans, "gemm_peak_fraction"):
+        stacked = stacked._replace(plans=eqx.tree_at(
+            lambda p: p.gemm_peak_fraction, stacked.plans,
+            jnp.ones_like(stacked.plans.gemm_peak_fraction)))
+    return stacked
 
 
 def ideal_bounds(rows: list[BenchmarkRow], stacked=None) -> dict[str, dict[str, float]]:

@@ -88,3 +88,13 @@ def test_no_shipped_measurement_beats_its_ideal_bound(rows, bounds):
     found = implausible_measurements([fp16])
     assert [(f["id"], f["metric"]) for f in found] == [(MIXTRAL, "output_tok_s_per_gpu")]
     assert found[0]["factor"] > SLACK
+
+
+def test_ideal_bound_ignores_the_rows_gemm_peak_fraction(rows, bounds):
+    """The bound is datasheet peak: a row's `gemm_peak_fraction` (an annotation about its
+    software's kernels) does not make it slower, so it cannot make a measurement implausible."""
+    row = next(r for r in rows if r.id == "trtllm090-ttft-h100-mixtral-8x7b-tp2-in2048")
+    assert row.values["gemm_peak_fraction"] == 0.667
+    full = dataclasses.replace(row, values={**row.values, "gemm_peak_fraction": 1.0})
+    assert ideal_bounds([full])[row.id]["ttft_s"] == pytest.approx(bounds[row.id]["ttft_s"],
+                                                                    rel=1e-6)
