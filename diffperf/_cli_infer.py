@@ -46,7 +46,9 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
     p.add_argument("--precision", default="bf16",
-                   help="weight and GEMM precision: fp32, bf16, fp16, fp8, fp4 (default bf16)")
+                   help="weight and GEMM precision: fp32, bf16, fp16, fp8, fp4 (default bf16); "
+                        "int8 / int4 for weight-only quantisation, with a 16-bit "
+                        "--activation-precision")
     p.add_argument("--activation-precision", default=None,
                    help="GEMM input precision (default: --precision)")
     p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
@@ -67,15 +69,35 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+#: Integer weight formats of weight-only quantisation, as the precision of the same width.
+_INTEGER_WEIGHTS = {"int8": "fp8", "int4": "fp4"}
+
+
+def _precisions(args) -> tuple[str, str, str]:
+    """(weights, GEMM inputs, KV cache) precision names of the command line; integer weights
+    (weight-only quantisation) need 16-bit or wider GEMM inputs."""
+    weights = args.precision.lower()
+    if weights in _INTEGER_WEIGHTS:
+        act = (args.activation_precision or "").lower()
+        if act not in ("fp32", "tf32", "bf16", "fp16"):
+            raise ValueError(f"--precision {weights} is weight-only quantisation: give the GEMM "
+                             f"precision with --activation-precision bf16 or fp16 (integer "
+                             f"activations, W8A8, are not modelled); got "
+                             f"{args.activation_precision or 'none'}")
+        return _INTEGER_WEIGHTS[weights], act, args.kv_precision or act
+    act = args.activation_precision or args.precision
+    return args.precision, act, args.kv_precision or args.precision
+
+
 def _specs(args):
     from .cli import _load_efficiency, _load_model
     from .presets import system
     mdl = _load_model(args.model)
     sys_ = system_with_overrides(system(args.gpu), args.set)
-    act = args.activation_precision or args.precision
+    weights, act, kv = _precisions(args)
     plan = InferencePlan(tp=args.tp, pp=args.pp, batch=args.batch, input_len=args.input,
-                         output_len=args.output, weight_precision=args.precision,
-                         activation_precision=act, kv_precision=args.kv_precision or args.precision,
+                         output_len=args.output, weight_precision=weights,
+                         activation_precision=act, kv_precision=kv,
                          flash_attention=0 if args.no_flash else 1,
                          grouped_decode_attention=0 if args.per_head_decode else 1,
                          gemm_peak_fraction=args.gemm_peak_fraction)
@@ -103,7 +125,7 @@ def _summary(rep) -> dict:
 def _print(args, s: dict, table, capacity: float) -> None:
     m = s["memory_gb"]
     what_if = tag(args.set)
-    act, kv = args.activation_precision or args.precision, args.kv_precision or args.precision
+    _, act, kv = _precisions(args)
     precisions = (args.precision if act == kv == args.precision else
                   f"weights {args.precision}, GEMM inputs {act}, KV cache {kv}")
     peak = (f", GEMMs at {args.gemm_peak_fraction:g} of the tensor peak"

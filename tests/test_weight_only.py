@@ -155,3 +155,25 @@ def test_cli_gemm_peak_fraction(capsys):
     assert run_infer(parser.parse_args(argv + ["--gemm-peak-fraction", "0"])) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "gemm_peak_fraction" in err and "Traceback" not in err
+
+
+def test_cli_integer_weight_names(capsys):
+    """`--precision int8 / int4` are weight-only formats: the same prediction as fp8 / fp4
+    weights with the given 16-bit GEMM precision (the KV cache defaults to that precision);
+    without one, a one-line error."""
+    from diffperf._cli_infer import run_infer
+    from diffperf.cli import build_parser
+    parser = build_parser()
+    base = ["infer", "--model", "llama2-70b", "--gpu", "a100-sxm4-80gb", "--tp", "4", "--json"]
+    out = {}
+    for weights, name in (("int8", "fp8"), ("int4", "fp4")):
+        for w in (weights, name):
+            argv = base + ["--precision", w, "--activation-precision", "fp16",
+                           "--kv-precision", "fp16"]
+            assert run_infer(parser.parse_args(argv)) == 0
+            out[w] = json.loads(capsys.readouterr().out)["e2e_latency_s"]
+        assert out[weights] == out[name]
+    assert out["int4"] < out["int8"]  # batch-1 decode streams half the weight bytes
+    assert run_infer(parser.parse_args(base + ["--precision", "int8"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --precision int8 is weight-only") and "Traceback" not in err
