@@ -211,7 +211,7 @@ def run_infer(args) -> int:
         from .calibrate_uncertainty import decode_quantity, interval_summary
         for field, quantity, unit, scale in (
                 ("ttft", "ttft", "ms", 1e3),
-                ("e2e_latency", decode_quantity(args.batch), "s", 1.0)):
+                ("e2e_latency", decode_quantity(args.batch, args.output), "s", 1.0)):
             summary[f"{field}_interval_s"] = interval_summary(
                 lambda e, f=field: getattr(infer(mdl, sys_, plan, e), f), args.efficiency,
                 args.gpu, "infer", quantity, unit, scale)

@@ -104,7 +104,8 @@ def _intervals(kind: str, stacked, fit) -> dict:
         quantities = [training_quantity(r.values["num_experts"]) for r in stacked.rows]
     else:
         predict = lambda e: jax.vmap(infer)(ms, ss, ps, e).e2e_latency  # noqa: E731
-        quantities = [decode_quantity(r.values["batch"]) for r in stacked.rows]
+        quantities = [decode_quantity(r.values["batch"], r.values["output_len"])
+                      for r in stacked.rows]
     gpus = [r.values["gpu"] for r in stacked.rows]
     _, low, high = row_intervals(predict, gpus, quantities, kind, fit)
     return {r.id: (lo, hi) for r, lo, hi in zip(stacked.rows, low, high)}

@@ -107,9 +107,12 @@ def quantity_of(metric: str, batch: float | None = None) -> str:
     raise ValueError(f"unknown measured column {metric!r}")
 
 
-def decode_quantity(batch: float) -> str:
+def decode_quantity(batch: float, output_len: float | None = None) -> str:
     """The quantity whose model error applies to an end-to-end latency, TPOT or throughput
-    predicted at `batch` sequences: `latency` for batch 1, else `throughput`."""
+    predicted at `batch` sequences: `latency` for batch 1, else `throughput`; `ttft` when
+    `output_len` is 1 (no decode step: the end-to-end latency is the first-token latency)."""
+    if output_len is not None and output_len <= 1:
+        return "ttft"
     return "latency" if batch <= 1 else "throughput"
 
 

@@ -133,6 +133,25 @@ def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path
     infer = df.loc["imec-inf-h100-llama-2-70b-tp4"]
     assert infer["interval_low_s"] < infer["e2e_latency_s"] < infer["interval_high_s"]
     assert pd.isna(df.loc["tp5", "interval_low_s"])
+    # the same row with one output token: its latency is a first-token latency, with that
+    # quantity's (larger) model error
+    from diffperf.inference_validate import infer_specs
+    from diffperf.inference import infer as infer_fn
+    one = tmp_path / "one_token.csv"
+    with open(configs, newline="") as f:
+        recs = list(csv.DictReader(f))
+    rec = dict(next(r for r in recs if r["id"] == "imec-inf-h100-llama-2-70b-tp4"), id="one",
+               output_len="1")
+    with open(one, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rec))
+        w.writeheader()
+        w.writerow(rec)
+    first = predict_csv(one, intervals=True).set_index("id").loc["one"]
+    m1, s1, p1 = infer_specs(read_benchmarks(one, require_measured=False)[0])
+    single = prediction_interval(lambda e: infer_fn(m1, s1, p1, e).e2e_latency, None, 0.9,
+                                 "h100-sxm5-80gb", "infer", quantity="ttft")
+    assert first["interval_low_s"] == pytest.approx(single.low, rel=1e-4)
+    assert first["interval_high_s"] == pytest.approx(single.high, rel=1e-4)
 
     bare = tmp_path / "factors_only.json"
     bare.write_text(json.dumps({"factors": {"hbm": 0.8}}))

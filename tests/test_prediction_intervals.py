@@ -31,6 +31,9 @@ def test_quantities_group_columns_that_measure_the_same_thing():
     # A batched run's latency measures the same regime as its throughput.
     assert quantity_of("output_tok_s_per_gpu") == quantity_of("e2e_latency_s", 64) == "throughput"
     assert decode_quantity(1) == "latency" and decode_quantity(2) == "throughput"
+    # one output token: no decode step, the end-to-end latency is the first-token latency
+    assert decode_quantity(1, 1) == decode_quantity(64, 1) == "ttft"
+    assert decode_quantity(1, 2) == "latency" and decode_quantity(8, 200) == "throughput"
     assert quantity_of("ttft_s") == "ttft"
     with pytest.raises(ValueError, match="peak_memory_gb"):
         quantity_of("peak_memory_gb")
@@ -147,19 +150,20 @@ def test_train_cli_interval_of_a_moe_model_uses_the_moe_error(capsys):
     assert "(MoE runs' model error)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("batch, e2e_quantity", [(1, "latency"), (8, "throughput")])
-def test_infer_cli_prints_ttft_and_e2e_intervals(capsys, batch, e2e_quantity):
+@pytest.mark.parametrize("batch, output, e2e_quantity",
+                         [(1, 64, "latency"), (8, 64, "throughput"), (1, 1, "ttft")])
+def test_infer_cli_prints_ttft_and_e2e_intervals(capsys, batch, output, e2e_quantity):
     shipped = json.loads(resources.files("diffperf.presets").joinpath("efficiency.json")
                          .read_text())["uncertainty"]["residual_sd"]
     code = main(["infer", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb", "--tp", "1",
-                 "--batch", str(batch), "--input", "128", "--output", "64", "--interval",
-                 "--json"])
+                 "--batch", str(batch), "--input", "128", "--output", str(output),
+                 "--interval", "--json"])
     s = json.loads(capsys.readouterr().out)
     assert code == 0
     import diffperf as dp
     from diffperf.inference import infer
     model, system = dp.model("llama2-7b"), dp.system("h100-sxm5-80gb")
-    plan = dp.InferencePlan(tp=1, batch=batch, input_len=128, output_len=64)
+    plan = dp.InferencePlan(tp=1, batch=batch, input_len=128, output_len=output)
     for field, q in (("ttft", "ttft"), ("e2e_latency", e2e_quantity)):
         iv, value = s[f"{field}_interval_s"], s[f"{field}_s"]
         assert iv["low"] < value < iv["high"], field
