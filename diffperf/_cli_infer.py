@@ -73,7 +73,7 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
 _INTEGER_WEIGHTS = {"int8": "fp8", "int4": "fp4"}
 
 
-def _precisions(args) -> tuple[str, str, str]:
+def precisions_of(args) -> tuple[str, str, str]:
     """(weights, GEMM inputs, KV cache) precision names of the command line; integer weights
     (weight-only quantisation) need 16-bit or wider GEMM inputs."""
     weights = args.precision.lower()
@@ -89,12 +89,23 @@ def _precisions(args) -> tuple[str, str, str]:
     return args.precision, act, args.kv_precision or args.precision
 
 
+def precisions_text(args) -> str:
+    """The precisions of the command line for a header line, e.g. 'bf16' or 'weights int8, GEMM
+    inputs fp16, KV cache fp16, GEMMs at 0.667 of the tensor peak'."""
+    _, act, kv = precisions_of(args)
+    text = (args.precision if act == kv == args.precision else
+            f"weights {args.precision}, GEMM inputs {act}, KV cache {kv}")
+    if args.gemm_peak_fraction != 1:
+        text += f", GEMMs at {args.gemm_peak_fraction:g} of the tensor peak"
+    return text
+
+
 def _specs(args):
     from .cli import _load_efficiency, _load_model
     from .presets import system
     mdl = _load_model(args.model)
     sys_ = system_with_overrides(system(args.gpu), args.set)
-    weights, act, kv = _precisions(args)
+    weights, act, kv = precisions_of(args)
     plan = InferencePlan(tp=args.tp, pp=args.pp, batch=args.batch, input_len=args.input,
                          output_len=args.output, weight_precision=weights,
                          activation_precision=act, kv_precision=kv,
@@ -125,13 +136,8 @@ def _summary(rep) -> dict:
 def _print(args, s: dict, table, capacity: float) -> None:
     m = s["memory_gb"]
     what_if = tag(args.set)
-    _, act, kv = _precisions(args)
-    precisions = (args.precision if act == kv == args.precision else
-                  f"weights {args.precision}, GEMM inputs {act}, KV cache {kv}")
-    peak = (f", GEMMs at {args.gemm_peak_fraction:g} of the tensor peak"
-            if args.gemm_peak_fraction != 1 else "")
     print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}), "
-          f"batch {args.batch}, {args.input} in / {args.output} out, {precisions}{peak}")
+          f"batch {args.batch}, {args.input} in / {args.output} out, {precisions_text(args)}")
     def interval(field):
         if field in s:
             iv = s[field]

@@ -12,7 +12,7 @@ import pandas as pd
 
 from . import presets
 from ._cli_checks import CliError
-from ._cli_infer import add_per_head_decode
+from ._cli_infer import add_per_head_decode, precisions_of, precisions_text
 from .hardware import precision_code
 from .what_if import add_set_argument, parse_overrides, system_with_overrides, tag
 
@@ -72,7 +72,15 @@ def add_search_parser(sub) -> None:
                    help="end-to-end latency target per request, s (default: none)")
     i.add_argument("--tpot", type=float, default=None, help="time-per-output-token target, s")
     i.add_argument("--max-gpus", type=int, default=8, help="largest tp * pp (default 8)")
-    i.add_argument("--precision", default="bf16")
+    i.add_argument("--precision", default="bf16",
+                   help="weight and GEMM precision (default bf16); int8 / int4 for weight-only "
+                        "quantisation, with a 16-bit --activation-precision")
+    i.add_argument("--activation-precision", default=None,
+                   help="GEMM input precision (default: --precision)")
+    i.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
+    i.add_argument("--gemm-peak-fraction", type=float, default=1.0,
+                   help="share of the tensor-core peak the weight GEMM kernels can issue "
+                        "(default 1; see diffperf infer)")
     add_per_head_decode(i)
     i.add_argument("--efficiency", default=None)
     add_set_argument(i)
@@ -210,10 +218,14 @@ def inference_candidates(max_gpus: int) -> dict[str, list]:
 
 def search_inference(model, system, input_len: int, output_len: int, max_gpus: int = 8,
                      precision: str = "bf16", efficiency=None,
-                     grouped_decode_attention: int = 1) -> pd.DataFrame:
+                     grouped_decode_attention: int = 1, activation_precision: str | None = None,
+                     kv_precision: str | None = None,
+                     gemm_peak_fraction: float = 1.0) -> pd.DataFrame:
     """Every (tp, pp, batch) of `inference_candidates` evaluated with vmap: a DataFrame with
     latency, TPOT, throughput per GPU, memory and feasibility (only tp * pp <= max_gpus).
-    `grouped_decode_attention=0` models a per-query-head decode kernel (`InferencePlan`)."""
+    `precision` is that of the weights, `activation_precision` / `kv_precision` (default:
+    `precision`) those of the GEMM inputs and the KV cache; `grouped_decode_attention` and
+    `gemm_peak_fraction` are as in `InferencePlan`."""
     from .grid import Grid
     from .inference import infer
     from .inference_plan import InferencePlan
@@ -221,12 +233,15 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
     eff = presets.default_efficiency() if efficiency is None else efficiency
     grid = Grid(inference_candidates(max_gpus))
     code = float(precision_code(precision))
+    act = code if activation_precision is None else float(precision_code(activation_precision))
+    kv = code if kv_precision is None else float(precision_code(kv_precision))
 
     def evaluate(v):
         plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=input_len,
                              output_len=output_len, weight_precision=code,
-                             activation_precision=code, kv_precision=code,
-                             grouped_decode_attention=grouped_decode_attention)
+                             activation_precision=act, kv_precision=kv,
+                             grouped_decode_attention=grouped_decode_attention,
+                             gemm_peak_fraction=gemm_peak_fraction)
         r = infer(model, system, plan, eff)
         return {"e2e_latency_s": r.e2e_latency, "ttft_s": r.ttft, "tpot_s": r.tpot,
                 "output_tok_s_per_gpu": r.output_tok_s_per_gpu,
@@ -248,12 +263,16 @@ def run_search_infer(args) -> int:
     if args.input + args.output > float(model.seq_len):
         print(f"warning: input + output = {args.input + args.output} tokens exceeds the model's "
               f"context of {float(model.seq_len):g} tokens (searched anyway)", file=sys.stderr)
+    weights, act, kv = precisions_of(args)
     df = search_inference(model, system, args.input, args.output, args.max_gpus,
-                          args.precision, _load_efficiency(args.efficiency, args.gpu),
-                          grouped_decode_attention=0 if args.per_head_decode else 1)
+                          weights, _load_efficiency(args.efficiency, args.gpu),
+                          grouped_decode_attention=0 if args.per_head_decode else 1,
+                          activation_precision=act, kv_precision=kv,
+                          gemm_peak_fraction=args.gemm_peak_fraction)
     finite = np.isfinite(df[["e2e_latency_s", "ttft_s", "tpot_s"]].to_numpy()).all(axis=1)
     ok = df[df["feasible"] & finite]
-    why = _infeasible_reasons(df[~(df["feasible"] & finite)], args.precision)
+    math = min(precision_code(weights), precision_code(act))  # the GEMMs' precision code
+    why = _infeasible_reasons(df[~(df["feasible"] & finite)], math)
     target = ok
     if args.latency is not None:
         target = target[target["e2e_latency_s"] <= args.latency]
@@ -268,7 +287,7 @@ def run_search_infer(args) -> int:
               lambda r: f"tp{r['tp']:g} pp{r['pp']:g} b{r['batch']:g}",
               "end-to-end latency (s)", "output tokens/s per GPU",
               f"{args.model} on {args.gpu}{tag(args.set)}, {args.input} in / {args.output} out, "
-              f"{args.precision}")
+              f"{precisions_text(args)}")
     if args.json:
         print(json.dumps({"evaluated": int(len(df)), "feasible": int(len(ok)),
                           "seconds": seconds, "infeasible_reasons": why, "best": _records(best),
@@ -277,7 +296,7 @@ def run_search_infer(args) -> int:
         return 0 if len(best) else NO_PLAN
     what_if = tag(args.set)
     print(f"search infer: {args.model} on {args.gpu}{what_if}, {args.input} in / {args.output} "
-          f"out, {args.precision}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
+          f"out, {precisions_text(args)}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
     cols = ["tp", "pp", "batch", "e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu",
             "memory_gb"]
     if len(ok) == 0:
@@ -300,11 +319,11 @@ def run_search_infer(args) -> int:
     return 0 if len(best) else NO_PLAN
 
 
-def _infeasible_reasons(bad: pd.DataFrame, precision: str) -> dict:
+def _infeasible_reasons(bad: pd.DataFrame, code: int) -> dict:
     """{readable reason: number of plans}, most common first, for the plans that failed (a
-    plan whose latency overflowed float32 counts as 'prediction not finite')."""
+    plan whose latency overflowed float32 counts as 'prediction not finite'); `code`: the
+    GEMMs' precision code."""
     from .feasibility import explain
-    code = precision_code(precision)
     out: dict = {}
     for (feasible, reason), n in bad.groupby(["feasible", "reason"]).size().items():
         text = ("prediction not finite (lengths too large for float32)" if feasible

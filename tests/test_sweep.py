@@ -262,6 +262,29 @@ def test_search_infer_per_head_decode_is_slower_for_gqa():
     assert (per_head["tpot_s"] > 1.1 * grouped["tpot_s"]).any()
 
 
+def test_search_infer_weight_only_on_a_gpu_without_narrow_tensor_cores(capsys):
+    """A100 has no fp4 tensor cores: fp4 math is infeasible everywhere, but 4-bit weights with
+    16-bit GEMMs (weight-only) are feasible, hold less memory than bf16 weights and decode
+    faster at batch 1 (a quarter of the weight bytes to stream)."""
+    from diffperf._cli_search import search_inference
+    from diffperf.cli import main
+    args = (dp.model("llama2-70b"), dp.system("a100-sxm4-80gb"), 512, 64)
+    fp4 = search_inference(*args, max_gpus=4, precision="fp4")
+    w4 = search_inference(*args, max_gpus=4, precision="fp4", activation_precision="bf16",
+                          kv_precision="bf16")
+    bf16 = search_inference(*args, max_gpus=4)
+    assert not fp4["feasible"].any()
+    assert (w4["memory_gb"] < bf16["memory_gb"]).all()
+    one = (w4["batch"] == 1) & (w4["tp"] == 4) & (w4["pp"] == 1)
+    assert (w4.loc[one, "tpot_s"] < bf16.loc[one, "tpot_s"]).all()
+    code = main(["search", "infer", "--model", "llama2-70b", "--gpu", "a100-sxm4-80gb",
+                 "--max-gpus", "4", "--input", "512", "--output", "64", "--precision", "int4",
+                 "--activation-precision", "bf16", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["feasible"] == int(w4["feasible"].sum())
+
+
 _MULTIHOST = r"""
 import json, sys
 import jax
