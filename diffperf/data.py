@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ._checks import MAX_EXACT_COUNT
-from .hardware import BYTES_PER_ELEMENT, PRECISION_CODES
+from .hardware import BYTES_PER_ELEMENT, INTEGER_WEIGHTS, PRECISION_CODES
 from .model import Transformer
 from .plans import RECOMPUTE_CODES, TrainingPlan, layer_count_error
 from .presets import gpu_names, system
@@ -66,7 +66,7 @@ INFER_OPTIONAL_FRACTIONS = {"gemm_peak_fraction": 1.0}
 #: Storage names the optional infer column `weight_precision` accepts (weight-only
 #: quantisation; empty or absent = the row's `precision`), as the precision whose width they
 #: have: integer weights are dequantised inside the GEMM, which runs at the row's `precision`.
-WEIGHT_STORAGE = {**{name: name for name in PRECISION_CODES}, "int8": "fp8", "int4": "fp4"}
+WEIGHT_STORAGE = {**{name: name for name in PRECISION_CODES}, **INTEGER_WEIGHTS}
 TRAIN_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb")
 INFER_METRICS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 #: Documented defaults for empty plan cells (docs/benchmark-format.md).
@@ -155,7 +155,7 @@ def _weight_precision(path, i, rec, precision: str) -> str:
     if BYTES_PER_ELEMENT[PRECISION_CODES[storage]] > BYTES_PER_ELEMENT[PRECISION_CODES[precision]]:
         raise _err(path, i, "weight_precision", f"{name} weights are wider than the GEMM "
                                                 f"precision {precision}")
-    if name.startswith("int") and PRECISION_CODES[precision] >= PRECISION_CODES["fp8"]:
+    if name in INTEGER_WEIGHTS and PRECISION_CODES[precision] >= PRECISION_CODES["fp8"]:
         raise _err(path, i, "weight_precision", f"{name} weights need 16-bit or wider GEMMs "
                                                 f"(weight-only quantisation); {precision} "
                                                 f"integer math (W8A8) is not modelled")

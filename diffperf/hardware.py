@@ -16,6 +16,9 @@ def _F():
 PRECISIONS = {0: "fp32", 1: "bf16", 2: "fp8", 3: "fp4"}
 #: Accepted spellings of each precision.
 PRECISION_CODES = {"fp32": 0, "tf32": 0, "bf16": 1, "fp16": 1, "fp8": 2, "fp4": 3}
+#: Integer weight formats of weight-only quantisation, as the precision of the same width
+#: (their GEMMs run at the activations' precision, which must then be 16 bit or wider).
+INTEGER_WEIGHTS = {"int8": "fp8", "int4": "fp4"}
 #: Bytes per element of each precision code.
 BYTES_PER_ELEMENT = (4.0, 2.0, 1.0, 0.5)
 

@@ -7,18 +7,21 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import as_float, check_choice, check_fraction, check_integer
-from .hardware import PRECISION_CODES, PRECISIONS
+from .hardware import INTEGER_WEIGHTS, PRECISION_CODES, PRECISIONS
 
 
-def _precision(field: str):
-    """Converter accepting a precision name ('bf16', 'fp8', ...) or an integer code."""
+def _precision(field: str, extra: dict | None = None):
+    """Converter accepting a precision name ('bf16', 'fp8', ...; `extra` names too) or an
+    integer code."""
+    names = {**PRECISION_CODES, **(extra or {})}
+
     def convert(x):
         if isinstance(x, str):
             try:
-                x = PRECISION_CODES[x.lower()]
+                x = names[x.lower()]
             except KeyError:
                 raise ValueError(f"InferencePlan.{field} must be one of "
-                                 f"{sorted(PRECISION_CODES)}, got {x!r}") from None
+                                 f"{sorted(names)}, got {x!r}") from None
         return as_float(x)
     return convert
 
@@ -32,7 +35,9 @@ class InferencePlan(eqx.Module):
     - `tp`, `pp`: tensor / pipeline parallel degrees (the job uses tp * pp GPUs).
     - `batch`: concurrent sequences, count.
     - `input_len`, `output_len`: prompt and generated tokens per sequence, count.
-    - `weight_precision`: storage precision of the weights (code or name: fp32, bf16, fp8, fp4).
+    - `weight_precision`: storage precision of the weights (code or name: fp32, bf16, fp8, fp4;
+      int8 / int4 weight-only formats are costed as the bytes of fp8 / fp4, and with the
+      default 16-bit `activation_precision` their GEMMs run in 16 bit).
     - `activation_precision`: precision of the GEMM inputs; the GEMMs run at the wider of the
       weight and activation precisions (e.g. fp4 weights with bf16 activations run bf16 math).
     - `kv_precision`: storage precision of the KV cache.
@@ -58,7 +63,10 @@ class InferencePlan(eqx.Module):
     batch: jax.Array = eqx.field(converter=as_float, default=1)
     input_len: jax.Array = eqx.field(converter=as_float, default=128)
     output_len: jax.Array = eqx.field(converter=as_float, default=128)
-    weight_precision: jax.Array = eqx.field(converter=_precision("weight_precision"), default=1)
+    weight_precision: jax.Array = eqx.field(
+        converter=_precision("weight_precision",
+                             {k: PRECISION_CODES[v] for k, v in INTEGER_WEIGHTS.items()}),
+        default=1)
     activation_precision: jax.Array = eqx.field(converter=_precision("activation_precision"),
                                                 default=1)
     kv_precision: jax.Array = eqx.field(converter=_precision("kv_precision"), default=1)

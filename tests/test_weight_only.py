@@ -177,3 +177,13 @@ def test_cli_integer_weight_names(capsys):
     assert run_infer(parser.parse_args(base + ["--precision", "int8"])) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --precision int8 is weight-only") and "Traceback" not in err
+
+
+def test_plan_accepts_integer_weight_names():
+    """From Python: int8 / int4 weights are the bytes of fp8 / fp4, and with the default
+    16-bit activations the GEMMs run in 16 bit; integer activations are refused by name."""
+    for name, code in (("int8", 2.0), ("int4", 3.0)):
+        plan = InferencePlan(weight_precision=name)
+        assert float(plan.weight_precision) == code and float(plan.math_precision) == 1.0
+    with pytest.raises(ValueError, match="InferencePlan.activation_precision must be one of"):
+        InferencePlan(activation_precision="int8")
