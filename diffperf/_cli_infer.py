@@ -14,7 +14,7 @@ import numpy as np
 
 from ._checks import check_finite_report
 from .feasibility import describe_failure, explain
-from .hardware import INTEGER_WEIGHTS
+from .hardware import INTEGER_WEIGHTS, weight_storage
 from .inference import infer
 from .inference_plan import InferencePlan
 from .what_if import add_set_argument, change, comparison, system_with_overrides, tag
@@ -72,16 +72,19 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
 
 def precisions_of(args) -> tuple[str, str, str]:
     """(weights, GEMM inputs, KV cache) precision names of the command line; integer weights
-    (weight-only quantisation) need 16-bit or wider GEMM inputs."""
+    (weight-only quantisation) need a 16-bit or wider --activation-precision, and the KV cache
+    then defaults to it."""
     weights = args.precision.lower()
     if weights in INTEGER_WEIGHTS:
-        act = (args.activation_precision or "").lower()
-        if act not in ("fp32", "tf32", "bf16", "fp16"):
+        act = args.activation_precision
+        if act is None:
             raise ValueError(f"--precision {weights} is weight-only quantisation: give the GEMM "
-                             f"precision with --activation-precision bf16 or fp16 (integer "
-                             f"activations, W8A8, are not modelled); got "
-                             f"{args.activation_precision or 'none'}")
-        return INTEGER_WEIGHTS[weights], act, args.kv_precision or act
+                             f"precision with --activation-precision bf16 or fp16")
+        try:
+            storage = weight_storage(weights, act)
+        except ValueError as e:
+            raise ValueError(f"--precision {weights}: {e}") from None
+        return storage, act, args.kv_precision or act
     act = args.activation_precision or args.precision
     return args.precision, act, args.kv_precision or args.precision
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ._checks import MAX_EXACT_COUNT
-from .hardware import BYTES_PER_ELEMENT, INTEGER_WEIGHTS, PRECISION_CODES
+from .hardware import PRECISION_CODES, weight_storage
 from .model import Transformer
 from .plans import RECOMPUTE_CODES, TrainingPlan, layer_count_error
 from .presets import gpu_names, system
@@ -63,10 +63,6 @@ INFER_OPTIONAL_FLAGS = {"grouped_decode_attention": 1.0}
 #: diffperf extension column of infer rows: the share of the tensor-core peak the weight GEMMs
 #: can issue, in (0, 1] (empty or absent = 1); see `InferencePlan.gemm_peak_fraction`.
 INFER_OPTIONAL_FRACTIONS = {"gemm_peak_fraction": 1.0}
-#: Storage names the optional infer column `weight_precision` accepts (weight-only
-#: quantisation; empty or absent = the row's `precision`), as the precision whose width they
-#: have: integer weights are dequantised inside the GEMM, which runs at the row's `precision`.
-WEIGHT_STORAGE = {**{name: name for name in PRECISION_CODES}, **INTEGER_WEIGHTS}
 TRAIN_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb")
 INFER_METRICS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 #: Documented defaults for empty plan cells (docs/benchmark-format.md).
@@ -143,23 +139,15 @@ def _fractions(path, i, rec, fractions: dict[str, float]) -> dict[str, float]:
 
 
 def _weight_precision(path, i, rec, precision: str) -> str:
-    """The optional `weight_precision` column: a precision name of the weights' storage width
-    (int8 -> fp8, int4 -> fp4), no wider than the row's GEMM `precision`; empty = `precision`."""
-    name = rec.get("weight_precision", "").lower()
+    """The optional `weight_precision` column (weight-only quantisation): the precision name of
+    the weights' storage width (`hardware.weight_storage`); empty = the row's `precision`."""
+    name = rec.get("weight_precision", "")
     if not name:
         return precision
-    if name not in WEIGHT_STORAGE:
-        raise _err(path, i, "weight_precision", f"must be one of {sorted(WEIGHT_STORAGE)}, got "
-                                                f"{rec['weight_precision']!r}")
-    storage = WEIGHT_STORAGE[name]
-    if BYTES_PER_ELEMENT[PRECISION_CODES[storage]] > BYTES_PER_ELEMENT[PRECISION_CODES[precision]]:
-        raise _err(path, i, "weight_precision", f"{name} weights are wider than the GEMM "
-                                                f"precision {precision}")
-    if name in INTEGER_WEIGHTS and PRECISION_CODES[precision] >= PRECISION_CODES["fp8"]:
-        raise _err(path, i, "weight_precision", f"{name} weights need 16-bit or wider GEMMs "
-                                                f"(weight-only quantisation); {precision} "
-                                                f"integer math (W8A8) is not modelled")
-    return storage
+    try:
+        return weight_storage(name, precision)
+    except ValueError as e:
+        raise _err(path, i, "weight_precision", str(e)) from None
 
 
 def _optional_counts(path, i, rec, counts: dict[str, float]) -> dict[str, float]:

@@ -23,6 +23,26 @@ INTEGER_WEIGHTS = {"int8": "fp8", "int4": "fp4"}
 BYTES_PER_ELEMENT = (4.0, 2.0, 1.0, 0.5)
 
 
+def weight_storage(weights: str, gemm: str) -> str:
+    """The precision name whose width stores `weights` (int8 -> fp8, int4 -> fp4; a precision
+    name stays itself) when the GEMMs run at `gemm` (weight-only quantisation).
+
+    Raises ValueError for an unknown name, weights wider than the GEMMs, and integer weights
+    with GEMMs narrower than 16 bit (integer activations, W8A8, are not modelled)."""
+    names = {**{n: n for n in PRECISION_CODES}, **INTEGER_WEIGHTS}
+    w, g = str(weights).lower(), str(gemm).lower()
+    if w not in names:
+        raise ValueError(f"must be one of {sorted(names)}, got {weights!r}")
+    storage = names[w]
+    g_code = precision_code(g)
+    if BYTES_PER_ELEMENT[PRECISION_CODES[storage]] > BYTES_PER_ELEMENT[g_code]:
+        raise ValueError(f"{w} weights are wider than the GEMM precision {g}")
+    if w in INTEGER_WEIGHTS and g_code >= PRECISION_CODES["fp8"]:
+        raise ValueError(f"{w} weights need 16-bit or wider GEMMs (weight-only quantisation); "
+                         f"{g} integer math (W8A8) is not modelled")
+    return storage
+
+
 def precision_code(name: str) -> int:
     """Map a precision name (fp32, tf32, bf16, fp16, fp8, fp4) to its integer code."""
     try:

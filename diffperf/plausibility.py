@@ -50,18 +50,19 @@ def ideal_efficiency() -> Efficiency:
 
 
 def _without_launch_cost(stacked):
-    """Stacked row specs (`validate.StackedRows`) on GPUs without kernel launch cost, and for
-    inference rows with GEMM kernels that can issue the full tensor peak (a row's
-    `gemm_peak_fraction` is a property of its software, so the bound does not rest on it)."""
+    """Stacked row specs (`validate.StackedRows`) on GPUs without kernel launch cost."""
     acc = stacked.systems.accelerator
-    stacked = stacked._replace(systems=eqx.tree_at(
+    return stacked._replace(systems=eqx.tree_at(
         lambda s: s.accelerator.launch_overhead, stacked.systems,
         jnp.zeros_like(acc.launch_overhead)))
-    if hasattr(stacked.plans, "gemm_peak_fraction"):
-        stacked = stacked._replace(plans=eqx.tree_at(
-            lambda p: p.gemm_peak_fraction, stacked.plans,
-            jnp.ones_like(stacked.plans.gemm_peak_fraction)))
-    return stacked
+
+
+def _at_full_gemm_peak(stacked):
+    """Stacked inference row specs whose GEMM kernels can issue the full tensor peak: a row's
+    `gemm_peak_fraction` is a property of its software, so the bound does not rest on it."""
+    plans = stacked.plans
+    return stacked._replace(plans=eqx.tree_at(lambda p: p.gemm_peak_fraction, plans,
+                                              jnp.ones_like(plans.gemm_peak_fraction)))
 
 
 def ideal_bounds(rows: list[BenchmarkRow], stacked=None) -> dict[str, dict[str, float]]:
@@ -77,10 +78,12 @@ def ideal_bounds(rows: list[BenchmarkRow], stacked=None) -> dict[str, dict[str, 
         stacked = (stacked_train_specs(train), stacked_infer_specs(infer))
     ideal = ideal_efficiency()
     out: dict[str, dict[str, float]] = {}
-    for predict, kind_rows, st in ((predict_train_rows, train, stacked[0]),
-                                   (predict_infer_rows, infer, stacked[1])):
+    for predict, kind_rows, st, ideal_specs in (
+            (predict_train_rows, train, stacked[0], _without_launch_cost),
+            (predict_infer_rows, infer, stacked[1],
+             lambda s: _at_full_gemm_peak(_without_launch_cost(s)))):
         if st.rows:
-            predictions, _ = predict(kind_rows, ideal, _without_launch_cost(st))
+            predictions, _ = predict(kind_rows, ideal, ideal_specs(st))
             out.update({row.id: pred for row, pred, _ in predictions})
     return out
 

@@ -439,7 +439,8 @@ def test_benchmark_format_doc_example_validates_and_lists_every_extension_column
              **data.MODEL_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FRACTIONS}
     assert documented == known
     assert "`weight_precision`" in section  # the one extension column naming a precision
-    assert all(f"`{name}`" in section for name in data.WEIGHT_STORAGE if name.startswith("int"))
+    from diffperf.hardware import INTEGER_WEIGHTS
+    assert all(f"`{name}`" in section for name in INTEGER_WEIGHTS)
 
 
 def test_a_count_beyond_float32_exactness_is_named(tmp_path):
