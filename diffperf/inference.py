@@ -54,10 +54,16 @@ from .roofline import (GEMM_SHARPNESS, SHARPNESS, bytes_per_element, peak_matmul
 ELEMENTWISE_KERNELS = 4.0
 #: Extra kernels per MoE layer: router softmax + top-k, token permute, un-permute + combine.
 MOE_KERNELS = 3.0
-#: Kernels of the attention core: one fused kernel (RoPE + KV-cache write + attention) with
-#: flash attention / in decode; QK^T, softmax, AV, RoPE + KV write without.
-ATTENTION_KERNELS_FUSED = 1.0
-ATTENTION_KERNELS_UNFUSED = 4.0
+#: Kernels of the attention core, as TensorRT-LLM 0.9's GPT attention plugin launches them
+#: (`gptAttentionCommon.cpp`, `enqueueContext` / `enqueueGeneration`). Decode: one kernel
+#: (masked MHA or XQA, with RoPE and the KV-cache write fused in).
+ATTENTION_KERNELS_DECODE = 1.0
+#: Prefill with fused attention: sequence / padding offsets (`invokeBuildDecoderInfo`), RoPE +
+#: KV-cache write (`invokeApplyBiasRopeUpdateKVCache`), the fused multi-head attention kernel.
+ATTENTION_KERNELS_PREFILL_FUSED = 3.0
+#: Prefill without it: offsets, mask, buffer memset, Q/K/V transpose with RoPE, KV-cache write,
+#: QK^T, softmax, AV, output transpose.
+ATTENTION_KERNELS_PREFILL_UNFUSED = 9.0
 #: GEMMs with at most this many rows (M) run split-K: a second kernel reduces the partial
 #: sums (cuBLAS / TensorRT-LLM heuristics for skinny decode GEMMs), rows.
 SPLIT_K_MAX_M = 64.0
@@ -282,12 +288,13 @@ def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
     qkvo = b * s * (x.heads + x.kv) * (x.qk + x.v) * x.ab
     flash_flops = 2.0 * bh * s * keys * core  # 4 b a s^2 d, halved by the causal mask
     flash = _compute(system, eff, flash_flops, qkvo,
-                     _attention_rate(system, eff, x, s, keys, core), ATTENTION_KERNELS_FUSED)
+                     _attention_rate(system, eff, x, s, keys, core),
+                     ATTENTION_KERNELS_PREFILL_FUSED)
     scores = bh * s * s
     rate = peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * matmul_efficiency(
         eff, s, s, core, 1.0)
     unfused = _compute(system, eff, 4.0 * bh * s * s * core + 5.0 * scores,
-                       qkvo + scores * 4.0 * x.sb, rate, ATTENTION_KERNELS_UNFUSED)
+                       qkvo + scores * 4.0 * x.sb, rate, ATTENTION_KERNELS_PREFILL_UNFUSED)
     return jax.tree.map(lambda a, c: jnp.where(plan.flash_attention > 0, a, c), flash, unfused)
 
 
@@ -306,7 +313,7 @@ def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
     tensor = _attention_rate(system, eff, x, x.group, mean_context, 0.5 * (x.dec_k + x.dec_v))
     cuda_cores = system.accelerator.vector_flops * eff.per_head_attention
     rate = jnp.where(plan.grouped_decode_attention > 0, tensor, cuda_cores)
-    return _compute(system, eff, flops, nbytes, rate, ATTENTION_KERNELS_FUSED)
+    return _compute(system, eff, flops, nbytes, rate, ATTENTION_KERNELS_DECODE)
 
 
 def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Efficiency,

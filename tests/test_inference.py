@@ -129,6 +129,22 @@ def test_per_head_decode_attention_by_hand():
     assert tpots == sorted(tpots, reverse=True) and tpots[0] > tpots[-1]
 
 
+def test_attention_kernel_launches_per_layer_by_hand():
+    """TensorRT-LLM 0.9's attention plugin launches three kernels per layer in the context
+    phase (offsets, RoPE + KV write, fused MHA), nine without fused attention, and one per
+    decode step; each launch costs launch_overhead + kernel_overhead."""
+    m, s = model("llama2-7b"), system(H100)
+    t_kernel = float(s.accelerator.launch_overhead + EFF.kernel_overhead)
+    plan = InferencePlan(tp=1, batch=1, input_len=128, output_len=11)
+    ops = inference_ops(m, s, plan, EFF)
+    assert float(ops["prefill"]["attention"].kernels) == pytest.approx(32 * 3)
+    assert float(ops["prefill"]["attention"].launch) == pytest.approx(32 * 3 * t_kernel)
+    assert float(ops["decode"]["attention"].kernels) == pytest.approx(32 * 10)  # 10 steps
+    unfused = inference_ops(m, s, InferencePlan(tp=1, batch=1, input_len=128, output_len=11,
+                                                flash_attention=0), EFF)
+    assert float(unfused["prefill"]["attention"].kernels) == pytest.approx(32 * 9)
+
+
 def test_parallel_block_halves_tp_reductions_by_hand():
     """A parallel attention + MLP block (Falcon, GPT-J) reduces the summed branches once per
     layer: exactly half the all-reduce time of the sequential block, in both phases, and a
