@@ -145,6 +145,33 @@ def test_attention_kernel_launches_per_layer_by_hand():
     assert float(unfused["prefill"]["attention"].kernels) == pytest.approx(32 * 9)
 
 
+def test_split_k_when_output_tiles_do_not_fill_the_sms_by_hand():
+    """A GEMM whose m x n output is fewer 128 x 128 tiles than the GPU has SMs runs split-K
+    (two kernels). Llama-2 7B on H100 (132 SMs), TP 1: at batch 1 every decode GEMM does; a
+    128-token prefill's MLP up-projection (128 x 22016: 172 tiles) does not, its QKV and
+    output projections (96 and 32 tiles) do; at 2,048 tokens the output projection does not
+    (512 tiles)."""
+    m, s = model("llama2-7b"), system(H100)
+    ops = inference_ops(m, s, InferencePlan(tp=1, batch=1, input_len=128, output_len=2), EFF)
+    for name in ("qkv_proj", "out_proj", "mlp_up", "mlp_down"):
+        assert float(ops["decode"][name].kernels) == pytest.approx(32 * 2)
+    assert float(ops["prefill"]["mlp_up"].kernels) == pytest.approx(32 * 1)
+    assert float(ops["prefill"]["out_proj"].kernels) == pytest.approx(32 * 2)
+    assert float(ops["prefill"]["qkv_proj"].kernels) == pytest.approx(32 * 2)  # 96 tiles
+    big = inference_ops(m, s, InferencePlan(tp=1, batch=1, input_len=2048, output_len=2), EFF)
+    assert float(big["prefill"]["out_proj"].kernels) == pytest.approx(32 * 1)
+
+
+def test_decode_step_never_faster_at_a_larger_batch_below_the_split_k_switch():
+    """Llama-2 70B on 8 B200 (148 SMs): no decode GEMM's output fills the SMs below batch 296,
+    so the time per output token must not fall as the batch grows (before the split-K rule
+    followed the tile count it fell 14 % from batch 64 to 65)."""
+    m, s = model("llama2-70b"), system(B200)
+    tpot = [float(infer(m, s, InferencePlan(tp=8, batch=b, input_len=128, output_len=64),
+                        EFF).tpot) for b in (1, 16, 32, 63, 64, 65, 96, 128, 200, 256, 290)]
+    assert tpot == sorted(tpot)
+
+
 def test_parallel_block_halves_tp_reductions_by_hand():
     """A parallel attention + MLP block (Falcon, GPT-J) reduces the summed branches once per
     layer: exactly half the all-reduce time of the sequential block, in both phases, and a
