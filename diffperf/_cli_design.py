@@ -169,6 +169,8 @@ def run_sensitivity(args) -> int:
     print(f"{args.workload}: {what} {value:.4g} s on {args.gpu}{what_if}; elasticity = "
           f"d log(time) / d log(parameter) (-0.5: +1 % parameter -> -0.5 % time)")
     print("bottleneck shares: " + ", ".join(f"{k} {v:.1%}" for k, v in out["bottlenecks"].items()))
+    print(f"whole-number / on-off parameters left out ({', '.join(S.DISCRETE_LEAVES)}): "
+          f"compare them with --set what-ifs")
     for title, table in (("hardware", out["hardware"]), ("technology", out.get("technology"))):
         if table is None:
             continue

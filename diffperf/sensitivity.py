@@ -105,9 +105,17 @@ def elasticities(fn, params) -> tuple[float, dict]:
     return float(value), {k: float(v) for k, v in _flat(el, "").items()}
 
 
+#: Whole-number or on / off leaves: the time is a step function of them (the NVLink domain
+#: changes where a collective leaves the fast fabric), so a derivative there is the slope of a
+#: kink, not what one more unit would buy. Left out of the ranking; use `--set` what-ifs.
+DISCRETE_LEAVES = ("accelerator.num_sms", "network.nvlink_domain", "network.nvlink_sharp")
+
+
 def hardware_elasticities(time_fn, system: System) -> tuple[float, dict]:
-    """Elasticities of `time_fn(system)` w.r.t. every Accelerator and Network leaf."""
-    return elasticities(time_fn, system)
+    """Elasticities of `time_fn(system)` w.r.t. every continuous Accelerator and Network leaf
+    (`DISCRETE_LEAVES` left out)."""
+    value, el = elasticities(time_fn, system)
+    return value, {k: v for k, v in el.items() if k not in DISCRETE_LEAVES}
 
 
 def technology_elasticities(time_fn, gpu: str, nvlink_domain: float = 8.0) -> tuple[float, dict]:

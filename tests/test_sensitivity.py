@@ -72,3 +72,23 @@ def test_bottleneck_shares_sum_to_one():
     b = S.bottlenecks(el)
     assert abs(sum(b.values()) - 1.0) < 1e-12
     assert abs(b["compute"] - 0.6) < 1e-12 and abs(b["latency/other"] - 0.1) < 1e-12
+
+
+def test_whole_number_leaves_are_not_ranked():
+    """The NVLink domain is a step: at TP 8 on an 8-GPU domain a larger domain changes nothing
+    (9, 16 and 72 give the same latency), a smaller one is much slower. Its derivative is the
+    slope of that kink, so it is left out of the ranking, as are num_sms and nvlink_sharp."""
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    from diffperf import sensitivity as S
+    from diffperf.presets import model, system
+    sys_ = system("h100-sxm5-80gb")
+    fn = S.workload_time("infer", model("llama2-70b"), S.default_inference_plan())
+    _, el = S.hardware_elasticities(fn, sys_)
+    assert not set(S.DISCRETE_LEAVES) & set(el)
+    assert "accelerator.hbm_bandwidth" in el and "network.nvlink_latency" in el
+    at = lambda d: float(fn(eqx.tree_at(lambda s: s.network.nvlink_domain, sys_,  # noqa: E731
+                                        jnp.asarray(d, float))))
+    assert at(9) == at(16) == at(72) == at(8)
+    assert at(4) > 1.1 * at(8)
