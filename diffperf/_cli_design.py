@@ -363,8 +363,8 @@ def run_codesign(args) -> int:
         out["gap"] = grad["objective"] / grid["objective"] - 1.0
         out["evaluation_ratio"] = grid["evaluations"] / grad["evaluations"]
     if args.area > C.RETICLE_MM2:
-        out["note"] = (f"the die area is bounded by the {C.RETICLE_MM2:g} mm^2 reticle limit, "
-                       f"not the {args.area:g} mm^2 budget")
+        out["note"] = (f"the {args.area:g} mm^2 area budget exceeds the {C.RETICLE_MM2:g} mm^2 "
+                       f"reticle limit: no die can be larger than the limit, whatever the budget")
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

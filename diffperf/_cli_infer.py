@@ -52,7 +52,7 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
                         "--activation-precision")
     p.add_argument("--activation-precision", default=None,
                    help="GEMM input precision (default: --precision)")
-    p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
+    p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: the GEMM input precision, --activation-precision if given, else --precision)")
     p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
     add_per_head_decode(p)
     p.add_argument("--gemm-peak-fraction", type=float, default=1.0,
@@ -72,8 +72,9 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
 
 def precisions_of(args) -> tuple[str, str, str]:
     """(weights, GEMM inputs, KV cache) precision names of the command line; integer weights
-    (weight-only quantisation) need a 16-bit or wider --activation-precision, and the KV cache
-    then defaults to it."""
+    (weight-only quantisation) need a 16-bit or wider --activation-precision. The KV cache
+    defaults to the GEMM input precision (so weight-only fp8 / fp4 keeps a 16-bit cache, as
+    int8 / int4 do)."""
     weights = args.precision.lower()
     if weights in INTEGER_WEIGHTS:
         act = args.activation_precision
@@ -86,7 +87,7 @@ def precisions_of(args) -> tuple[str, str, str]:
             raise ValueError(f"--precision {weights}: {e}") from None
         return storage, act, args.kv_precision or act
     act = args.activation_precision or args.precision
-    return args.precision, act, args.kv_precision or args.precision
+    return args.precision, act, args.kv_precision or act
 
 
 def precisions_text(args) -> str:

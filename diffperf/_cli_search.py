@@ -77,7 +77,7 @@ def add_search_parser(sub) -> None:
                         "quantisation, with a 16-bit --activation-precision")
     i.add_argument("--activation-precision", default=None,
                    help="GEMM input precision (default: --precision)")
-    i.add_argument("--kv-precision", default=None, help="KV-cache precision (default: --precision)")
+    i.add_argument("--kv-precision", default=None, help="KV-cache precision (default: the GEMM input precision, --activation-precision if given, else --precision)")
     i.add_argument("--gemm-peak-fraction", type=float, default=1.0,
                    help="share of the tensor-core peak the weight GEMM kernels can issue "
                         "(default 1; see diffperf infer)")
@@ -152,10 +152,12 @@ def run_search_train(args) -> int:
     print(top[_shown(top, plan_cols, always=10) + ["step_time_s", "mfu", "memory_gb",
                                                    "vs_best"]]
           .to_string(index=False, float_format="%.3f"))
+    print(_common(top, plan_cols, always=10))
     if len(pareto):
         print("\nPareto front, memory per GPU vs step time:")
         print(pareto[_shown(pareto, plan_cols, always=8) + ["memory_gb", "step_time_s"]]
               .to_string(index=False, float_format="%.2f"))
+        print(_common(pareto, plan_cols, always=8))
     return 0
 
 
@@ -163,6 +165,15 @@ def _shown(df: pd.DataFrame, cols: list[str], always: int) -> list[str]:
     """The first `always` plan columns, then those of the rest that differ between the rows
     shown (two rows must never look identical while their times differ)."""
     return cols[:always] + [c for c in cols[always:] if c in df and df[c].nunique() > 1]
+
+
+def _common(df: pd.DataFrame, cols: list[str], always: int) -> str:
+    """The plan columns `_shown` leaves out because every row shown has the same value, as one
+    line, so that a plan can be rebuilt from the text."""
+    same = [c for c in cols[always:] if c in df and df[c].nunique() == 1]
+    value = lambda v: f"{v:g}" if isinstance(v, (int, float)) else str(v)  # noqa: E731
+    return "in every plan above: " + (", ".join(f"{c}={value(df[c].iloc[0])}" for c in same)
+                                      or "-")
 
 
 def _set_texts(args) -> list[str]:
@@ -223,8 +234,8 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
                      gemm_peak_fraction: float = 1.0) -> pd.DataFrame:
     """Every (tp, pp, batch) of `inference_candidates` evaluated with vmap: a DataFrame with
     latency, TPOT, throughput per GPU, memory and feasibility (only tp * pp <= max_gpus).
-    `precision` is that of the weights, `activation_precision` / `kv_precision` (default:
-    `precision`) those of the GEMM inputs and the KV cache; `grouped_decode_attention` and
+    `precision` is that of the weights, `activation_precision` (default: `precision`) that of
+    the GEMM inputs, `kv_precision` (default: the GEMM inputs') that of the KV cache; `grouped_decode_attention` and
     `gemm_peak_fraction` are as in `InferencePlan`."""
     from .grid import Grid
     from .inference import infer
@@ -234,7 +245,7 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
     grid = Grid(inference_candidates(max_gpus))
     code = float(precision_code(precision))
     act = code if activation_precision is None else float(precision_code(activation_precision))
-    kv = code if kv_precision is None else float(precision_code(kv_precision))
+    kv = act if kv_precision is None else float(precision_code(kv_precision))
 
     def evaluate(v):
         plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=input_len,

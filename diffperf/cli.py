@@ -60,7 +60,7 @@ def _load_model(name_or_path: str, seq_len=None, training: bool = False):
                   f"maximum context; pass --seq-len for the length you train at",
                   file=sys.stderr)
         return m
-    m = presets.model(name_or_path)
+    m = presets.model(name_or_path, max_context=not training)
     if seq_len is not None:
         import equinox as eqx
         from ._checks import as_float
@@ -253,13 +253,18 @@ def _training_reason_text(reason: int, mem, acc) -> str:
                             acc.host_memory) or explain(reason)
 
 
-def _print_training(args, s: dict, plan) -> None:
+def _print_training(args, s: dict, plan, layers: float) -> None:
     import numpy as np
     rc = {0: "none", 1: "selective", 2: "full"}[int(np.asarray(plan.recompute))]
     if args.recompute_layers and rc != "full":
         rc += f" + {args.recompute_layers} full layers/chunk"
     if args.offload_layers:
-        rc += f", offload {args.offload_layers} layers/chunk"
+        chunk = float(np.asarray(plan.chunk_layers(layers)))
+        kept = chunk - (args.recompute_layers if rc != "full" else chunk)
+        offloaded = min(args.offload_layers, kept)
+        rc += f", offload {offloaded:g} layers/chunk"
+        if offloaded < args.offload_layers:
+            rc += f" (of {args.offload_layers}: the rest are recomputed)"
     where = f" in {args.system}" if args.system else ""  # the network of another system
     where += tag(args.set)
     print(f"diffperf train: {args.model} on {s['num_gpus']} x {args.gpu}{where}  "
@@ -346,7 +351,7 @@ def run_train(args) -> int:
     if args.json:
         print(json.dumps(s, indent=2))
     else:
-        _print_training(args, s, plan)
+        _print_training(args, s, plan, float(model.layers))
     return 0
 
 

@@ -14,11 +14,13 @@ REASONS = {
     0: "feasible",
     1: "tp does not divide heads",
     2: "tp and kv_heads: neither divides the other",
-    3: "tp does not divide ffn_hidden (or dense_ffn_hidden / shared_ffn_hidden)",
+    3: "tp does not divide ffn_hidden (or dense_ffn_hidden / shared_ffn_hidden), or expert_tp "
+       "does not divide a MoE model's expert ffn_hidden",
     4: "dp * micro_batch does not divide global_batch",
     5: "pp * vp exceeds layers",
     6: "interleaving (vp > 1) needs pp > 1 and a number of micro-batches divisible by pp",
-    7: "cp does not divide seq_len",
+    7: "2 * cp does not divide seq_len (context parallelism splits each sequence into 2 * cp "
+       "chunks)",
     8: "ep does not divide num_experts, or ep * expert_tp does not divide tp * cp * dp",
     9: "the GPU has no tensor cores for this precision",
     10: "does not fit in HBM",
@@ -77,7 +79,7 @@ def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
         divides(plan.dp * plan.micro_batch, plan.global_batch),
         plan.pp * plan.vp <= model.layers,
         (plan.vp == 1) | ((plan.pp > 1) & divides(plan.pp, m)),
-        divides(plan.cp, model.seq_len),
+        (plan.cp == 1) | divides(2.0 * plan.cp, model.seq_len),
         divides(plan.ep, model.num_experts) & divides(etp * plan.ep, plan.tp * plan.cp * plan.dp),
         acc.peak_flops(plan.precision) > 0,
         memory_total <= acc.hbm_capacity,
@@ -105,7 +107,10 @@ def describe_failure(reason: int, model: Transformer, plan) -> str:
     details = {
         1: f"tp={f(plan.tp)}, heads={f(model.heads)}",
         2: f"tp={f(plan.tp)}, kv_heads={f(model.kv_heads)}",
-        3: f"tp={f(plan.tp)}, ffn_hidden={f(model.ffn_hidden)}" + "".join(
+        3: f"tp={f(plan.tp)}, " + (
+            f"expert_tp={f(plan.expert_layout(model)[0])} (expert MLPs), "
+            if hasattr(plan, "expert_layout") and float(model.num_experts) > 1 else "")
+           + f"ffn_hidden={f(model.ffn_hidden)}" + "".join(
             f", {n}={f(getattr(model, n))}" for n in ("dense_ffn_hidden", "shared_ffn_hidden")
             if float(getattr(model, n)) > 0),
         5: f"pp={f(getattr(plan, 'pp', 1))}, vp={f(getattr(plan, 'vp', 1))}, "

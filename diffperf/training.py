@@ -458,6 +458,13 @@ def predict_training(model: Transformer, system: System, plan: TrainingPlan,
     values when the plan is structurally invalid (a plan that merely does not fit in HBM or,
     with offloading, in host memory is returned with `feasible` False)."""
     from .feasibility import MEMORY_REASONS, describe_failure
+    from .plans import layer_count_error
+    problem = layer_count_error(
+        float(model.layers), float(plan.pp), float(plan.vp), float(plan.recompute) == 2.0,
+        float(plan.recompute_layers), float(plan.offload_layers),
+        name=lambda f: f"TrainingPlan.{f}")
+    if problem:
+        raise ValueError(problem)
     report = _jitted_train_step(model, system, plan, efficiency)
     reason = int(jax.device_get(report.reason))
     if reason not in (0, *MEMORY_REASONS):

@@ -395,3 +395,19 @@ def test_cli_errors(capsys, argv, match):
 def test_bench_inference():
     from diffperf._cli_infer import bench_inference
     assert bench_inference(n=2000, repeats=1) > 1000
+
+
+def test_inference_commands_check_prompts_against_the_served_context(capsys):
+    """A preset's seq_len is its pre-training length (DeepSeek-V3: 4096); inference checks a
+    prompt against the longest context the model serves (its config's 163,840)."""
+    from diffperf._cli_infer import run_infer
+    from diffperf.cli import build_parser
+    assert float(model("deepseek-v3").seq_len) == 4096
+    assert float(model("deepseek-v3", max_context=True).seq_len) == 163840
+    assert float(model("llama2-7b", max_context=True).seq_len) == 4096  # none recorded
+    parser = build_parser()
+    for name, context, warned in (("mixtral-8x7b", 5120, False), ("llama2-7b", 4200, True)):
+        argv = ["infer", "--model", name, "--gpu", H100, "--tp", "2", "--input",
+                str(context - 100), "--output", "100"]
+        assert run_infer(parser.parse_args(argv)) == 0
+        assert ("exceeds the model's context" in capsys.readouterr().err) == warned

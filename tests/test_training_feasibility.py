@@ -21,6 +21,10 @@ CASES = [
     ("interleaving without pp", {**OK, "pp": 1, "vp": 2}, "dgx-a100", 6),
     ("interleaving with m not divisible by pp", {**OK, "global_batch": 12}, "dgx-a100", 6),
     ("cp does not divide seq", {**OK, "cp": 3, "dp": 1}, "dgx-a100", 7),
+    # Megatron's context parallelism cuts a sequence into 2 * cp chunks: cp = 2048 at 2,048
+    # tokens divides the sequence but leaves half a token per chunk
+    ("2 cp does not divide seq", {**OK, "cp": 2048, "dp": 1, "global_batch": 64},
+     "dgx-a100", 7),
     ("fp8 on A100", {**OK, "precision": "fp8"}, "dgx-a100", 9),
     ("memory too big", dict(tp=8, pp=1, dp=1, global_batch=8, micro_batch=8), "dgx-a100", 10),
 ]
@@ -129,3 +133,19 @@ def test_divides_matches_integer_arithmetic_in_float32():
     assert not bool(divides(f32(0), f32(8)))
     assert not bool(divides(f32(2), f32(np.inf)))
     assert bool(divides(f32(7), f32(0)))
+
+
+def test_predict_training_checks_layer_counts_like_the_command_line(eff):
+    """`recompute_layers` / `offload_layers` count layers of one pipeline chunk, and
+    `predict_training` raises the command line's message for a count beyond it, naming the
+    plan field."""
+    llama = dp.model("llama3-70b")  # 80 layers, one chunk at pp = vp = 1
+    base = dict(tp=8, pp=1, vp=1, dp=8, micro_batch=1, global_batch=64, recompute="none")
+    sys_ = dp.system("gb200-nvl72")
+    for kw, match in ((dict(recompute_layers=100), "recompute_layers 100 exceeds"),
+                      (dict(offload_layers=81), "offload_layers 81 exceeds")):
+        with pytest.raises(ValueError, match=f"TrainingPlan.{match}"):
+            dp.predict_training(llama, sys_, dp.TrainingPlan(**base, **kw), eff)
+    ok = dp.predict_training(llama, sys_, dp.TrainingPlan(**base, recompute_layers=40,
+                                                          offload_layers=40), eff)
+    assert np.isfinite(float(ok.step_time))

@@ -168,10 +168,12 @@ def test_cli_integer_weight_names(capsys):
     out = {}
     for weights, name in (("int8", "fp8"), ("int4", "fp4")):
         for w in (weights, name):
-            argv = base + ["--precision", w, "--activation-precision", "fp16",
-                           "--kv-precision", "fp16"]
-            assert run_infer(parser.parse_args(argv)) == 0
-            out[w] = json.loads(capsys.readouterr().out)["e2e_latency_s"]
+            for kv in (["--kv-precision", "fp16"], []):  # the cache defaults to fp16 too
+                argv = base + ["--precision", w, "--activation-precision", "fp16"] + kv
+                assert run_infer(parser.parse_args(argv)) == 0
+                out[w, bool(kv)] = json.loads(capsys.readouterr().out)["e2e_latency_s"]
+            assert out[w, True] == out[w, False]
+            out[w] = out[w, True]
         assert out[weights] == out[name]
     assert out["int4"] < out["int8"]  # batch-1 decode streams half the weight bytes
     assert run_infer(parser.parse_args(base + ["--precision", "int8"])) == 2

@@ -92,10 +92,16 @@ def system(name: str, nvlink_domain: int | None = None) -> System:
     return System(accelerator or gpu(row["gpu"]), Network(**{f: row[f] for f in _NET_FIELDS}))
 
 
-def model(name: str) -> Transformer:
-    """A `Transformer` preset, e.g. `model("gpt3-175b")` or `model("llama3-70b")`."""
+def model(name: str, max_context: bool = False) -> Transformer:
+    """A `Transformer` preset, e.g. `model("gpt3-175b")` or `model("llama3-70b")`. Its `seq_len`
+    is the pre-training sequence length; with `max_context`, the longest context the model
+    serves where the preset records one (`max_context`, its config's max_position_embeddings),
+    as `hf_config.transformer_from_hf_config(..., max_context=True)` does for a config file."""
     row = _lookup("models", name)
-    return Transformer(**{f: row[f] for f in _MODEL_FIELDS if f in row})
+    fields = {f: row[f] for f in _MODEL_FIELDS if f in row}
+    if max_context and "max_context" in row:
+        fields["seq_len"] = row["max_context"]
+    return Transformer(**fields)
 
 
 class GpuEfficiency(Efficiency):
