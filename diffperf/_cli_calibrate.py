@@ -120,6 +120,12 @@ def run_calibrate(args) -> int:
         cv = cross_validate(fit.problem, args.cv, k=args.folds, adam_steps=args.steps,
                             lbfgs_steps=args.lbfgs_steps, progress=prog)
         prog.done(f"cross-validation ({args.cv}): {len(cv['folds'])} folds")
+        if args.cv == "kfold" and len(cv["folds"]) < args.folds:
+            print(f"warning: --folds {args.folds} but only {len(cv['folds'])} experiments to "
+                  f"hold out: ran {len(cv['folds'])} folds (leave-one-out)", file=sys.stderr)
+        if args.cv == "source" and len(cv["folds"]) < 2:
+            print("warning: one source table only: holding it out leaves nothing but the prior "
+                  "to fit, so its 'held-out' error says little", file=sys.stderr)
         fit.cv = {args.cv: cv["summary"]}
         fit.metadata["cv_mape"] = {args.cv: {k: v["mape"] for k, v in
                                              cv["summary"]["metric"].items()}}

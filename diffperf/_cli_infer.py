@@ -144,10 +144,14 @@ def _print(args, s: dict, table, capacity: float) -> None:
             iv = s[field]
             print(f"    prediction    {iv['text']}" if "text" in iv else
                   f"    (no interval: {iv['error']})")
+            if "note" in iv:
+                print(f"    note: {iv['note']}")
 
     print(f"  TTFT            {s['ttft_s'] * 1e3:10.2f} ms")
     interval("ttft_interval_s")
-    print(f"  TPOT            {s['tpot_s'] * 1e3:10.2f} ms")
+    print(f"  TPOT            {s['tpot_s'] * 1e3:10.2f} ms" + (
+        "  (one output token: no decode step runs; the time one would take)"
+        if args.output == 1 else ""))
     print(f"  e2e latency     {s['e2e_latency_s']:10.3f} s")
     interval("e2e_latency_interval_s")
     print(f"  throughput      {s['throughput_tok_s']:10.1f} output tok/s "

@@ -479,5 +479,32 @@ def interval_summary(fn_of_efficiency: Callable, efficiency_path, gpu: str | Non
                                  gpu, kind, quantity=quantity)
     except ValueError as e:
         return {"error": str(e)}
-    return {"level": iv.level, "low": iv.low / scale, "high": iv.high / scale,
-            "quantity": quantity, "text": iv.format(unit, 3)}
+    out = {"level": iv.level, "low": iv.low / scale, "high": iv.high / scale,
+           "quantity": quantity, "text": iv.format(unit, 3)}
+    caveats = interval_caveats(load_uncertainty(efficiency_path), gpu, kind, quantity)
+    if caveats:
+        out["note"] = "; ".join(caveats)
+    return out
+
+
+def interval_caveats(u: FitUncertainty, gpu: str | None, kind: str | None,
+                     quantity: str | None) -> list[str]:
+    """What an interval rests on beyond its fit's data: a GPU the fit had no measurements of
+    (shared factors, and the calibrated GPUs' model error, are assumed to carry over), or a
+    quantity whose own model error the fit did not record (a broader one is used)."""
+    from . import presets
+    notes = []
+    if gpu is not None and u.par.groups:
+        key = str(gpu).lower()
+        key = presets._table("gpus").get(key, {}).get("efficiency_of", key)
+        if key not in u.par.groups:
+            notes.append(f"no calibration data for {gpu}: the shared factors and the model "
+                         f"error on {', '.join(u.par.groups)} are assumed to carry over")
+    fallback = "step_time" if quantity == MOE_STEP_TIME else None
+    for key in (quantity, fallback, kind, "all"):
+        if key is not None and key in u.residual_sd:
+            if quantity is not None and key != quantity and key != fallback:
+                notes.append(f"this fit has no model error for {quantity}: the {key} one "
+                             f"({u.residual_sd[key]:.1%}) is used")
+            break
+    return notes

@@ -279,6 +279,8 @@ def _print_training(args, s: dict, plan, layers: float) -> None:
         moe = " (MoE runs' model error)" if iv.get("quantity") == MOE_STEP_TIME else ""
         print(f"    prediction         {iv['text']}{moe}" if "text" in iv else
               f"    (no interval: {iv['error']})")
+        if "note" in iv:
+            print(f"    note: {iv['note']}")
     for k, v in s["breakdown_s"].items():
         if k == "offload_exposed" and not args.offload_layers:
             continue  # no offloading: keep the table to the terms that apply

@@ -161,6 +161,23 @@ def _optional_counts(path, i, rec, counts: dict[str, float]) -> dict[str, float]
     return out
 
 
+def _check_field_counts(path: Path) -> None:
+    """Raise naming the first row whose field count differs from the header's (pandas would
+    silently fill a short row with empty cells)."""
+    import csv
+    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, [])
+        rows = (r for r in reader if r)  # blank lines are skipped, as pandas does
+        for i, rec in enumerate(rows, start=1):
+            if len(rec) < len(header):
+                raise _err(path, i, header[len(rec)], f"is missing: the row has {len(rec)} "
+                           f"fields, the header {len(header)}")
+            if len(rec) > len(header):
+                raise BenchmarkError(f"{path}: row {i} has {len(rec)} fields, the header "
+                                     f"{len(header)}")
+
+
 def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[BenchmarkRow]:
     """Read and check a benchmark CSV of either kind (`train` / `infer`, per row).
 
@@ -179,6 +196,7 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
     missing = [c for c in COMMON if c not in df.columns]
     if missing:
         raise BenchmarkError(f"{path}: missing required column(s) {missing}")
+    _check_field_counts(path)
     kinds = set(df["kind"].str.strip())
     for kind, cols in (("train", TRAIN), ("infer", INFER)):
         if kind in kinds:

@@ -126,5 +126,7 @@ def describe_failure(reason: int, model: Transformer, plan) -> str:
     if reason == 6 and hasattr(plan, "global_batch"):
         details[6] = (f"pp={f(plan.pp)}, vp={f(plan.vp)}, micro-batches="
                       f"{f(plan.global_batch / (plan.dp * plan.micro_batch))}")
+    if reason == 8 and float(model.num_experts) <= 1:
+        return f"ep={f(getattr(plan, 'ep', 1))} needs a MoE model: this model has no experts"
     text = explain(reason, precision=getattr(plan, "precision", None))
     return f"{text} ({details[reason]})" if reason in details else text

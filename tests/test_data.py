@@ -91,6 +91,16 @@ def test_bad_number_names_file_row_and_column(tmp_path):
     _error(_write(tmp_path / "badnum.csv", rows), "row 2", "hidden", "12k")
 
 
+def test_short_row_names_the_first_missing_field(tmp_path):
+    """A row cut short is an error naming the first column it lacks, not an unknown empty GPU
+    (pandas would fill the missing cells with empty strings)."""
+    path = _write(tmp_path / "short.csv", _rows())
+    lines = path.read_text().splitlines()
+    lines[2] = ",".join(lines[2].split(",")[:4])  # row 2: id, kind, source, model only
+    path.write_text("\n".join(lines) + "\n")
+    _error(path, "row 2", f"column '{HEADER[4]}'", "has 4 fields")
+
+
 def test_unknown_gpu_names_file_row_and_column(tmp_path):
     rows = _rows()
     rows[2]["gpu"] = "tpu-v5p"

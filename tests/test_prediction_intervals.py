@@ -241,3 +241,20 @@ def test_interval_from_a_corrupt_fitted_file_is_a_clear_message(tmp_path, capsys
     assert message in err
     if how not in ("degenerate covariance", "huge model error"):
         assert str(path) in err
+
+
+def test_interval_caveats_say_what_the_fit_did_not_see():
+    """An interval for a GPU without calibration rows, or for a quantity the fit recorded no
+    model error of, says so; a calibrated GPU (or one sharing its chip, H800 -> H100) and a
+    recorded quantity get no caveat."""
+    import dataclasses
+
+    from diffperf.calibrate_uncertainty import interval_caveats, load_uncertainty
+    u = load_uncertainty(None)
+    assert interval_caveats(u, "a100-sxm4-80gb", "train", "step_time") == []
+    assert interval_caveats(u, "h800-sxm5-80gb", "train", "step_time") == []
+    (note,) = interval_caveats(u, "v100-sxm2-32gb", "train", "step_time")
+    assert note.startswith("no calibration data for v100-sxm2-32gb")
+    trained_only = dataclasses.replace(u, residual_sd={"all": 0.05, "step_time": 0.05})
+    (note,) = interval_caveats(trained_only, "a100-sxm4-80gb", "infer", "ttft")
+    assert "no model error for ttft" in note and "all" in note

@@ -143,12 +143,12 @@ fig.tight_layout()
 fig.savefig("figures/07_codesign.png", dpi=110)
 
 # %% [markdown]
-# **Finding.** GPT-3 175B training on 1,024 A100 (16.98 s per step) has an elasticity of -0.89
+# **Finding.** GPT-3 175B training on 1,024 A100 (17.01 s per step) has an elasticity of -0.89
 # to bf16 FLOP/s and only -0.01 to -0.05 to each network parameter (90 % compute-, 6.6 %
 # network-bound; technology: +1.39 per log nm of node, -0.91 to die area); batch-1 Llama-2 70B
-# decode on 8 H100 (1.99 s) has -0.41 to HBM bandwidth and +0.20 to the kernel launch overhead
+# decode on 8 H100 (1.97 s) has -0.41 to HBM bandwidth and +0.20 to the kernel launch overhead
 # (58 % fixed latency; +0.09 to the NVLink hop latency of the 14-hop all-reduce ring). In
-# co-design, projected Adam reaches 3.139 s in 400 evaluations, 0.03 % faster than the
-# 119,232-point grid's 3.140 s (298x fewer evaluations, though on this CPU its wall time,
-# about 5 s with compilation, exceeds the vmapped grid's 0.9 s): full 814 mm^2 die, no SRAM,
-# 4.4 HBM stacks, 46 NVLink lanes, clock cut to 0.81x by the 700 W budget.
+# co-design, projected Adam reaches 3.147 s in 400 evaluations, within 0.11 % of the
+# 119,232-point grid's 3.144 s (298x fewer evaluations, though on this CPU its wall time,
+# about 8 s with compilation, exceeds the vmapped grid's 1.0 s): full 814 mm^2 die, no SRAM,
+# 4.1 HBM stacks, 44 NVLink lanes, clock cut to 0.81x by the 700 W budget.
