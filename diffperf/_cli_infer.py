@@ -52,7 +52,9 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
                         "--activation-precision")
     p.add_argument("--activation-precision", default=None,
                    help="GEMM input precision (default: --precision)")
-    p.add_argument("--kv-precision", default=None, help="KV-cache precision (default: the GEMM input precision, --activation-precision if given, else --precision)")
+    p.add_argument("--kv-precision", default=None,
+                   help="KV-cache precision (default: the GEMM input precision, "
+                        "--activation-precision if given, else --precision)")
     p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
     add_per_head_decode(p)
     p.add_argument("--gemm-peak-fraction", type=float, default=1.0,

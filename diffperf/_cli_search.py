@@ -77,7 +77,9 @@ def add_search_parser(sub) -> None:
                         "quantisation, with a 16-bit --activation-precision")
     i.add_argument("--activation-precision", default=None,
                    help="GEMM input precision (default: --precision)")
-    i.add_argument("--kv-precision", default=None, help="KV-cache precision (default: the GEMM input precision, --activation-precision if given, else --precision)")
+    i.add_argument("--kv-precision", default=None,
+                   help="KV-cache precision (default: the GEMM input precision, "
+                        "--activation-precision if given, else --precision)")
     i.add_argument("--gemm-peak-fraction", type=float, default=1.0,
                    help="share of the tensor-core peak the weight GEMM kernels can issue "
                         "(default 1; see diffperf infer)")
@@ -235,8 +237,8 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
     """Every (tp, pp, batch) of `inference_candidates` evaluated with vmap: a DataFrame with
     latency, TPOT, throughput per GPU, memory and feasibility (only tp * pp <= max_gpus).
     `precision` is that of the weights, `activation_precision` (default: `precision`) that of
-    the GEMM inputs, `kv_precision` (default: the GEMM inputs') that of the KV cache; `grouped_decode_attention` and
-    `gemm_peak_fraction` are as in `InferencePlan`."""
+    the GEMM inputs, `kv_precision` (default: the GEMM inputs') that of the KV cache;
+    `grouped_decode_attention` and `gemm_peak_fraction` are as in `InferencePlan`."""
     from .grid import Grid
     from .inference import infer
     from .inference_plan import InferencePlan
