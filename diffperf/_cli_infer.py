@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -230,6 +231,11 @@ def run_infer(args) -> int:
                 args.gpu, "infer", quantity, unit, scale)
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
+    layers = float(mdl.layers)
+    if args.pp > 1 and layers % args.pp:
+        print(f"note: uneven layout: {layers:g} layers over pp = {args.pp} stages "
+              f"({layers / args.pp:.2f} each); memory per GPU is the average stage's, the "
+              f"largest holds {math.ceil(layers / args.pp)} layers", file=sys.stderr)
     context = args.input + args.output
     if context > float(mdl.seq_len):
         print(f"warning: input + output = {context} tokens exceeds the model's context of "

@@ -325,7 +325,11 @@ def run_train(args) -> int:
     from .search import even_layout, offload_supported
     if not bool(even_layout(model, plan)):
         layers, chunks = float(model.layers), args.pp * args.vp
-        notes.append(f"uneven layout: {layers:g} layers over pp*vp = {chunks} stages/chunks "
+        slots = f"{layers:g} layers"
+        if args.account_embedding_loss and args.pp > 1:
+            layers += 2.0  # the embedding and the loss take one slot each
+            slots = f"{layers:g} slots ({layers - 2:g} layers + embedding + loss)"
+        notes.append(f"uneven layout: {slots} over pp*vp = {chunks} stages/chunks "
                      f"({layers / chunks:.2f} each) needs a custom pipeline layout; modelled as "
                      f"perfectly balanced (optimistic when the per-GPU layer counts differ)")
     if not bool(offload_supported(model, plan)):

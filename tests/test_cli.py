@@ -278,6 +278,9 @@ def test_train_notes_an_uneven_pipeline_layout(capsys):
     assert code == 0 and "uneven layout: 96 layers over pp*vp = 40" in out
     code, out, _ = run(capsys, "train")
     assert code == 0 and "uneven layout" not in out
+    # with the embedding and the loss counted as pipeline layers, 98 slots over 24 chunks
+    code, out, _ = run(capsys, "train", "--account-embedding-loss")
+    assert code == 0 and "98 slots (96 layers + embedding + loss) over pp*vp = 24" in out
 
 
 def test_train_notes_that_sp_does_nothing_at_tp_1(capsys):

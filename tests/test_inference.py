@@ -411,3 +411,16 @@ def test_inference_commands_check_prompts_against_the_served_context(capsys):
                 str(context - 100), "--output", "100"]
         assert run_infer(parser.parse_args(argv)) == 0
         assert ("exceeds the model's context" in capsys.readouterr().err) == warned
+
+
+def test_infer_notes_an_uneven_pipeline_layout(capsys):
+    """80 layers over 3 stages: the memory is the average stage's, which the command says."""
+    from diffperf._cli_infer import run_infer
+    from diffperf.cli import build_parser
+    parser = build_parser()
+    for pp, noted in ((3, True), (2, False)):
+        argv = ["infer", "--model", "llama2-70b", "--gpu", H100, "--tp", "1", "--pp", str(pp)]
+        assert run_infer(parser.parse_args(argv)) == 0
+        err = capsys.readouterr().err
+        assert ("uneven layout: 80 layers over pp = 3" in err) == noted
+        assert ("the largest holds 27 layers" in err) == noted
