@@ -3,6 +3,7 @@ and the cost of a reverse-mode gradient relative to a forward evaluation."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import jax
@@ -129,6 +130,8 @@ def run_all(n: int = 1_000_000, log=print) -> dict:
     say(f"training sweep: {sweep['configs']:,} random valid plans (GPT-3 175B, 1,024 A100) in "
         f"{sweep['seconds']:.3f} s = {sweep['evals_per_s'] / 1e6:.2f} M evaluations/s "
         f"({sweep['feasible']:,} also fit in HBM)")
+    progress = (lambda m: print(m, file=sys.stderr, flush=True)) if log else (lambda m: None)
+    progress("timing the gradient (compiling it takes 20-40 s) ...")
     g = gradient_cost()
     say(f"single configuration after jit: forward {g['single_forward_s'] * 1e6:.0f} us, "
         f"gradient w.r.t. {g['parameters']} hardware + efficiency parameters "
@@ -141,6 +144,7 @@ def run_all(n: int = 1_000_000, log=print) -> dict:
     except ImportError:
         bench_inference = None
     if bench_inference is not None:
+        progress("timing the inference sweeps ...")
         inf = bench_inference(n=min(n, 262144))
         mapped = bench_inference(n=min(n, 262144), share_constants=False)
         result["inference"] = inf
