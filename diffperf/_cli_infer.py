@@ -33,6 +33,25 @@ def add_per_head_decode(parser) -> None:
                              "(TensorRT-LLM masked MHA) instead of a grouped GQA kernel")
 
 
+def add_precision_arguments(parser) -> None:
+    """`--precision`, `--activation-precision`, `--kv-precision` and `--gemm-peak-fraction`
+    (shared by `infer` and `search infer`; read back with `precisions_of`)."""
+    parser.add_argument("--precision", default="bf16",
+                        help="weight and GEMM precision: fp32, bf16, fp16, fp8, fp4 (default "
+                             "bf16); int8 / int4 for weight-only quantisation, with a 16-bit "
+                             "--activation-precision")
+    parser.add_argument("--activation-precision", default=None,
+                        help="GEMM input precision (default: --precision)")
+    parser.add_argument("--kv-precision", default=None,
+                        help="KV-cache precision (default: the GEMM input precision, "
+                             "--activation-precision if given, else --precision)")
+    parser.add_argument("--gemm-peak-fraction", type=float, default=1.0,
+                        help="share of the tensor-core peak the weight GEMM kernels can issue "
+                             "(default 1; about 0.67 for Ampere-generation mma.sync kernels on "
+                             "Hopper, e.g. TensorRT-LLM <= 0.9 weight-only / MoE GEMMs, "
+                             "Marlin)")
+
+
 def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     """Register the `infer` sub-command on an argparse `subparsers` object."""
     p = subparsers.add_parser(
@@ -47,21 +66,9 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
     p.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
-    p.add_argument("--precision", default="bf16",
-                   help="weight and GEMM precision: fp32, bf16, fp16, fp8, fp4 (default bf16); "
-                        "int8 / int4 for weight-only quantisation, with a 16-bit "
-                        "--activation-precision")
-    p.add_argument("--activation-precision", default=None,
-                   help="GEMM input precision (default: --precision)")
-    p.add_argument("--kv-precision", default=None,
-                   help="KV-cache precision (default: the GEMM input precision, "
-                        "--activation-precision if given, else --precision)")
+    add_precision_arguments(p)
     p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
     add_per_head_decode(p)
-    p.add_argument("--gemm-peak-fraction", type=float, default=1.0,
-                   help="share of the tensor-core peak the weight GEMM kernels can issue "
-                        "(default 1; about 0.67 for Ampere-generation mma.sync kernels on "
-                        "Hopper, e.g. TensorRT-LLM <= 0.9 weight-only / MoE GEMMs, Marlin)")
     add_set_argument(p)
     p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
     p.add_argument("--interval", action="store_true",

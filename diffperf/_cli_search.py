@@ -12,7 +12,8 @@ import pandas as pd
 
 from . import presets
 from ._cli_checks import CliError
-from ._cli_infer import add_per_head_decode, precisions_of, precisions_text
+from ._cli_infer import (add_per_head_decode, add_precision_arguments, precisions_of,
+                         precisions_text)
 from .hardware import precision_code
 from .what_if import add_set_argument, parse_overrides, system_with_overrides, tag
 
@@ -72,17 +73,7 @@ def add_search_parser(sub) -> None:
                    help="end-to-end latency target per request, s (default: none)")
     i.add_argument("--tpot", type=float, default=None, help="time-per-output-token target, s")
     i.add_argument("--max-gpus", type=int, default=8, help="largest tp * pp (default 8)")
-    i.add_argument("--precision", default="bf16",
-                   help="weight and GEMM precision (default bf16); int8 / int4 for weight-only "
-                        "quantisation, with a 16-bit --activation-precision")
-    i.add_argument("--activation-precision", default=None,
-                   help="GEMM input precision (default: --precision)")
-    i.add_argument("--kv-precision", default=None,
-                   help="KV-cache precision (default: the GEMM input precision, "
-                        "--activation-precision if given, else --precision)")
-    i.add_argument("--gemm-peak-fraction", type=float, default=1.0,
-                   help="share of the tensor-core peak the weight GEMM kernels can issue "
-                        "(default 1; see diffperf infer)")
+    add_precision_arguments(i)
     add_per_head_decode(i)
     i.add_argument("--efficiency", default=None)
     add_set_argument(i)
@@ -270,6 +261,7 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
 
 def run_search_infer(args) -> int:
     from .cli import _load_efficiency, _load_model
+    from .inference_plan import InferencePlan
     t0 = time.perf_counter()
     model = _load_model(args.model)
     system = system_with_overrides(presets.system(args.gpu), args.set)
@@ -284,8 +276,8 @@ def run_search_infer(args) -> int:
                           gemm_peak_fraction=args.gemm_peak_fraction)
     finite = np.isfinite(df[["e2e_latency_s", "ttft_s", "tpot_s"]].to_numpy()).all(axis=1)
     ok = df[df["feasible"] & finite]
-    math = min(precision_code(weights), precision_code(act))  # the GEMMs' precision code
-    why = _infeasible_reasons(df[~(df["feasible"] & finite)], math)
+    gemm = float(InferencePlan(weight_precision=weights, activation_precision=act).math_precision)
+    why = _infeasible_reasons(df[~(df["feasible"] & finite)], int(gemm))
     target = ok
     if args.latency is not None:
         target = target[target["e2e_latency_s"] <= args.latency]
