@@ -405,9 +405,11 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     if quantity is not None and quantity not in (*QUANTITIES, MOE_STEP_TIME):
         raise ValueError(f"unknown quantity {quantity!r} (one of {', '.join(QUANTITIES)}, "
                          f"{MOE_STEP_TIME})")
+    from .presets import fitted_gpu
     u = load_uncertainty(fit)
     theta = jnp.asarray(u.theta, dtype=jnp.result_type(float))
-    logf = lambda th: jnp.log(fn_of_efficiency(u.par.efficiency(th, gpu)))
+    fitted = None if gpu is None else fitted_gpu(gpu, u.par.groups)  # H800: H100's offsets
+    logf = lambda th: jnp.log(fn_of_efficiency(u.par.efficiency(th, fitted)))
     value, g = jax.value_and_grad(logf)(theta)
     value, g = float(value), np.asarray(g, dtype=np.float64)
     var = float(g @ u.covariance @ g)
@@ -457,7 +459,9 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
         raise ValueError(f"level must lie in (0, 1), got {level}")
     u = load_uncertainty(fit)
     par = u.par
-    group = jnp.asarray([par.groups.index(g) if g in par.groups else -1 for g in gpus])
+    from .presets import fitted_gpu
+    fitted = [fitted_gpu(g, par.groups) for g in gpus]  # H800: H100's offsets
+    group = jnp.asarray([-1 if f is None else par.groups.index(f) for f in fitted])
     logf = lambda th: jnp.log(predict_rows(par.row_efficiency(th, group)))  # noqa: E731
     theta = jnp.asarray(u.theta, dtype=jnp.result_type(float))
     value, jac = jax.jit(lambda th: (logf(th), jax.jacfwd(logf)(th)))(theta)
@@ -492,14 +496,11 @@ def interval_caveats(u: FitUncertainty, gpu: str | None, kind: str | None,
     """What an interval rests on beyond its fit's data: a GPU the fit had no measurements of
     (shared factors, and the calibrated GPUs' model error, are assumed to carry over), or a
     quantity whose own model error the fit did not record (a broader one is used)."""
-    from . import presets
+    from .presets import fitted_gpu
     notes = []
-    if gpu is not None and u.par.groups:
-        key = str(gpu).lower()
-        key = presets._table("gpus").get(key, {}).get("efficiency_of", key)
-        if key not in u.par.groups:
-            notes.append(f"no calibration data for {gpu}: the shared factors and the model "
-                         f"error on {', '.join(u.par.groups)} are assumed to carry over")
+    if gpu is not None and u.par.groups and fitted_gpu(gpu, u.par.groups) is None:
+        notes.append(f"no calibration data for {gpu}: the shared factors and the model "
+                     f"error on {', '.join(u.par.groups)} are assumed to carry over")
     fallback = "step_time" if quantity == MOE_STEP_TIME else None
     for key in (quantity, fallback, kind, "all"):
         if key is not None and key in u.residual_sd:

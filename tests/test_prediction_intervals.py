@@ -258,3 +258,21 @@ def test_interval_caveats_say_what_the_fit_did_not_see():
     trained_only = dataclasses.replace(u, residual_sd={"all": 0.05, "step_time": 0.05})
     (note,) = interval_caveats(trained_only, "a100-sxm4-80gb", "infer", "ttft")
     assert "no model error for ttft" in note and "all" in note
+
+
+def test_a_gpu_sharing_a_fitted_chip_gets_its_factors_in_intervals_too():
+    """The H800 has no rows of its own; its point prediction uses the H100's fitted factors
+    (`efficiency_of`), and so must its interval: same centre and width as the H100's for the
+    same workload, not the shared factors'."""
+    import diffperf as dp
+    from diffperf.calibrate_uncertainty import prediction_interval
+    m, s = dp.model("llama2-70b"), dp.system("h100-sxm5-80gb")
+    plan = dp.InferencePlan(tp=8, batch=1, input_len=128, output_len=64)
+    fn = lambda e: dp.infer(m, s, plan, e).e2e_latency  # noqa: E731
+    h800, h100, shared = (prediction_interval(fn, None, 0.9, g, "infer", quantity="latency")
+                          for g in ("h800-sxm5-80gb", "h100-sxm5-80gb", None))
+    assert h800.value == pytest.approx(h100.value, rel=1e-9)
+    assert h800.low == pytest.approx(h100.low, rel=1e-9)
+    assert h800.value != pytest.approx(shared.value, rel=1e-6)
+    point = float(fn(dp.presets.default_efficiency("h800-sxm5-80gb")))
+    assert h800.value == pytest.approx(point, rel=1e-6)

@@ -122,10 +122,9 @@ class GpuEfficiency(Efficiency):
         (the H800 is an H100 with less NVLink: same chip, same kernels)."""
         if gpu is None:
             return {}
-        table, key = dict(self.per_gpu), str(gpu).lower()
-        if key not in table and key in _table("gpus"):
-            key = _table("gpus")[key].get("efficiency_of", key)
-        return dict(table.get(key, ()))
+        table = dict(self.per_gpu)
+        key = fitted_gpu(gpu, table)
+        return dict(table[key]) if key is not None else {}
 
     def shared(self) -> Efficiency:
         """The shared factors as a plain `Efficiency`."""
@@ -141,6 +140,16 @@ class GpuEfficiency(Efficiency):
     def gpus(self) -> list[str]:
         """GPU ids that have overrides."""
         return [g for g, _ in self.per_gpu]
+
+
+def fitted_gpu(gpu: str, fitted) -> str | None:
+    """The GPU among `fitted` (ids with their own fitted factors) whose factors apply to `gpu`:
+    itself, else the GPU its preset names as `efficiency_of` (the H800 is an H100 with less
+    NVLink: same chip, same kernels); None when neither was fitted."""
+    key = str(gpu).lower()
+    if key not in fitted and key in _table("gpus"):
+        key = _table("gpus")[key].get("efficiency_of", key)
+    return key if key in fitted else None
 
 
 def efficiency_for(efficiency: Efficiency | None, gpu: str | None) -> Efficiency:
