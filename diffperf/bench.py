@@ -131,7 +131,7 @@ def run_all(n: int = 1_000_000, log=print) -> dict:
         f"{sweep['seconds']:.3f} s = {sweep['evals_per_s'] / 1e6:.2f} M evaluations/s "
         f"({sweep['feasible']:,} also fit in HBM)")
     progress = (lambda m: print(m, file=sys.stderr, flush=True)) if log else (lambda m: None)
-    progress("timing the gradient (compiling it takes 20-40 s) ...")
+    progress("timing the gradient (it compiles first) ...")
     g = gradient_cost()
     say(f"single configuration after jit: forward {g['single_forward_s'] * 1e6:.0f} us, "
         f"gradient w.r.t. {g['parameters']} hardware + efficiency parameters "
