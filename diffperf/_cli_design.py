@@ -353,9 +353,14 @@ def run_codesign(args) -> int:
         return _err(f"no feasible design found in {args.steps} steps from {args.starts} starts "
                     f"(budgets too tight, or too few --steps)")
     design = C.check_design(prob, grad["x"])
+    whole = C.whole_design(prob, grad["x"])
     out = {"workload": args.workload,
            "gradient": {"evaluations": grad["evaluations"], "objective": grad["objective"],
-                        "seconds": grad["seconds"], "design": design}}
+                        "seconds": grad["seconds"], "design": design},
+           "whole_units": {"evaluations": whole["evaluations"], "objective": whole["objective"],
+                           "seconds": whole["seconds"],
+                           "design": C.check_design(prob, whole["x"]) if whole["feasible"]
+                           else None}}
     if grid is not None:
         out["grid"] = {"evaluations": grid["evaluations"], "objective": grid["objective"],
                        "seconds": grid["seconds"],
@@ -368,16 +373,30 @@ def run_codesign(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
+    def describe(d, stacks, lanes):
+        return (f"die {d['area_mm2']:.0f} mm^2 (compute {d['compute_mm2']:.0f}, SRAM "
+                f"{d['sram_mm2']:.0f}), {stacks} HBM stacks, {lanes} NVLink lanes; "
+                f"{d['flops_bf16'] / 1e12:.0f} TFLOP/s (clock x{d['freq_scale']:.2f}), "
+                f"{d['hbm_bandwidth'] / 1e12:.2f} TB/s, {d['hbm_capacity'] / 1e9:.0f} GB; "
+                f"{d['power_w']:.0f} W, {d['shoreline_mm']:.0f} mm shoreline, "
+                f"${d['cost_usd']:,.0f}")
     d = design
     print(f"co-design ({args.workload}, node {args.node:g} nm, {args.arch}); budgets: "
           f"{args.area:g} mm^2, {args.power:g} W, {args.perimeter:g} mm, ${args.cost:,.0f}")
     print(f"  gradient: time {grad['objective']:.4g} s after {grad['evaluations']} evaluations "
-          f"({grad['seconds']:.1f} s)")
-    print(f"  design: die {d['area_mm2']:.0f} mm^2 (compute {d['compute_mm2']:.0f}, SRAM "
-          f"{d['sram_mm2']:.0f}), {d['hbm_stacks']:.2f} HBM stacks, {d['nvlink_lanes']:.1f} "
-          f"NVLink lanes; {d['flops_bf16'] / 1e12:.0f} TFLOP/s (clock x{d['freq_scale']:.2f}), "
-          f"{d['hbm_bandwidth'] / 1e12:.2f} TB/s, {d['hbm_capacity'] / 1e9:.0f} GB; "
-          f"{d['power_w']:.0f} W, {d['shoreline_mm']:.0f} mm shoreline, ${d['cost_usd']:,.0f}")
+          f"({grad['seconds']:.1f} s), with stack and lane counts relaxed to real numbers")
+    relaxed = describe(d, f"{d['hbm_stacks']:.2f}", f"{d['nvlink_lanes']:.1f}")
+    print(f"    relaxed optimum: {relaxed}")
+    w = out["whole_units"]["design"]
+    if w is None:
+        print("  buildable: no design with whole HBM stacks and NVLink lanes near the relaxed "
+              "optimum meets every budget")
+    else:
+        print(f"  buildable (whole stacks and lanes, best of {whole['evaluations']} designs near "
+              f"the optimum): time {whole['objective']:.4g} s "
+              f"({whole['objective'] / grad['objective'] - 1:+.2%})")
+        buildable = describe(w, f"{w['hbm_stacks']:.0f}", f"{w['nvlink_lanes']:.0f}")
+        print(f"    design: {buildable}")
     if "note" in out:
         print(f"  note: {out['note']}")
     if grid is not None:

@@ -18,6 +18,7 @@ from .feasibility import describe_failure, explain
 from .hardware import INTEGER_WEIGHTS, weight_storage
 from .inference import infer
 from .inference_plan import InferencePlan
+from .presets import check_precision_names
 from .what_if import add_set_argument, change, comparison, system_with_overrides, tag
 
 #: What `infer --set` compares with the preset: (summary key, label, unit, scale).
@@ -85,6 +86,9 @@ def precisions_of(args) -> tuple[str, str, str]:
     (weight-only quantisation) need a 16-bit or wider --activation-precision. The KV cache
     defaults to the GEMM input precision (so weight-only fp8 / fp4 keeps a 16-bit cache, as
     int8 / int4 do)."""
+    check_precision_names(args.gpu, **{"--precision": args.precision,
+                                       "--activation-precision": args.activation_precision,
+                                       "--kv-precision": args.kv_precision})
     weights = args.precision.lower()
     if weights in INTEGER_WEIGHTS:
         act = args.activation_precision

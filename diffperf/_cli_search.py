@@ -95,6 +95,8 @@ def run_search_train(args) -> int:
     system = system_with_overrides(_train_system(args), args.set)
     acc = system.accelerator
     if args.precision:
+        for name in args.precision:
+            presets.check_precision_names(args.gpu, **{"--precision": name})
         codes = sorted({precision_code(p) for p in args.precision})
     else:
         codes = [c for c in (0, 1, 2, 3) if float(acc.peak_flops(c)) > 0]
@@ -111,6 +113,9 @@ def run_search_train(args) -> int:
                              efficiency=_load_efficiency(args.efficiency, args.gpu), top_k=args.top,
                              progress=not args.json, even_layouts=not args.uneven_layouts)
     top, pareto = result["top"], result["pareto"]
+    for df in (top, pareto):
+        if len(df):
+            df["precision"] = [presets.precision_label(args.gpu, p) for p in df["precision"]]
     if args.out:
         write_table(top, args.out)
         write_table(pareto, _suffixed(args.out, "-pareto"))

@@ -63,17 +63,22 @@ def candidate_plans(model: Transformer, gpus: int, global_batch: int) -> Grid:
     """The plan set searched per coalition: tp 1-8, pp 1-64 (powers of two), vp 1/2/3/4/6,
     micro-batch 1/2/4/8, recompute none / selective / full, ZeRO 1 with sequence parallelism,
     flash attention and both overlaps on (the choices that win for dense GPT training in the
-    full search), cp = 1. Precision is set per coalition; `candidate_step_time` keeps only even
-    layouts (`search.even_layout`: pp * vp divides the layer count)."""
+    full search), cp = 1; for a MoE model also expert parallelism ep 1-64 (powers of two
+    dividing the expert count). Precision is set per coalition; `candidate_step_time` keeps only
+    even layouts (`search.even_layout`: pp * vp divides the layer count)."""
     layers = int(np.asarray(model.layers))
+    experts = int(np.asarray(model.num_experts))
     pow2 = [p for p in (1, 2, 4, 8, 16, 32, 64) if gpus % p == 0]
-    return Grid({
+    axes = {
         "tp": [t for t in pow2 if t <= 8],
         "pp": [p for p in pow2 if p <= layers],
         "vp": [v for v in (1, 2, 3, 4, 6) if layers % v == 0],
         "micro_batch": [b for b in (1, 2, 4, 8) if global_batch % b == 0],
         "recompute": [0, 1, 2],
-    })
+    }
+    if experts > 1:
+        axes["ep"] = [e for e in pow2 if experts % e == 0]
+    return Grid(axes)
 
 
 def candidate_step_time(model: Transformer, system: System, values: dict, gpus, global_batch,

@@ -154,6 +154,10 @@ def _train_system(args):
     system), --nvlink-domain applied. Sets `args.gpu` to the GPU used."""
     if args.gpu is None:
         args.gpu = presets.system_gpu(args.system) if args.system else DEFAULT_TRAIN_GPU
+    elif args.system and presets.system_gpu(args.system) != str(args.gpu).lower():
+        print(f"note: --gpu {args.gpu} in --system {args.system}, which is built with "
+              f"{presets.system_gpu(args.system)}: {args.gpu}'s accelerator on {args.system}'s "
+              f"network (a what-if)", file=sys.stderr)
     system = presets.system(args.system or args.gpu,
                             nvlink_domain=getattr(args, "nvlink_domain", None))
     if args.system:
@@ -172,6 +176,7 @@ def _train_inputs(args):
         raise CliError("--nvlink-domain and --set nvlink_domain=... both set the NVLink domain; "
                        "give one")
     system = system_with_overrides(_train_system(args), args.set)
+    presets.check_precision_names(args.gpu, **{"--precision": args.precision})
     per_replica = args.tp * args.pp * args.cp
     if args.dp is None:
         if args.gpus % per_replica:
@@ -335,6 +340,11 @@ def run_train(args) -> int:
     if not bool(offload_supported(model, plan)):
         notes.append("Megatron-core offloads activations only with pp = 1, no recomputation and "
                      "fewer layers than the model has; modelled anyway")
+    if args.zero == 3 and args.pp > 1:
+        notes.append("ZeRO-3 with pp > 1 is modelled as gathering each layer's weights for every "
+                     "micro-batch; torchtitan's default with pipelining keeps them gathered from "
+                     "the forward to the backward pass instead (fewer gathers, more memory), and "
+                     "DeepSpeed's pipeline engine does not run ZeRO-3")
     if args.sequence_parallel and args.tp == 1:
         notes.append("--sp has no effect with --tp 1 (nothing to split the sequence over; "
                      "Megatron-LM turns it off)")

@@ -26,6 +26,7 @@ exact (linear) + quadratic penalty on the normalised violation, tightened by a `
 iterates converge from the feasible side; Adam (optax) from a few starts vmapped together. The
 result is the best iterate that satisfies every budget exactly (each iterate's value and
 constraints come from the same forward pass as its gradient, so they cost nothing extra).
+`whole_design` then finds the best buildable design near it: whole HBM stacks and NVLink lanes.
 
 Evaluation count convention: one forward+gradient (`jax.value_and_grad`) = 1 evaluation; one
 grid point = 1 evaluation (forward only). On this model a value_and_grad costs about 2-3
@@ -214,6 +215,37 @@ def grid_search(prob: Problem, points_per_axis=(24, 12, 23, 18), chunk: int = 81
     i = int(np.argmin(t))
     return {"objective": float(t[i]), "x": mesh[i], "feasible": bool(np.isfinite(t[i])),
             "evaluations": int(n), "seconds": seconds}
+
+
+def whole_design(prob: Problem, x, points_per_axis=(25, 13)) -> dict:
+    """The best buildable design near the relaxed optimum x: whole HBM stacks and NVLink lanes
+    (the two counts one below to one above x's, clipped to the box) on a grid of die area and
+    SRAM share that includes x's own values, every point checked against every budget.
+
+    **Returns:** dict like `grid_search`'s (`objective`, `x`, `feasible`, `evaluations`,
+    `seconds`)."""
+    lo, hi = bounds(prob.budgets)
+    x = np.asarray(x, float)
+
+    def whole(i):
+        return [k for k in range(int(np.floor(x[i])) - 1, int(np.ceil(x[i])) + 2)
+                if lo[i] <= k <= hi[i]]
+    area = np.union1d(np.linspace(lo[0], hi[0], points_per_axis[0]), [x[0]])
+    sram = np.union1d(np.linspace(lo[1], hi[1], points_per_axis[1]), [x[1]])
+    mesh = np.stack(np.meshgrid(area, sram, whole(2), whole(3), indexing="ij"),
+                    -1).reshape(-1, lo.size)
+
+    @jax.jit
+    def run(xs):
+        t, cons = jax.vmap(lambda x: evaluate(prob, x))(xs)
+        ok = jnp.all(cons <= 0.0, axis=-1) & jnp.isfinite(t)
+        return jnp.where(ok, t, jnp.inf)
+
+    t0 = time.perf_counter()
+    t = np.asarray(jax.device_get(run(jnp.asarray(mesh))))
+    i = int(np.argmin(t))
+    return {"objective": float(t[i]), "x": mesh[i], "feasible": bool(np.isfinite(t[i])),
+            "evaluations": int(mesh.shape[0]), "seconds": time.perf_counter() - t0}
 
 
 def measure_grad_cost(prob: Problem, repeats: int = 20) -> float:

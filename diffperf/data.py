@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 
 from ._checks import MAX_EXACT_COUNT
-from .hardware import PRECISION_CODES, weight_storage
+from .hardware import PRECISION_CODES, System, weight_storage
 from .model import Transformer
 from .plans import RECOMPUTE_CODES, TrainingPlan, layer_count_error
-from .presets import gpu_names, system
+from .presets import check_precision_names, gpu_names, system
 
 COMMON = ("id", "kind", "source", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
           "vocab", "gated_mlp", "num_experts", "experts_per_token", "gpu", "num_gpus",
@@ -221,6 +221,11 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
         if rec["precision"].lower() not in PRECISION_CODES:
             raise _err(path, i, "precision", f"must be one of {sorted(PRECISION_CODES)}, got "
                                              f"{rec['precision']!r}")
+        for c in ("precision", "weight_precision"):
+            try:
+                check_precision_names(rec["gpu"], **{c: rec.get(c) or None})
+            except ValueError as e:
+                raise _err(path, i, c, str(e).split(": ", 1)[1]) from None
         values = {c: _number(path, i, c, rec[c]) for c in _REQUIRED_NUMBERS}
         values["gpu"] = rec["gpu"]
         values["precision"] = rec["precision"].lower()
@@ -284,6 +289,15 @@ def row_model(v: dict, seq_len) -> Transformer:
                        **optional)
 
 
+def row_system(v: dict) -> System:
+    """The `System` of a row: its GPU preset's system with `gpus_per_node` GPUs per NVLink
+    domain (raises ValueError naming the column)."""
+    n = v["gpus_per_node"]
+    if not (n >= 1 and n == round(n)):
+        raise ValueError(f"gpus_per_node must be a whole number >= 1, got {n:g}")
+    return system(v["gpu"], nvlink_domain=n)
+
+
 def train_specs(row: BenchmarkRow):
     """`(Transformer, System, TrainingPlan)` of a train row (raises ValueError if invalid)."""
     v = row.values
@@ -291,7 +305,7 @@ def train_specs(row: BenchmarkRow):
         raise ValueError(f"tp*pp*dp*cp = {v['tp'] * v['pp'] * v['dp'] * v['cp']:g} does not "
                          f"equal num_gpus = {v['num_gpus']:g}")
     model = row_model(v, v["seq_len"])
-    sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
+    sys_ = row_system(v)
     plan = TrainingPlan(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=v["cp"], ep=v["ep"],
                         micro_batch=v["micro_batch"], global_batch=v["global_batch"], vp=v["vp"],
                         sequence_parallel=v["sequence_parallel"], recompute=v["recompute"],

@@ -5,13 +5,12 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 
-from .data import BenchmarkRow, row_model
+from .data import BenchmarkRow, row_model, row_system
 from .efficiency import Efficiency
 from .feasibility import explain
 from .inference import infer
 from .inference_plan import InferencePlan
 from .model import Transformer
-from .presets import system
 from .validate import FAST_COMPILE
 
 
@@ -28,7 +27,7 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
                          f"num_gpus = {v['num_gpus']:g}")
     context = v["input_len"] + v["output_len"]
     model = row_model(v, context)
-    sys_ = system(v["gpu"], nvlink_domain=v["gpus_per_node"])
+    sys_ = row_system(v)
     p = v["precision"]
     plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=v["input_len"],
                          output_len=v["output_len"],

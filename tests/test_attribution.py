@@ -52,3 +52,11 @@ def test_attribution_is_dominated_by_compute_and_precision(a100_to_b200):
 
 def r_speed(r):
     return r["speedup"]
+
+
+def test_moe_candidates_include_expert_parallelism():
+    """A MoE model's candidate plans also vary ep (powers of two dividing the expert count),
+    so a coalition's best plan can use expert parallelism; a dense model's grid has no ep."""
+    moe = A.candidate_plans(model("mixtral-8x7b"), 64, 512)
+    assert list(moe.axes["ep"]) == [1, 2, 4, 8]
+    assert "ep" not in A.candidate_plans(model("gpt3-175b"), 64, 512).axes

@@ -470,3 +470,36 @@ def test_fused_expert_gemm_flag_saves_the_per_expert_launches(capsys):
     code, a, _ = run(capsys, *dense)
     code, b, _ = run(capsys, *dense, "--fused-expert-gemm")
     assert json.loads(a)["step_time_s"] == json.loads(b)["step_time_s"]
+
+
+def test_v100_rejects_bf16_and_tf32_by_name(capsys):
+    """fp16 and bf16 share one precision code; V100 has only fp16 tensor cores (and no tf32),
+    so the command line checks the names, and search labels V100's 16-bit plans fp16."""
+    infer = ("infer", "--model", "llama2-7b", "--gpu", "v100-sxm2-32gb")
+    code, _, err = run(capsys, *infer, "--precision", "bf16")
+    assert code == 2 and "--precision bf16: V100 has no bf16" in err
+    assert run(capsys, *infer, "--precision", "fp16")[0] == 0
+    code, _, err = run(capsys, *infer, "--precision", "int8", "--activation-precision", "bf16")
+    assert code == 2 and "--activation-precision bf16" in err
+    train = ("train", "--model", "gpt-1.7b", "--gpu", "v100-sxm2-32gb", "--gpus", "8",
+             "--tp", "1", "--pp", "1", "--global-batch", "64")
+    code, _, err = run(capsys, *train, "--precision", "tf32")
+    assert code == 2 and "V100 has no tf32" in err
+    assert run(capsys, *train, "--precision", "fp16")[0] == 0
+    code, out, _ = run(capsys, "search", "train", "--model", "gpt-1.7b", "--gpu",
+                       "v100-sxm2-32gb", "--gpus", "8", "--global-batch", "64", "--top", "3",
+                       "--json")
+    assert code == 0
+    assert {r["precision"] for r in json.loads(out)["top"]} <= {"fp16", "fp32"}
+
+
+def test_train_notes_a_foreign_gpu_in_a_system_and_zero3_with_pipelining(capsys):
+    base = ("train", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "8",
+            "--global-batch", "1536")
+    code, _, err = run(capsys, *base, "--gpu", "a100-sxm4-80gb", "--system", "gb200-nvl72")
+    assert code == 0 and "which is built with gb200" in err
+    code, _, err = run(capsys, *base, "--gpu", "gb200", "--system", "gb200-nvl72")
+    assert code == 0 and "built with" not in err
+    code, out, _ = run(capsys, *base, "--zero", "3")
+    assert code == 0 and "ZeRO-3 with pp > 1" in out
+    assert "ZeRO-3 with pp > 1" not in run(capsys, *base, "--zero", "1")[1]

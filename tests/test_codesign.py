@@ -27,6 +27,13 @@ def test_codesign_never_violates_a_budget(budgets):
     res = C.optimise(prob, steps=30, starts=2)
     assert res["feasible"]
     _assert_within(prob, res["x"], budgets)
+    # The buildable design (whole HBM stacks and NVLink lanes) meets every budget too.
+    whole = C.whole_design(prob, res["x"])
+    assert whole["feasible"]
+    _assert_within(prob, whole["x"], budgets)
+    assert whole["x"][2] == round(whole["x"][2]) and whole["x"][3] == round(whole["x"][3])
+    assert abs(whole["x"][2] - res["x"][2]) <= 2 and abs(whole["x"][3] - res["x"][3]) <= 2
+    assert whole["objective"] == pytest.approx(C.evaluate(prob, whole["x"])[0])
 
 
 def test_gradient_within_one_percent_of_grid_with_100x_fewer_evaluations():

@@ -463,3 +463,23 @@ def test_a_count_beyond_float32_exactness_is_named(tmp_path):
     with pytest.raises(BenchmarkError, match=r"row 1, column 'seq_len': must be <= 16777216 "
                                              r"\(2\^24"):
         read_benchmarks(path)
+
+
+def test_a_precision_the_gpu_lacks_is_named(tmp_path):
+    """V100 has fp16 but no bf16 tensor cores; both share one precision code, so the row reader
+    checks the name (fp16 on V100 reads)."""
+    rows = _rows(2)
+    for r in rows:
+        r["gpu"] = "v100-sxm2-32gb"
+    rows[0]["precision"] = "fp16"
+    rows[1]["precision"] = "bf16"
+    _error(_write(tmp_path / "v100.csv", rows), "row 2", "precision", "V100 has no bf16")
+    assert len(read_benchmarks(_write(tmp_path / "v100_ok.csv", rows[:1]))) == 1
+
+
+def test_gpus_per_node_zero_names_the_column(tmp_path):
+    rows = _rows(1)
+    rows[0]["gpus_per_node"] = 0
+    (row,) = read_benchmarks(_write(tmp_path / "gpn.csv", rows))
+    with pytest.raises(ValueError, match="gpus_per_node must be a whole number >= 1, got 0"):
+        train_specs(row)

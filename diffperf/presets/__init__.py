@@ -72,6 +72,24 @@ def gpu_info(name: str) -> dict:
     return dict(_lookup("gpus", name))
 
 
+def check_precision_names(gpu_or_system: str, **names: str | None) -> None:
+    """Raise a ValueError naming the option if the preset's GPU lacks a precision that the
+    precision codes cannot tell apart from a supported one (V100: bf16 shares fp16's code, tf32
+    fp32's). `names` maps an option name to a precision name (None = not given)."""
+    key = system_gpu(gpu_or_system)
+    missing = _table("gpus").get(key, {}).get("unsupported_precisions", {})
+    for option, name in names.items():
+        if name is not None and str(name).lower() in missing:
+            raise ValueError(f"{option} {name}: {missing[str(name).lower()]}")
+
+
+def precision_label(gpu_or_system: str, name: str) -> str:
+    """The name to print for precision `name` on the preset's GPU: 'fp16' for the 16-bit code
+    on a GPU without bf16 (V100), else `name`."""
+    missing = _table("gpus").get(system_gpu(gpu_or_system), {}).get("unsupported_precisions", {})
+    return "fp16" if name == "bf16" and "bf16" in missing else name
+
+
 def system(name: str, nvlink_domain: int | None = None) -> System:
     """A `System` by system id (`dgx-h100`) or GPU id (`h100-sxm5-80gb`: that GPU in its
     default system's network; `a100-sxm4-40gb` keeps its 40 GB although DGX A100 is listed with
