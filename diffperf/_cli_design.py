@@ -96,6 +96,11 @@ def add_design_parsers(subparsers) -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--starts", type=int, default=4)
     p.add_argument("--compare-grid", action="store_true")
+    p.add_argument("--margins", type=float, nargs="?", const=5.0, default=None, metavar="PERCENT",
+                   help="also what each budget is worth: the optimum re-run with one budget "
+                        "PERCENT looser at a time (default 5), giving the time change per mm^2, "
+                        "W, mm and $ (30-60 s). The time is lumpy in die area (whole SMs, GEMM "
+                        "waves): try more than one PERCENT")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_codesign)
 
@@ -340,6 +345,8 @@ def _plot_nodes(df, path) -> None:
 
 def run_codesign(args) -> int:
     from . import codesign as C
+    if args.margins is not None and not 0 < args.margins <= 100:
+        return _err(f"--margins must be a percentage in (0, 100], got {args.margins:g}")
     try:
         budgets = C.Budgets(area_mm2=args.area, power_w=args.power, perimeter_mm=args.perimeter,
                             cost_usd=args.cost)
@@ -347,6 +354,9 @@ def run_codesign(args) -> int:
                                  args.arch, budgets)
         grad = C.optimise(prob, steps=args.steps, starts=args.starts)
         grid = C.grid_search(prob) if args.compare_grid else None
+        margins = C.budget_margins(prob, grad["x"], rel=args.margins / 100.0, steps=args.steps,
+                                   starts=args.starts) \
+            if args.margins is not None and grad["feasible"] else None
     except ValueError as e:
         return _err(str(e))
     if not grad["feasible"]:
@@ -367,6 +377,8 @@ def run_codesign(args) -> int:
                        "design": C.check_design(prob, grid["x"]) if grid["feasible"] else None}
         out["gap"] = grad["objective"] / grid["objective"] - 1.0
         out["evaluation_ratio"] = grid["evaluations"] / grad["evaluations"]
+    if margins is not None:
+        out["budget_margins"] = margins
     if args.area > C.RETICLE_MM2:
         out["note"] = (f"the {args.area:g} mm^2 area budget exceeds the {C.RETICLE_MM2:g} mm^2 "
                        f"reticle limit: no die can be larger than the limit, whatever the budget")
@@ -399,6 +411,14 @@ def run_codesign(args) -> int:
         print(f"    design: {buildable}")
     if "note" in out:
         print(f"  note: {out['note']}")
+    if margins is not None:
+        print(f"  what each budget is worth (re-optimised with that budget "
+              f"{margins['rel']:.0%} looser; same search without: {margins['base']:.4g} s):")
+        for name, unit in C.BUDGET_UNITS.items():
+            m = margins[name]
+            print(f"    {name:13s} -> {m['budget']:>9,.1f} {unit:4s}  time {m['change']:+7.2%}  "
+                  f"elasticity {m['elasticity']:+.3f}  {m['per_unit'] * 1e3:+.4f} ms per "
+                  f"{unit}")
     if grid is not None:
         print(f"  grid:     time {grid['objective']:.4g} s after {grid['evaluations']} evaluations "
               f"({grid['seconds']:.1f} s); gradient/grid - 1 = {out['gap']:+.2%}, "

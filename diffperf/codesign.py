@@ -149,10 +149,11 @@ def _loss(prob: Problem, u):
 
 
 def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
-             seed: int = 0) -> dict:
+             seed: int = 0, start=None) -> dict:
     """Projected Adam (optax) on the penalised log time in unit-box coordinates (the box is
     enforced by clipping after every step), from `starts` starts vmapped in one scan; the
-    learning rate decays by cosine to 10 %.
+    learning rate decays by cosine to 10 %. The first start is the centre of the box, or the
+    design `start` (natural coordinates, clipped to the box) when given.
 
     **Returns:** dict with `objective` (best feasible time, s), `x` (its design coordinates),
     `evaluations` (= steps * starts value_and_grad calls), `feasible`, `seconds`, `history`
@@ -160,7 +161,7 @@ def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
     lo, hi = bounds(prob.budgets)
     rng = np.random.default_rng(seed)
     u0 = rng.uniform(0.2, 0.8, size=(starts, lo.size))
-    u0[0] = 0.5
+    u0[0] = 0.5 if start is None else np.clip((np.asarray(start, float) - lo) / (hi - lo), 0, 1)
     u0 = jnp.asarray(u0)
     opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.1))
     vg = jax.value_and_grad(lambda u: _loss(prob, u), has_aux=True)
@@ -246,6 +247,39 @@ def whole_design(prob: Problem, x, points_per_axis=(25, 13)) -> dict:
     i = int(np.argmin(t))
     return {"objective": float(t[i]), "x": mesh[i], "feasible": bool(np.isfinite(t[i])),
             "evaluations": int(mesh.shape[0]), "seconds": time.perf_counter() - t0}
+
+
+#: Budget fields with their units, in the order `budget_margins` reports them.
+BUDGET_UNITS = {"area_mm2": "mm^2", "power_w": "W", "perimeter_mm": "mm", "cost_usd": "$"}
+
+
+def budget_margins(prob: Problem, x, rel: float = 0.05, steps: int = 100,
+                   starts: int = 4) -> dict:
+    """What each budget is worth at the design x: the workload re-optimised with that budget
+    alone loosened by `rel` (e.g. 5 %), from x and `starts - 1` other starts, against the same
+    re-optimisation under the original budgets (so both have had the same search). A loosened
+    budget never makes the optimum slower: x stays feasible and is evaluated first.
+
+    **Returns:** dict with `base` (re-optimised time, s) and, per budget field, `budget` (its
+    loosened value), `time_s`, `change` (relative time change, <= 0), `elasticity`
+    (d log time / d log budget, as the finite ratio over `rel`) and `per_unit` (s per unit of
+    budget, e.g. s per mm^2)."""
+    import dataclasses
+    if not rel > 0:
+        raise ValueError(f"rel must be > 0, got {rel}")
+    base = optimise(prob, steps=steps, starts=starts, start=x)
+    t0 = base["objective"]
+    out = {"base": t0, "rel": rel}
+    for name in BUDGET_UNITS:
+        value = getattr(prob.budgets, name)
+        looser = dataclasses.replace(prob.budgets, **{name: value * (1.0 + rel)})
+        r = optimise(dataclasses.replace(prob, budgets=looser), steps=steps, starts=starts,
+                     start=base["x"])
+        t = min(r["objective"], t0)
+        out[name] = {"budget": value * (1.0 + rel), "time_s": t, "change": t / t0 - 1.0,
+                     "elasticity": float(np.log(t / t0) / np.log1p(rel)),
+                     "per_unit": (t - t0) / (value * rel)}
+    return out
 
 
 def measure_grad_cost(prob: Problem, repeats: int = 20) -> float:

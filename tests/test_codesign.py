@@ -65,3 +65,21 @@ def test_larger_budgets_stay_feasible_and_the_die_stops_at_the_reticle():
     assert res["feasible"]
     _assert_within(prob, res["x"], huge)
     assert C.check_design(prob, res["x"])["area_mm2"] <= C.RETICLE_MM2 + 1e-6
+
+
+def test_budget_margins_price_the_binding_budget():
+    """Llama-2 70B decode under the default budgets spends the whole $4,000 on HBM stacks while
+    its die stays far below the area budget: 5 % more money buys time, 5 % more area none,
+    and no looser budget is ever slower."""
+    prob = C.default_problem("infer", node_nm=3.0, memory_index=3.0, network_index=3.0)
+    res = C.optimise(prob, steps=40, starts=2)
+    d = C.check_design(prob, res["x"])
+    assert d["constraints"]["cost"] > -0.01 and d["area_mm2"] < 0.9 * 814.0
+    m = C.budget_margins(prob, res["x"], steps=40, starts=2)
+    assert all(m[b]["change"] <= 0.0 for b in C.BUDGET_UNITS)
+    assert m["cost_usd"]["elasticity"] < -0.1
+    assert m["area_mm2"]["elasticity"] > -0.01
+    assert m["cost_usd"]["per_unit"] == pytest.approx(
+        (m["cost_usd"]["time_s"] - m["base"]) / (0.05 * 4000.0))
+    with pytest.raises(ValueError, match="rel must be > 0"):
+        C.budget_margins(prob, res["x"], rel=0.0)
