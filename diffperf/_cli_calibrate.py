@@ -22,8 +22,9 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
                    help="benchmark CSV (repeatable; default: the shipped train and infer sets)")
     p.add_argument("--out", required=True, help="fitted efficiency JSON to write")
     p.add_argument("--cv", default="none", choices=["none", "kfold", "source", "loo"],
-                   help="cross-validation: k-fold over experiments, leave-one-source-out, "
-                        "leave-one-out on the IMEC points (default none)")
+                   help="cross-validation: k-fold over experiments, leave-one-source-out (a "
+                        "source: the rows with the same `source` column; shipped tables by id "
+                        "prefix), leave-one-out on the IMEC points (default none)")
     p.add_argument("--folds", type=int, default=5, help="k of --cv kfold (default 5)")
     p.add_argument("--groups", default="gpu", choices=["gpu", "none"],
                    help="per-GPU-generation factors (gpu, the default) or all shared (none)")

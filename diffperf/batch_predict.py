@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .data import read_benchmarks
+from .data import read_benchmark_files
 from .efficiency import Efficiency
 
 #: Output columns, in order: what every row says about itself, then the predictions (s, tokens,
@@ -46,7 +46,7 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
     from .validate import predict_train_rows, stacked_train_specs
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    rows = [r for p in paths for r in read_benchmarks(p, require_measured=False)]
+    rows = read_benchmark_files(paths, require_measured=False)
     train = [r for r in rows if r.kind == "train"]
     infer = [r for r in rows if r.kind == "infer"]
     results, failed, bounds = {}, {}, {}
@@ -69,14 +69,15 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
         rec = dict.fromkeys(COLUMNS)
         rec.update(id=r.id, kind=r.kind, gpu=r.values["gpu"],
                    num_gpus=int(round(r.values["num_gpus"])))
-        if r.id in results:
+        wanted = (TRAIN_COLUMNS if r.kind == "train" else INFER_COLUMNS) + ("peak_memory_gb",)
+        not_finite = [c for c in wanted
+                      if r.id in results and not np.isfinite(results[r.id][0][c])]
+        if not_finite:  # never a silent NaN or inf in the output: the row says so instead
+            rec["status"] = f"invalid: no finite prediction for {', '.join(not_finite)}"
+        elif r.id in results:
             pred, warning = results[r.id]
-            wanted = TRAIN_COLUMNS if r.kind == "train" else INFER_COLUMNS
-            for c in wanted + ("peak_memory_gb",):
-                value = pred[c]
-                if not np.isfinite(value):  # never a silent NaN in the output
-                    raise ValueError(f"row {r.id!r}: no finite prediction for {c}")
-                rec[c] = value
+            for c in wanted:
+                rec[c] = pred[c]
             rec["fits"] = warning is None
             rec["status"] = "ok" if warning is None else warning
             if intervals:

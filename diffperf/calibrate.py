@@ -41,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from .data import BenchmarkRow, read_benchmarks
+from .data import BenchmarkRow, read_benchmark_files, read_benchmarks
 from .efficiency import Efficiency
 from .feasibility import MEMORY_REASONS
 
@@ -326,10 +326,7 @@ def _rows_from(data) -> tuple[list[BenchmarkRow], list]:
     data = list(data)
     if data and all(isinstance(r, BenchmarkRow) for r in data):
         return data, []
-    rows = []
-    for p in data:
-        rows += read_benchmarks(p)
-    return rows, [Path(p) for p in data]
+    return read_benchmark_files(data), [Path(p) for p in data]
 
 
 class _Parsed(tuple):
@@ -488,7 +485,7 @@ class Problem:
             # Each source group's cells weigh n_source^-balance (renormalised to mean 1), so a
             # 100-row table does not drown an 11-row one (balance = 1: every source counts the
             # same; 0: every cell counts the same).
-            src = [source_of(r.id) for r in self.ds.train_rows + self.ds.infer_rows]
+            src = [source_of(r) for r in self.ds.train_rows + self.ds.infer_rows]
             w = np.concatenate([w_t.sum(1), w_i.sum(1)])
             counts = {}
             for s_, n in zip(src, w):
@@ -619,9 +616,10 @@ class Fit:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 
-def source_of(row_id: str) -> str:
+def source_of(row) -> str:
+    """The source group of a `BenchmarkRow` (`calibrate_cv.source_group`)."""
     from .calibrate_cv import source_group
-    return source_group(row_id)
+    return source_group(row.id, row.source)
 
 
 def predictions_table(ds: Dataset, lp_t, lp_i, w_t, w_i) -> list[dict]:
@@ -636,7 +634,7 @@ def predictions_table(ds: Dataset, lp_t, lp_i, w_t, w_i) -> list[dict]:
                     meas = r.measured[c]
                     pred = float(np.exp(lp[i, j]))
                     cell = {"id": r.id, "kind": kind, "gpu": r.values["gpu"],
-                            "source": source_of(r.id), "metric": c, "measured": meas,
+                            "source": source_of(r), "metric": c, "measured": meas,
                             "predicted": pred, "ape": abs(pred - meas) / meas * 100.0}
                     if kind == "infer":
                         cell["batch"] = float(r.values["batch"])

@@ -35,13 +35,14 @@ IMEC_INFER = ("imec-inf-",)
 CV_KINDS = ("none", "kfold", "source", "loo")
 
 
-def source_group(row_id: str) -> str:
-    """The source group of a row id (see `SOURCE_RULES`; otherwise the id up to the first
-    '-')."""
+def source_group(row_id: str, source: str = "") -> str:
+    """The source group of a row: the group of its id in `SOURCE_RULES` (the shipped tables,
+    whose `source` cells also cite the row within its table); otherwise its `source` column;
+    an empty source: the id up to the first '-'."""
     for pattern, name in SOURCE_RULES:
         if re.match(pattern, row_id):
             return name
-    return row_id.split("-", 1)[0]
+    return source.strip() or row_id.split("-", 1)[0]
 
 
 def twin_key(row_id: str) -> str:
@@ -56,6 +57,7 @@ def folds(ds, kind: str = "source", k: int = 5) -> list[tuple[str, np.ndarray, n
     ids_t = [r.id for r in ds.train_rows]
     ids_i = [r.id for r in ds.infer_rows]
     all_ids = ids_t + ids_i
+    group = {r.id: source_group(r.id, r.source) for r in ds.train_rows + ds.infer_rows}
     if kind == "kfold":
         keys = sorted({twin_key(i) for i in all_ids})
         order = np.random.default_rng(0).permutation(len(keys))
@@ -63,8 +65,8 @@ def folds(ds, kind: str = "source", k: int = 5) -> list[tuple[str, np.ndarray, n
         labels = [f"fold{n}" for n in range(min(k, len(keys)))]
         key = lambda i: f"fold{fold_of[twin_key(i)]}"
     elif kind == "source":
-        labels = sorted({source_group(i) for i in all_ids})
-        key = source_group
+        labels = sorted(set(group.values()))
+        key = group.__getitem__
     elif kind == "loo":
         labels = sorted({twin_key(i) for i in all_ids if i.startswith(IMEC_TRAIN + IMEC_INFER)})
         key = twin_key

@@ -161,6 +161,20 @@ def _optional_counts(path, i, rec, counts: dict[str, float]) -> dict[str, float]
     return out
 
 
+def read_benchmark_files(paths, require_measured: bool = True) -> list[BenchmarkRow]:
+    """`read_benchmarks` of each path, in order; raises `BenchmarkError` when two files use
+    the same row id (results are reported by id)."""
+    rows, first = [], {}
+    for p in paths:
+        for i, r in enumerate(read_benchmarks(p, require_measured), start=1):
+            if r.id in first:
+                raise _err(p, i, "id", f"{r.id!r} is also an id in {first[r.id]}: ids must be "
+                                       f"unique across the files given")
+            first[r.id] = p
+            rows.append(r)
+    return rows
+
+
 def _check_field_counts(path: Path) -> None:
     """Raise naming the first row whose field count differs from the header's (pandas would
     silently fill a short row with empty cells)."""

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .data import BenchmarkRow, read_benchmarks, train_specs
+from .data import BenchmarkRow, read_benchmark_files, train_specs
 from .efficiency import Efficiency
 from .feasibility import MEMORY_REASONS, describe_failure, explain
 from .presets import efficiency_for
@@ -163,7 +163,7 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
     eff = efficiency
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    rows = [r for p in paths for r in read_benchmarks(p)]
+    rows = read_benchmark_files(paths)
     train = [r for r in rows if r.kind == "train"]
     infer = [r for r in rows if r.kind == "infer"]
     from .inference_validate import predict_infer_rows, stacked_infer_specs
@@ -182,7 +182,8 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
             if p is None or not np.isfinite(p):
                 failed.append({"id": row.id, "error": f"no finite prediction for {metric}"})
                 continue
-            out_rows.append({"id": row.id, "metric": metric, "measured": measured,
+            out_rows.append({"id": row.id, "source": row.source, "metric": metric,
+                             "measured": measured,
                              "predicted": p, "ape": abs(p - measured) / measured * 100.0})
     summary = summarize(out_rows)
     defaults = [{"id": r.id, "defaults": r.defaults_used} for r in rows if r.defaults_used]

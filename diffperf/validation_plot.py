@@ -35,8 +35,9 @@ def validation_plot(rows: list[dict], path: str | Path, title: str | None = None
     predicted = np.array([r["predicted"] for r in rows])
     error = 100.0 * (predicted / measured - 1.0)
     metrics = sorted({r["metric"] for r in rows})
-    sources = sorted({source_group(r["id"]) for r in rows})
-    src = np.array([sources.index(source_group(r["id"])) for r in rows])
+    group = [source_group(r["id"], r.get("source", "")) for r in rows]
+    sources = sorted(set(group))
+    src = np.array([sources.index(g) for g in group])
     met = np.array([metrics.index(r["metric"]) for r in rows])
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 

@@ -171,3 +171,34 @@ def test_cli_interval_column(configs, capsys, tmp_path):
     assert main(["predict", "--data", str(configs), "--interval"]) == 0
     table = capsys.readouterr().out
     assert "90% interval (s)" in table and " to " in table
+
+
+def test_an_id_used_in_two_files_is_an_error(configs, tmp_path):
+    """Results are reported by row id: the same id in two --data files would show one row's
+    prediction for both, so it is refused, naming the file, row and the other file."""
+    from diffperf.data import BenchmarkError
+    with pytest.raises(BenchmarkError) as info:
+        predict_csv([configs, configs])
+    assert "row 1, column 'id'" in str(info.value) and "is also an id in" in str(info.value)
+    with pytest.raises(BenchmarkError, match="unique across the files"):
+        validate([SHIPPED[0], SHIPPED[0]])
+
+
+def test_a_row_without_a_finite_prediction_does_not_stop_the_others(configs, tmp_path):
+    """A row whose sizes overflow the float32 model gets an `invalid` status; the other rows
+    are still predicted (and no NaN or inf reaches the table)."""
+    df = pd.read_csv(configs, dtype=str, keep_default_na=False)
+    huge = df.iloc[1].copy()
+    huge["id"] = "huge"
+    for c in ("layers", "hidden", "ffn_hidden", "vocab", "batch"):
+        huge[c] = "16777216"
+    huge["heads"] = huge["kv_heads"] = huge["tp"] = huge["pp"] = huge["num_gpus"] = "1"
+    huge["input_len"] = huge["output_len"] = "8000000"
+    path = tmp_path / "huge.csv"
+    pd.concat([df, huge.to_frame().T]).to_csv(path, index=False)
+    out = predict_csv(path).set_index("id")
+    assert out.loc["huge", "status"].startswith("invalid: no finite prediction for")
+    assert out.loc["huge", ["e2e_latency_s", "ttft_s"]].isna().all()
+    assert out.loc["imec-korthi-175b-selsp-paper", "status"] == "ok"
+    predicted = out[out["status"] == "ok"][["step_time_s", "e2e_latency_s"]].to_numpy(float)
+    assert np.isfinite(predicted[~np.isnan(predicted)]).all()

@@ -256,3 +256,21 @@ def test_default_efficiency_per_gpu():
         assert type(e) is dp.Efficiency
         for f in ("matmul_peak", "hbm", "tp_overlap"):
             assert 0 < float(getattr(e, f)) <= 1
+
+
+def test_source_groups_follow_the_source_column_for_user_rows():
+    """Rows outside the shipped tables are grouped by their `source` column (an empty one: the
+    id up to its first '-'), so leave-one-source-out on a user's file holds out whole sources;
+    the shipped rows keep their table groups whatever their `source` cell says."""
+    from types import SimpleNamespace
+
+    from diffperf.calibrate_cv import folds, source_group
+    from diffperf.data import BenchmarkRow
+    row = lambda i, src: BenchmarkRow(i, "train", src, {}, {})  # noqa: E731
+    ds = SimpleNamespace(train_rows=[row("gpt175", "cluster logs 2025"),
+                                     row("llama8b", "cluster logs 2025"),
+                                     row("run-a", ""), row("run-b", "")], infer_rows=[])
+    groups = {name: list(mask) for name, mask, _ in folds(ds, "source")}
+    assert groups == {"cluster logs 2025": [True, True, False, False],
+                      "run": [False, False, True, True]}
+    assert source_group("imec-korthi-22b-full", "Korthikanti 2022 Table 5") == "imec-korthi"
