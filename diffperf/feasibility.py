@@ -24,7 +24,10 @@ REASONS = {
     8: "ep does not divide num_experts, or ep * expert_tp does not divide tp * cp * dp",
     9: "the GPU has no tensor cores for this precision",
     10: "does not fit in HBM",
-    11: "batch * (input + output) exceeds the model's context or the plan is otherwise invalid",
+    11: "a plan count is not a whole number >= 1 (tp, pp, dp, cp, ep, vp, micro_batch, "
+        "global_batch; batch, input_len, output_len; >= 0: expert_tp, recompute_layers, "
+        "offload_layers). Built from concrete values a plan refuses these; traced values "
+        "(inside jit / vmap) get this code",
     12: "offloaded activations do not fit in host memory",
 }
 #: Reasons of a valid plan that only runs out of memory (HBM, or host memory when offloading):
@@ -58,6 +61,22 @@ def tp_divides_mlps(tp, model: Transformer, expert_tp=None) -> jax.Array:
     return ok
 
 
+def whole_counts(plan, positive: tuple[str, ...], nonnegative: tuple[str, ...] = ()) -> jax.Array:
+    """Whether every field named in `positive` is a whole number >= 1 and every one in
+    `nonnegative` a whole number >= 0 (reason 11 when not)."""
+    ok = jnp.asarray(True)
+    for names, low in ((positive, 1.0), (nonnegative, 0.0)):
+        for name in names:
+            x = getattr(plan, name)
+            ok = ok & (x >= low) & (x == jnp.round(x))
+    return ok
+
+
+#: `TrainingPlan` counts checked by `whole_counts` (reason 11).
+TRAINING_COUNTS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch")
+TRAINING_COUNTS_OR_ZERO = ("expert_tp", "recompute_layers", "offload_layers")
+
+
 def _first_failure(checks: list[jax.Array]) -> jax.Array:
     """Code (1-based position) of the first False in `checks`, 0 if all hold."""
     reason = jnp.zeros(jnp.broadcast_shapes(*[jnp.shape(c) for c in checks]), jnp.int32)
@@ -83,10 +102,11 @@ def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
         divides(plan.ep, model.num_experts) & divides(etp * plan.ep, plan.tp * plan.cp * plan.dp),
         acc.peak_flops(plan.precision) > 0,
         memory_total <= acc.hbm_capacity,
-        jnp.asarray(True),  # 11: inference only
+        jnp.asarray(True),  # 11: checked first, below
         host_total <= acc.host_memory,
     ]
-    return _first_failure(checks)
+    counts = whole_counts(plan, TRAINING_COUNTS, TRAINING_COUNTS_OR_ZERO)
+    return jnp.where(counts, _first_failure(checks), 11)
 
 
 def explain(reason: int, memory_total: float | None = None, capacity: float | None = None,

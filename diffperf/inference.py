@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from . import collectives as coll
 from .attention import projections
 from .efficiency import Efficiency, matmul_efficiency
-from .feasibility import divides, tp_divides_mlps
+from .feasibility import divides, tp_divides_mlps, whole_counts
 from .hardware import System
 from .inference_plan import InferencePlan
 from .model import Transformer
@@ -487,7 +487,8 @@ def inference_reason(model: Transformer, plan: InferencePlan, system: System,
                      memory_total) -> jax.Array:
     """Reason code of an inference plan (0 feasible; codes of `diffperf.feasibility.REASONS`:
     1 tp does not divide heads, 2 tp vs kv_heads, 3 tp does not divide ffn_hidden, 5 pp exceeds
-    layers, 9 no tensor cores for the GEMM precision, 10 does not fit in HBM)."""
+    layers, 9 no tensor cores for the GEMM precision, 10 does not fit in HBM; 11, reported
+    first: a count that is not a whole number >= 1)."""
     checks = [
         (1, divides(plan.tp, model.heads)),
         (2, divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp)),
@@ -499,7 +500,8 @@ def inference_reason(model: Transformer, plan: InferencePlan, system: System,
     reason = jnp.zeros(jnp.shape(memory_total), jnp.int32)
     for code, ok in reversed(checks):
         reason = jnp.where(ok, reason, code)
-    return reason
+    counts = whole_counts(plan, ("tp", "pp", "batch", "input_len", "output_len"))
+    return jnp.where(counts, reason, 11)
 
 
 class InferenceReport(eqx.Module):

@@ -156,7 +156,7 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
     factors), or None: the shipped calibration, per GPU.
 
     **Returns:** `{"rows": [...], "summary": {metric: {"n", "mape", "max_ape"}}, "failed": [...],
-    "defaults": [...], "warnings": [...], "implausible": [...]}` as in benchmark-schema.md (APE
+    "defaults": [...], "warnings": [...], "implausible": [...]}` as in docs/benchmark-format.md (APE
     in percent); `implausible` lists measurements faster than ideal hardware could run the
     row's recorded configuration (`plausibility.implausible_measurements`).
     """

@@ -274,3 +274,16 @@ def test_source_groups_follow_the_source_column_for_user_rows():
     assert groups == {"cluster logs 2025": [True, True, False, False],
                       "run": [False, False, True, True]}
     assert source_group("imec-korthi-22b-full", "Korthikanti 2022 Table 5") == "imec-korthi"
+
+
+def test_a_system_id_gets_its_gpus_fitted_factors_and_a_typo_is_refused():
+    """`--gpu dgx-h100` (a system id) used the shared factors while `--gpu h100-sxm5-80gb` used
+    the H100's; a misspelt GPU silently fell back to the shared factors too."""
+    from diffperf import presets
+    table = presets.default_efficiency()
+    for system_id, gpu in (("dgx-h100", "h100-sxm5-80gb"), ("gb200-nvl72", "gb200")):
+        assert table.for_gpu(system_id) == table.for_gpu(gpu)
+        assert presets.default_efficiency(system_id) == presets.default_efficiency(gpu)
+    assert table.for_gpu("h100-sxm5-80gb") != table.for_gpu(None)
+    with pytest.raises(ValueError, match="unknown gpu or system 'h100'"):
+        presets.default_efficiency("h100")

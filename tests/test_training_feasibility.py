@@ -149,3 +149,23 @@ def test_predict_training_checks_layer_counts_like_the_command_line(eff):
     ok = dp.predict_training(llama, sys_, dp.TrainingPlan(**base, recompute_layers=40,
                                                           offload_layers=40), eff)
     assert np.isfinite(float(ok.step_time))
+
+
+def test_traced_bad_counts_are_infeasible_with_reason_11():
+    """Inside jit a plan cannot refuse tp = 0 or a negative batch when it is built: the model
+    flags it instead (reason 11), for training and inference, and valid values stay feasible."""
+    h100 = dp.system("h100-sxm5-80gb")
+    train = jax.jit(lambda tp, pp, mb, gb: dp.train_step(
+        dp.model("llama3-8b"), h100, dp.TrainingPlan(tp=tp, pp=pp, dp=2, micro_batch=mb,
+                                                     global_batch=gb)).reason)
+    assert int(train(8.0, 4.0, 1.0, 64.0)) in (0, 10)
+    for bad in [(-8.0, 4.0, 1.0, 64.0), (0.0, 4.0, 1.0, 64.0), (8.0, -4.0, 1.0, 64.0),
+                (8.0, 4.0, 0.5, 64.0), (8.0, 4.0, -1.0, -64.0), (8.0, 4.0, 1.0, 0.0)]:
+        assert int(train(*bad)) == 11, bad
+    infer = jax.jit(lambda b, i, o: dp.infer(
+        dp.model("llama2-7b"), h100, dp.InferencePlan(batch=b, input_len=i, output_len=o)).reason)
+    assert int(infer(1.0, 128.0, 128.0)) == 0
+    for bad in [(0.0, 128.0, 128.0), (-1.0, 128.0, 128.0), (1.0, 0.0, 128.0),
+                (1.0, 128.0, 0.0), (1.0, -5.0, 128.0), (1.5, 128.0, 128.0)]:
+        assert int(infer(*bad)) == 11, bad
+    assert "whole number" in dp.explain(11)

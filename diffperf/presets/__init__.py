@@ -162,9 +162,10 @@ class GpuEfficiency(Efficiency):
 
 def fitted_gpu(gpu: str, fitted) -> str | None:
     """The GPU among `fitted` (ids with their own fitted factors) whose factors apply to `gpu`:
-    itself, else the GPU its preset names as `efficiency_of` (the H800 is an H100 with less
-    NVLink: same chip, same kernels); None when neither was fitted."""
-    key = str(gpu).lower()
+    itself (a system id stands for its GPU), else the GPU its preset names as `efficiency_of`
+    (the H800 is an H100 with less NVLink: same chip, same kernels); None when neither was
+    fitted."""
+    key = system_gpu(gpu)
     if key not in fitted and key in _table("gpus"):
         key = _table("gpus")[key].get("efficiency_of", key)
     return key if key in fitted else None
@@ -264,4 +265,7 @@ def default_efficiency(gpu: str | None = None) -> Efficiency:
     GPU has no override).
     """
     table = _default_gpu_efficiency()
+    if gpu is not None and system_gpu(gpu) not in _table("gpus"):
+        raise ValueError(f"unknown gpu or system {gpu!r}; known GPUs: {', '.join(gpu_names())}; "
+                         f"systems: {', '.join(system_names())}")
     return table if gpu is None else table.for_gpu(gpu)
