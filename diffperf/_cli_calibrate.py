@@ -111,6 +111,15 @@ def run_calibrate(args) -> int:
                       progress=prog, command=command, **kwargs)
     prog.done(f"fit: loss {fit.loss:.6g}, {fit.metadata['n_cells']} measured values, "
               f"{fit.par.size} parameters, {fit.metadata['fit_seconds']} s")
+    if fit.metadata["n_cells"] < fit.par.size:
+        print(f"warning: {fit.metadata['n_cells']} measured values for {fit.par.size} "
+              f"parameters: the data cannot determine every factor, the prior holds the rest "
+              f"(fit fewer with --fields, or --groups none)", file=sys.stderr)
+    from .plausibility import implausible_measurements
+    ds = fit.problem.ds
+    for bad in implausible_measurements(ds.train_rows + ds.infer_rows):
+        print(f"warning: row {bad['id']}: {bad['warning']}; fitted anyway: correct the row or "
+              f"leave it out", file=sys.stderr)
     if not fit.metadata.get("converged", True):
         print(f"warning: the fit did not converge in {args.steps} Adam + {args.lbfgs_steps} "
               f"L-BFGS steps (raise --lbfgs-steps); its factors are not at the optimum and "

@@ -158,6 +158,17 @@ def model_error_sd(residual_sd: dict, quantity: str | None = None,
     return 0.0
 
 
+def require_measured_kind(residual_sd: dict, kind: str | None) -> None:
+    """Raise a ValueError when the fit recorded model errors but none of `kind` ("train" /
+    "infer"): it saw no measurement of that kind, so an interval would borrow the other kind's
+    error (e.g. a training-only fit's ~1 % for an inference latency)."""
+    of_kind = {"train": ("train", "step_time", MOE_STEP_TIME),
+               "infer": ("infer", "latency", "throughput", "ttft")}.get(kind, (kind,))
+    if kind is not None and residual_sd and not any(k in residual_sd for k in of_kind):
+        raise ValueError(f"the fit has no {kind} measurements, so no model error for "
+                         f"{kind} predictions (fit {kind} rows too)")
+
+
 def use_cross_validated_error(fit, cv_predictions: list[dict], cv_kind: str) -> None:
     """Make `fit`'s prediction intervals use the model error measured by cross-validation
     (`residual_sds` of the held-out predictions) instead of the in-sample one. Only for CV
@@ -415,6 +426,8 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     var = float(g @ u.covariance @ g)
     if not (math.isfinite(value) and math.isfinite(var)):
         raise ValueError("the prediction or its variance is not finite; no interval")
+    if model_error:
+        require_measured_kind(u.residual_sd, kind)
     error = model_error_sd(u.residual_sd, quantity, kind) if model_error else 0.0
     low, high, sd = _bounds(np.array([value]), np.array([var]), np.array([error]), level)
     if not np.isfinite(low[0]):
@@ -458,6 +471,7 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     u = load_uncertainty(fit)
+    require_measured_kind(u.residual_sd, kind)
     par = u.par
     from .presets import fitted_gpu
     fitted = [fitted_gpu(g, par.groups) for g in gpus]  # H800: H100's offsets

@@ -79,6 +79,20 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
       | ({"offload_layers": list(offload_layers)} if list(offload_layers) != [0] else {}))
 
 
+def check_training_grid(grid: Grid) -> None:
+    """Raise a ValueError naming the axis and value when a grid axis is not a `PLAN_AXES`
+    field or holds a value its `TrainingPlan` field refuses (e.g. recompute code 3)."""
+    for name, values in grid.axes.items():
+        if name not in PLAN_AXES:
+            raise ValueError(f"grid axis {name!r} is not a plan field a search varies; "
+                             f"choose from {', '.join(PLAN_AXES)}")
+        for v in values:
+            try:
+                TrainingPlan(**{name: float(v)})
+            except ValueError as e:
+                raise ValueError(f"grid axis {name!r}: {e}") from None
+
+
 def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
     """A TrainingPlan from grid values (dp = gpus / (tp * pp * cp)). Works on traced values."""
     v = dict(values)
@@ -151,6 +165,7 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     t0 = time.perf_counter()
     eff = default_efficiency() if efficiency is None else efficiency
     grid = grid if grid is not None else default_training_grid(model, gpus, global_batch)
+    check_training_grid(grid)
 
     def evaluate(values):
         plan = plan_from_values(values, gpus, global_batch)

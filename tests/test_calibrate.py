@@ -287,3 +287,23 @@ def test_a_system_id_gets_its_gpus_fitted_factors_and_a_typo_is_refused():
     assert table.for_gpu("h100-sxm5-80gb") != table.for_gpu(None)
     with pytest.raises(ValueError, match="unknown gpu or system 'h100'"):
         presets.default_efficiency("h100")
+
+
+def test_calibrate_warns_about_impossible_rows_and_too_few_values(tmp_path):
+    """A measurement 30x faster than the shipped Korthikanti 22B run cannot be real (it beats
+    the ideal-hardware bound), and one value cannot determine two factors: the fit still runs
+    (in its own process: calibrate switches on float64) but says both."""
+    import pandas as pd
+    df = pd.read_csv(TRAIN_CSV, dtype=str, keep_default_na=False)
+    row = df[df["id"] == "imec-korthi-22b-full-paper"].copy()
+    row["id"] = "too-fast"
+    row["step_time_s"] = str(float(row["step_time_s"].iloc[0]) / 30.0)
+    path = tmp_path / "too_fast.csv"
+    row.to_csv(path, index=False)
+    out = subprocess.run([sys.executable, "-m", "diffperf.cli", "calibrate", "--data", str(path),
+                          "--fields", "matmul_peak", "--moe-holdout", "none", "--quiet",
+                          "--no-uncertainty", "--out", str(tmp_path / "fit.json")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "1 measured values for 2 parameters" in out.stderr
+    assert "warning: row too-fast: step_time_s" in out.stderr and "fitted anyway" in out.stderr

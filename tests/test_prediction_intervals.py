@@ -255,9 +255,28 @@ def test_interval_caveats_say_what_the_fit_did_not_see():
     assert interval_caveats(u, "h800-sxm5-80gb", "train", "step_time") == []
     (note,) = interval_caveats(u, "v100-sxm2-32gb", "train", "step_time")
     assert note.startswith("no calibration data for v100-sxm2-32gb")
-    trained_only = dataclasses.replace(u, residual_sd={"all": 0.05, "step_time": 0.05})
-    (note,) = interval_caveats(trained_only, "a100-sxm4-80gb", "infer", "ttft")
-    assert "no model error for ttft" in note and "all" in note
+    latency_only = dataclasses.replace(u, residual_sd={"all": 0.05, "infer": 0.05,
+                                                       "latency": 0.05})
+    (note,) = interval_caveats(latency_only, "a100-sxm4-80gb", "infer", "ttft")
+    assert "no model error for ttft" in note and "the infer one" in note
+
+
+def test_no_interval_for_a_kind_the_fit_never_measured():
+    """A training-only fit has no model error for inference: an inference interval would borrow
+    the training residual (about 1 % from a few in-sample points), so there is none."""
+    import dataclasses
+
+    from diffperf.calibrate_uncertainty import (load_uncertainty, prediction_interval,
+                                                require_measured_kind)
+    u = load_uncertainty(None)
+    trained_only = {"all": 0.01, "train": 0.01, "step_time": 0.01}
+    require_measured_kind(trained_only, "train")
+    require_measured_kind({}, "infer")  # no model error recorded at all: nothing to borrow
+    with pytest.raises(ValueError, match="the fit has no infer measurements"):
+        require_measured_kind(trained_only, "infer")
+    fit = dataclasses.replace(u, residual_sd=trained_only)
+    with pytest.raises(ValueError, match="the fit has no infer measurements"):
+        prediction_interval(lambda e: e.hbm, fit, kind="infer", quantity="latency")
 
 
 def test_a_gpu_sharing_a_fitted_chip_gets_its_factors_in_intervals_too():

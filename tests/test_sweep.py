@@ -362,3 +362,15 @@ def test_search_reason_codes_extend_the_models_without_collision():
     assert not set(codes) & set(REASONS), (codes, sorted(REASONS))
     n_bins = inspect.signature(run_sweep).parameters["n_reasons"].default
     assert max(codes + list(REASONS)) < n_bins
+
+
+def test_search_refuses_a_grid_with_bad_codes_before_sweeping():
+    """A custom grid with recompute code 3 or an unknown axis used to be swept (the bad plans
+    ranked as feasible) and then crash while describing the best plans."""
+    import diffperf as dp
+    args = (dp.model("llama3-8b"), dp.system("h100-sxm5-80gb"), 8, 64)
+    for axes, text in (({"tp": [1, 2], "recompute": [0, 3]}, "grid axis 'recompute'"),
+                       ({"zero": [1, 5]}, "grid axis 'zero'"),
+                       ({"tpp": [1, 2]}, "grid axis 'tpp' is not a plan field")):
+        with pytest.raises(ValueError, match=text):
+            dp.search_training(*args, grid=dp.Grid(axes), progress=False)
