@@ -297,8 +297,9 @@ class PredictionInterval:
     log_sd: float  # standard deviation of log(prediction)
 
     def format(self, unit: str = "s", digits: int = 3) -> str:
-        """E.g. `12.9 s (90% interval 12.1 to 13.8 s)`."""
-        f = lambda x: f"{x:.{digits}g}"
+        """E.g. `12.9 s (90% interval 12.1 to 13.8 s)`; `digits` significant digits, and
+        whole numbers from 10^digits on (1050 ms, not 1.05e+03 ms)."""
+        f = lambda x: f"{x:.{digits}g}" if abs(x) < 10 ** digits else f"{x:.0f}"  # noqa: E731
         u = f" {unit}" if unit else ""
         return (f"{f(self.value)}{u} ({self.level * 100:.0f}% interval {f(self.low)} to "
                 f"{f(self.high)}{u})")

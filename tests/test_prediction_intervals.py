@@ -295,3 +295,11 @@ def test_a_gpu_sharing_a_fitted_chip_gets_its_factors_in_intervals_too():
     assert h800.value != pytest.approx(shared.value, rel=1e-6)
     point = float(fn(dp.presets.default_efficiency("h800-sxm5-80gb")))
     assert h800.value == pytest.approx(point, rel=1e-6)
+
+
+def test_interval_text_never_switches_to_exponent_notation():
+    from diffperf.calibrate_uncertainty import PredictionInterval
+    text = PredictionInterval(812.0, 638.0, 1051.2, 0.9, 0.1).format("ms")
+    assert text == "812 ms (90% interval 638 to 1051 ms)"
+    assert str(PredictionInterval(12.93, 12.1, 13.8, 0.9, 0.1)) == \
+        "12.9 s (90% interval 12.1 to 13.8 s)"
