@@ -45,7 +45,7 @@ def _load_model(name_or_path: str, seq_len=None, training: bool = False):
         raise CliError("--model is empty; give a preset id (diffperf presets) or the path of a "
                        "Hugging Face config.json")
     p = Path(name_or_path)
-    if p.suffix == ".json" or p.is_dir():
+    if p.suffix.lower() == ".json" or p.is_dir() or p.is_file():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             m = transformer_from_hf_config(p, seq_len=seq_len, max_context=not training)

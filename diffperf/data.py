@@ -110,6 +110,8 @@ def _number(path, i, col, value, required=True):
         raise _err(path, i, col, f"{value!r} is not a number") from None
     if not np.isfinite(x):
         raise _err(path, i, col, f"{value!r} is not a finite number")
+    if col in _COUNTS and (x < 0 or x != round(x)):
+        raise _err(path, i, col, f"must be a whole number >= 0, got {value}")
     if col in _COUNTS and x > MAX_EXACT_COUNT:
         raise _err(path, i, col, f"must be <= {MAX_EXACT_COUNT} (2^24: larger counts are not "
                                  f"exact in float32), got {value}")
@@ -175,15 +177,37 @@ def read_benchmark_files(paths, require_measured: bool = True) -> list[Benchmark
     return rows
 
 
+def _leading_comments(path: Path) -> int:
+    """Lines starting with '#' before the header (skipped; comments elsewhere are not)."""
+    n = 0
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as fh:
+            for line in fh:
+                if not line.lstrip().startswith("#"):
+                    break
+                n += 1
+    except OSError:
+        pass  # pandas reports the missing file
+    return n
+
+
 def _check_field_counts(path: Path) -> None:
     """Raise naming the first row whose field count differs from the header's (pandas would
     silently fill a short row with empty cells)."""
     import csv
     with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+        for _ in range(_leading_comments(path)):
+            next(fh)
         reader = csv.reader(fh)
-        header = next(reader, [])
+        header = [c.strip() for c in next(reader, [])]
+        twice = sorted({c for c in header if header.count(c) > 1})
+        if twice:
+            raise BenchmarkError(f"{path}: column(s) {twice} appear more than once in the header")
         rows = (r for r in reader if r)  # blank lines are skipped, as pandas does
         for i, rec in enumerate(rows, start=1):
+            if rec[0].lstrip().startswith("#"):
+                raise BenchmarkError(f"{path}: row {i} starts with '#': comment lines may only "
+                                     f"come before the header")
             if len(rec) < len(header):
                 raise _err(path, i, header[len(rec)], f"is missing: the row has {len(rec)} "
                            f"fields, the header {len(header)}")
@@ -202,16 +226,24 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
     """
     path = Path(path)
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+        df = pd.read_csv(path, dtype=str, keep_default_na=False,
+                         skiprows=_leading_comments(path))
     except FileNotFoundError:
         raise BenchmarkError(f"{path}: file not found") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise BenchmarkError(f"{path}: not a readable CSV ({e})") from None
+    df.columns = [str(c).strip() for c in df.columns]  # "id, kind, ..." headers
     missing = [c for c in COMMON if c not in df.columns]
     if missing:
-        raise BenchmarkError(f"{path}: missing required column(s) {missing}")
+        header = ",".join(df.columns)
+        hint = next((f" (the header holds {sep!r}: is the file comma-separated?)"
+                     for sep in (";", "\t", "|") if sep in header), "")
+        listed = (f"{missing}" if len(missing) <= 6 else
+                  f"{missing[:6]}... ({len(missing)} of {len(COMMON)})")
+        raise BenchmarkError(f"{path}: missing required column(s) {listed}{hint}; the header "
+                             f"read was: {header[:120]}")
     _check_field_counts(path)
-    kinds = set(df["kind"].str.strip())
+    kinds = set(df["kind"].str.strip().str.lower())
     for kind, cols in (("train", TRAIN), ("infer", INFER)):
         if kind in kinds:
             miss = [c for c in cols if c not in df.columns]
@@ -221,7 +253,8 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
     rows, seen = [], set()
     for i, rec in enumerate(df.to_dict("records"), start=1):
         rec = {k: (v.strip() if isinstance(v, str) else v) for k, v in rec.items()}
-        rid, kind = rec["id"], rec["kind"]
+        rid, kind = rec["id"], rec["kind"].lower()
+        rec["gpu"] = rec["gpu"].lower()
         if not rid:
             raise _err(path, i, "id", "is empty")
         if rid in seen:
@@ -275,7 +308,7 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
             values["weight_precision"] = _weight_precision(path, i, rec, values["precision"])
             metrics = INFER_METRICS
         measured = {}
-        for c in metrics:
+        for c in metrics if require_measured else ():  # predict ignores measured columns
             if c in rec:
                 x = _number(path, i, c, rec[c], required=False)
                 if x is not None:

@@ -172,7 +172,10 @@ def _sliding_window(path: Path, cfg: dict, model_type: str, layers) -> tuple[int
     if window is None or cfg.get("use_sliding_window") is False:
         return 0, 0
     window = _count(path, "sliding_window", window)
-    if window <= 0:
+    if window < 0:
+        raise ValueError(f"{path}: field 'sliding_window' must be >= 0 (or null: no window), "
+                         f"got {window}")
+    if window == 0:
         return 0, 0
     types = cfg.get("layer_types")
     if isinstance(types, list) and types:
@@ -271,6 +274,12 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
     shared = _shared_width(path, cfg, pick, experts, ffn)
     act = str(pick("hidden_act", "activation_function", "activation", default="gelu")).lower()
     gated = 1 if act in ("silu", "swiglu", "swish") or model_type in _GATED_TYPES else 0
+    width_named = any(cfg.get(k) is not None for k in (
+        "moe_intermediate_size", "expansion_ratio", "intermediate_size", "n_inner",
+        "ffn_hidden_size", "ffn_dim"))
+    if gated and not width_named:
+        warnings.warn(f"{path}: no MLP width (intermediate_size): assumed 4 x hidden = {ffn}, "
+                      f"GPT-2's convention; gated (SwiGLU) models usually differ")
     # Parallel attention + MLP: Falcon's `parallel_attn` (default true), GPT-NeoX's
     # `use_parallel_residual` (default true), GPT-J / Phi-2 / Command-R always.
     parallel = (model_type in _PARALLEL_TYPES
@@ -287,6 +296,9 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         dropout = 0 if model_type in _DROPOUT_FREE_TYPES else 1
     longest = pick("max_position_embeddings", "n_positions", "seq_length", "max_seq_len",
                    default=2048)  # the longest context the model serves, tokens
+    if longest < 1:
+        raise ValueError(f"{path}: the context length (max_position_embeddings or its "
+                         f"synonyms) must be >= 1, got {longest}")
     if seq_len is None:
         rope = cfg.get("rope_scaling")
         if (not max_context and isinstance(rope, dict)

@@ -92,6 +92,9 @@ def apply_overrides(system: System, overrides: list[Override]) -> System:
         spec = getattr(system, part)
         values = {f: getattr(spec, f) for f in _fields(part)}
         for o in mine:
+            if o.factor and float(values[o.field]) == 0 and o.value != 1:
+                raise ValueError(f"--set {o.text}: {o.field} is 0 in the preset, and a multiple "
+                                 f"of 0 stays 0; give a value ({o.field}=...)")
             v = float(values[o.field]) * o.value if o.factor else o.value
             if v != 0 and not FLOAT32_TINY <= v <= FLOAT32_MAX:
                 raise ValueError(f"--set {o.text}: {v:g} {UNITS.get(o.field, '')} is outside the "

@@ -301,7 +301,7 @@ def test_transformer_from_mixtral_hf_config(tmp_path):
 ])
 def test_hf_config_parallel_attention(tmp_path, cfg, parallel):
     base = {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 4,
-            "vocab_size": 1000}
+            "vocab_size": 1000, "intermediate_size": 16384}
     (tmp_path / "config.json").write_text(json.dumps({**base, **cfg}))
     assert float(dp.transformer_from_hf_config(tmp_path).parallel_attention) == parallel
 
@@ -483,3 +483,45 @@ def test_gpus_per_node_zero_names_the_column(tmp_path):
     (row,) = read_benchmarks(_write(tmp_path / "gpn.csv", rows))
     with pytest.raises(ValueError, match="gpus_per_node must be a whole number >= 1, got 0"):
         train_specs(row)
+
+
+def test_header_spacing_case_comments_and_separators(tmp_path):
+    """Spaces after the header's commas, upper-case kind / gpu and comment lines above the
+    header are read; a column named twice, a comment below the header and a semicolon- or
+    tab-separated file are clear errors."""
+    rows = _rows(1)
+    rows[0].update(kind="Train", gpu="A100-SXM4-80GB")
+    path = _write(tmp_path / "loose.csv", rows)
+    lines = path.read_text().splitlines()
+    path.write_text("# my runs\n# second comment\n" + ", ".join(lines[0].split(",")) + "\n"
+                    + "\n".join(lines[1:]) + "\n")
+    (row,) = read_benchmarks(path)
+    assert row.kind == "train" and row.values["gpu"] == "a100-sxm4-80gb"
+    twice = tmp_path / "twice.csv"
+    twice.write_text(lines[0] + ",tp\n" + lines[1] + ",8\n")
+    _error(twice, "['tp'] appear more than once")
+    below = tmp_path / "below.csv"
+    below.write_text(lines[0] + "\n# a note\n" + lines[1] + "\n")
+    _error(below, "row 1 starts with '#'")
+    for sep, shown in ((";", "';'"), ("\t", "'\\t'")):
+        other = tmp_path / "other.csv"
+        other.write_text("\n".join(line.replace(",", sep) for line in lines) + "\n")
+        _error(other, "missing required column(s)", f"the header holds {shown}")
+
+
+@pytest.mark.parametrize("col,value", [("tp", "2.5"), ("layers", "96.5"), ("num_gpus", "-64")])
+def test_counts_must_be_whole_numbers(tmp_path, col, value):
+    rows = _rows(1)
+    rows[0][col] = value
+    _error(_write(tmp_path / "frac.csv", rows), "row 1", f"column '{col}'",
+           f"must be a whole number >= 0, got {value}")
+
+
+def test_predict_ignores_the_measured_columns(tmp_path):
+    """Configurations to predict may carry any text in the measured columns (NaN, n/a)."""
+    rows = _rows(2)
+    rows[0]["step_time_s"] = "NaN"
+    rows[1]["step_time_s"] = "n/a"
+    path = _write(tmp_path / "nan.csv", rows)
+    assert [r.measured for r in read_benchmarks(path, require_measured=False)] == [{}, {}]
+    _error(path, "row 1", "step_time_s")  # validation still needs a number

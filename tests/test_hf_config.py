@@ -191,6 +191,22 @@ def test_bad_sliding_window_fields_are_named(tmp_path):
         load(tmp_path, dict(base, sliding_window="4k"))
     with pytest.raises(ValueError, match="'sliding_window_pattern' must be >= 1"):
         load(tmp_path, dict(base, sliding_window_pattern=0))
+    with pytest.raises(ValueError, match="'sliding_window' must be >= 0"):
+        load(tmp_path, dict(base, sliding_window=-5))
+
+
+def test_a_missing_mlp_width_or_a_zero_context_is_named(tmp_path):
+    """A gated (SwiGLU) config without intermediate_size falls back to GPT-2's 4 x hidden with
+    a warning (Llama-3 8B would get 8.8 B parameters instead of 8.0 B); GPT-2's own null n_inner
+    is that convention and stays silent; a zero context names the config field."""
+    no_width = {k: v for k, v in LLAMA3_8B.items() if k != "intermediate_size"}
+    with pytest.warns(UserWarning, match="no MLP width \\(intermediate_size\\): assumed 4 x"):
+        assert float(load(tmp_path, no_width).ffn_hidden) == 4 * 4096
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load(tmp_path, GPT2)
+    with pytest.raises(ValueError, match="max_position_embeddings or its synonyms\\) must be >= 1"):
+        load(tmp_path, dict(LLAMA3_8B, max_position_embeddings=0))
 
 
 # DeepSeek-MoE 16B (deepseek-ai/deepseek-moe-16b-base): layer 0 dense (10944 wide), 27 MoE

@@ -43,6 +43,7 @@ def test_a_factor_scales_one_field_and_leaves_the_rest():
     (["hbm_bandwidth=0"], "--set hbm_bandwidth=0: Accelerator.hbm_bandwidth must be"),
     (["num_sms=x1.1"], "--set num_sms=x1.1: Accelerator.num_sms must be a whole number"),
     (["nvlink_sharp=2"], "Network.nvlink_sharp must be 0 or 1"),
+    (["flops_fp4=x2"], "flops_fp4 is 0 in the preset, and a multiple of 0 stays 0"),
 ])
 def test_bad_overrides_are_named(items, needle):
     with pytest.raises(ValueError) as e:
