@@ -80,6 +80,11 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
                 rec[c] = pred[c]
             rec["fits"] = warning is None
             rec["status"] = "ok" if warning is None else warning
+            if r.kind == "train":
+                from .data import train_specs
+                from .plan_notes import training_notes
+                model, _, plan = train_specs(r)
+                rec["status"] += "".join(f"; note: {n}" for n in training_notes(model, plan))
             if intervals:
                 low, high = bounds.get(r.id, (np.nan, np.nan))
                 if np.isfinite(low) and np.isfinite(high):

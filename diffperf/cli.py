@@ -326,28 +326,8 @@ def run_train(args) -> int:
     report = predict_training(model, system, plan, eff)  # ValueError for invalid plans
     s = training_summary(report, system)
     s["seq_len"] = int(float(model.seq_len))
-    notes = []
-    from .search import even_layout, offload_supported
-    if not bool(even_layout(model, plan)):
-        layers, chunks = float(model.layers), args.pp * args.vp
-        slots = f"{layers:g} layers"
-        if args.account_embedding_loss and args.pp > 1:
-            layers += 2.0  # the embedding and the loss take one slot each
-            slots = f"{layers:g} slots ({layers - 2:g} layers + embedding + loss)"
-        notes.append(f"uneven layout: {slots} over pp*vp = {chunks} stages/chunks "
-                     f"({layers / chunks:.2f} each) needs a custom pipeline layout; modelled as "
-                     f"perfectly balanced (optimistic when the per-GPU layer counts differ)")
-    if not bool(offload_supported(model, plan)):
-        notes.append("Megatron-core offloads activations only with pp = 1, no recomputation and "
-                     "fewer layers than the model has; modelled anyway")
-    if args.zero == 3 and args.pp > 1:
-        notes.append("ZeRO-3 with pp > 1 is modelled as gathering each layer's weights for every "
-                     "micro-batch; torchtitan's default with pipelining keeps them gathered from "
-                     "the forward to the backward pass instead (fewer gathers, more memory), and "
-                     "DeepSpeed's pipeline engine does not run ZeRO-3")
-    if args.sequence_parallel and args.tp == 1:
-        notes.append("--sp has no effect with --tp 1 (nothing to split the sequence over; "
-                     "Megatron-LM turns it off)")
+    from .plan_notes import training_notes
+    notes = training_notes(model, plan)
     if notes:
         s["note"] = "; ".join(notes)
     if args.interval:

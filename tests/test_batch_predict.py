@@ -202,3 +202,17 @@ def test_a_row_without_a_finite_prediction_does_not_stop_the_others(configs, tmp
     assert out.loc["imec-korthi-175b-selsp-paper", "status"] == "ok"
     predicted = out[out["status"] == "ok"][["step_time_s", "e2e_latency_s"]].to_numpy(float)
     assert np.isfinite(predicted[~np.isnan(predicted)]).all()
+
+
+def test_predict_notes_what_train_notes(configs, tmp_path):
+    """A row with an uneven pipeline layout (96 layers over pp 8 x vp 5) or ZeRO-3 with pp 8 is
+    predicted, and its status carries the caveat `diffperf train` prints for the same plan."""
+    df = pd.read_csv(configs, dtype=str, keep_default_na=False).iloc[:1]
+    uneven = df.assign(id="uneven", vp="5")
+    zero3 = df.assign(id="zero3", zero="3", vp="1")
+    path = tmp_path / "noted.csv"
+    pd.concat([df, uneven, zero3]).to_csv(path, index=False)
+    out = predict_csv(path).set_index("id")
+    assert out.loc["imec-korthi-175b-selsp-paper", "status"] == "ok"
+    assert "note: uneven layout: 96 layers over pp*vp = 40" in out.loc["uneven", "status"]
+    assert "note: ZeRO-3 with pp > 1" in out.loc["zero3", "status"]

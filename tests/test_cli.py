@@ -289,7 +289,8 @@ def test_train_notes_that_sp_does_nothing_at_tp_1(capsys):
     base = ("train", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1", "--pp", "1", "--vp", "1",
             "--global-batch", "64", "--json")
     code, with_sp, _ = run(capsys, *base, "--sp")
-    assert code == 0 and "--sp has no effect with --tp 1" in json.loads(with_sp)["note"]
+    note = json.loads(with_sp)["note"]
+    assert code == 0 and "sequence parallelism has no effect with tp = 1" in note
     code, without, _ = run(capsys, *base)
     assert code == 0 and "note" not in json.loads(without)
     assert json.loads(with_sp)["step_time_s"] == json.loads(without)["step_time_s"]
