@@ -391,7 +391,8 @@ def run_validate(args) -> int:
         print("no plot: no row could be predicted", file=sys.stderr)
     if args.json:
         print(json.dumps({k: result[k] for k in ("rows", "summary", "failed")}
-                         | {k: result[k] for k in ("defaults", "warnings", "implausible")}))
+                         | {k: result[k] for k in ("defaults", "warnings", "implausible",
+                                                 "suspect_units")}))
         return status
     if not args.summary:
         print(f"{'id':58s} {'metric':22s} {'measured':>11s} {'predicted':>11s} {'error':>7s}")
@@ -425,6 +426,8 @@ def print_validation_summary(result: dict, paths) -> None:
               f"{len(result['warnings'])}")
     for bad in result.get("implausible", []):
         print(f"  implausible measurement: {bad['id']}: {bad['warning']}")
+    for bad in result.get("suspect_units", []):
+        print(f"  suspect measurement: {bad['id']}: {bad['warning']}")
     if result["defaults"]:
         print(f"  rows that used schema defaults for empty plan cells: {len(result['defaults'])}")
     from .validate import imec_summaries

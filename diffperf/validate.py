@@ -186,11 +186,26 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
                              "measured": measured,
                              "predicted": p, "ape": abs(p - measured) / measured * 100.0})
     summary = summarize(out_rows)
+    suspect = [{"id": r["id"], "metric": r["metric"],
+                "warning": f"{r['metric']} {r['measured']:.4g} is {_ratio(r):.0f}x off the "
+                           f"prediction {r['predicted']:.4g}: a unit mix-up (ms for s?)"}
+               for r in out_rows if _ratio(r) > UNIT_SUSPECT_RATIO]
     defaults = [{"id": r.id, "defaults": r.defaults_used} for r in rows if r.defaults_used]
     from .plausibility import implausible_measurements
     return {"rows": out_rows, "summary": summary, "failed": failed, "defaults": defaults,
-            "warnings": warnings,
+            "warnings": warnings, "suspect_units": suspect,
             "implausible": implausible_measurements(rows, (st_train, st_infer))}
+
+
+#: A measurement this many times off its prediction (either way) is flagged as a likely unit
+#: mix-up; the model's largest miss on the shipped data is below 3x.
+UNIT_SUSPECT_RATIO = 20.0
+
+
+def _ratio(row: dict) -> float:
+    """How many times apart a validation row's measurement and prediction are (>= 1)."""
+    q = row["predicted"] / row["measured"]
+    return max(q, 1.0 / q)
 
 
 def summarize(rows: list[dict]) -> dict:

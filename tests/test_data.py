@@ -525,3 +525,13 @@ def test_predict_ignores_the_measured_columns(tmp_path):
     path = _write(tmp_path / "nan.csv", rows)
     assert [r.measured for r in read_benchmarks(path, require_measured=False)] == [{}, {}]
     _error(path, "row 1", "step_time_s")  # validation still needs a number
+
+
+def test_a_measurement_in_the_wrong_unit_is_flagged(tmp_path):
+    """A step time entered in ms (13,750 for 13.75 s) is ~1000x off its prediction: validate
+    flags it as a likely unit mix-up; the correct row is not flagged."""
+    rows = _rows(2)
+    rows[1]["step_time_s"] = 13750
+    result = validate(str(_write(tmp_path / "ms.csv", rows)))
+    assert [s["id"] for s in result["suspect_units"]] == ["r2"]
+    assert "unit mix-up" in result["suspect_units"][0]["warning"]
