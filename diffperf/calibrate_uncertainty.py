@@ -335,7 +335,8 @@ def load_uncertainty(fit=None) -> FitUncertainty:
         data, where = read_json(fit, "efficiency file"), str(fit)
     unc = data.get("uncertainty") if isinstance(data, dict) else None
     if unc is None or (isinstance(unc, dict) and not unc):
-        raise ValueError(f"{where} has no uncertainty section (write it with diffperf calibrate)")
+        raise ValueError(f"{where} has no uncertainty section (refit it with diffperf "
+                         f"calibrate, without --no-uncertainty)")
     return _checked_uncertainty(unc, where)
 
 

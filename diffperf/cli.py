@@ -479,7 +479,9 @@ def run_predict(args) -> int:
             train = r.kind == "train"
             time = r.step_time_s if train else r.e2e_latency_s
             rate = r.tokens_per_s_per_gpu if train else r.output_tok_s_per_gpu
-            cells = (f"{time:10.4g} {rate:10.1f} {r.peak_memory_gb:7.1f}"
+            mem = r.peak_memory_gb
+            cells = (f"{time:10.4g} " + (f"{rate:10.1f}" if rate < 1e7 else f"{rate:10.3g}")
+                     + " " + (f"{mem:7.1f}" if mem < 1e5 else f"{mem:7.2g}")
                      if r.fits is not None else f"{'-':>10s} {'-':>10s} {'-':>7s}")
             if args.interval:
                 low, high = r.interval_low_s, r.interval_high_s

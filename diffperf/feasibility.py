@@ -115,7 +115,8 @@ def explain(reason: int, memory_total: float | None = None, capacity: float | No
     reason = int(reason)
     text = REASONS.get(reason, f"unknown reason code {reason}")
     if reason in (10, 12) and memory_total is not None and capacity is not None:
-        text += f" (needs {memory_total / 1e9:.1f} GB per GPU, has {capacity / 1e9:.1f} GB)"
+        gb = lambda b: f"{b / 1e9:.1f}" if b < 1e15 else f"{b / 1e9:.3g}"  # noqa: E731
+        text += f" (needs {gb(memory_total)} GB per GPU, has {gb(capacity)} GB)"
     if reason == 9 and precision is not None:
         text += f" ({PRECISIONS.get(int(precision), precision)})"
     return text
