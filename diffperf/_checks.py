@@ -45,6 +45,23 @@ def as_float(x) -> jax.Array:
     return a
 
 
+def number(owner: str, name: str):
+    """The converter of spec field `owner.name`: `as_float`, with an error naming the field
+    (`TrainingPlan.tp must be a number or an array of numbers, got None`) instead of JAX's."""
+    def convert(x):
+        try:
+            return as_float(x)
+        except (TypeError, ValueError):
+            raise ValueError(f"{owner}.{name} must be a number or an array of numbers, got "
+                             f"{x!r}") from None
+    return convert
+
+
+def number_field(owner: str, name: str, **kwargs):
+    """An `eqx.field` converted by `number(owner, name)` (other keywords: `eqx.field`'s)."""
+    return eqx.field(converter=number(owner, name), **kwargs)
+
+
 def is_concrete(*values) -> bool:
     """True when none of `values` is a tracer (so they can be inspected in Python)."""
     return not any(isinstance(v, jax.core.Tracer) for v in values)

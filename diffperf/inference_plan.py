@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._checks import as_float, check_choice, check_fraction, check_integer
+from ._checks import as_float, check_choice, check_fraction, check_integer, number_field as _F
 from .hardware import INTEGER_WEIGHTS, PRECISION_CODES, PRECISIONS
 
 
@@ -58,11 +58,11 @@ class InferencePlan(eqx.Module):
       the LM head or attention itself.
     """
 
-    tp: jax.Array = eqx.field(converter=as_float, default=1)
-    pp: jax.Array = eqx.field(converter=as_float, default=1)
-    batch: jax.Array = eqx.field(converter=as_float, default=1)
-    input_len: jax.Array = eqx.field(converter=as_float, default=128)
-    output_len: jax.Array = eqx.field(converter=as_float, default=128)
+    tp: jax.Array = _F("InferencePlan", "tp", default=1)
+    pp: jax.Array = _F("InferencePlan", "pp", default=1)
+    batch: jax.Array = _F("InferencePlan", "batch", default=1)
+    input_len: jax.Array = _F("InferencePlan", "input_len", default=128)
+    output_len: jax.Array = _F("InferencePlan", "output_len", default=128)
     weight_precision: jax.Array = eqx.field(
         converter=_precision("weight_precision",
                              {k: PRECISION_CODES[v] for k, v in INTEGER_WEIGHTS.items()}),
@@ -70,9 +70,9 @@ class InferencePlan(eqx.Module):
     activation_precision: jax.Array = eqx.field(converter=_precision("activation_precision"),
                                                 default=1)
     kv_precision: jax.Array = eqx.field(converter=_precision("kv_precision"), default=1)
-    flash_attention: jax.Array = eqx.field(converter=as_float, default=1)
-    grouped_decode_attention: jax.Array = eqx.field(converter=as_float, default=1)
-    gemm_peak_fraction: jax.Array = eqx.field(converter=as_float, default=1)
+    flash_attention: jax.Array = _F("InferencePlan", "flash_attention", default=1)
+    grouped_decode_attention: jax.Array = _F("InferencePlan", "grouped_decode_attention", default=1)
+    gemm_peak_fraction: jax.Array = _F("InferencePlan", "gemm_peak_fraction", default=1)
 
     def __check_init__(self):
         for name in ("tp", "pp", "batch", "input_len", "output_len"):

@@ -459,6 +459,11 @@ def predict_training(model: Transformer, system: System, plan: TrainingPlan,
     with offloading, in host memory is returned with `feasible` False)."""
     from .feasibility import MEMORY_REASONS, describe_failure
     from .plans import layer_count_error
+    batched = [n for n, leaf in (("model", model), ("system", system), ("plan", plan))
+               if any(jnp.ndim(x) for x in jax.tree.leaves(leaf))]
+    if batched:
+        raise ValueError(f"predict_training takes one configuration, but the {batched[0]} has "
+                         f"array leaves (a batch): use jax.vmap(train_step) for batches")
     problem = layer_count_error(
         float(model.layers), float(plan.pp), float(plan.vp), float(plan.recompute) == 2.0,
         float(plan.recompute_layers), float(plan.offload_layers),

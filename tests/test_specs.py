@@ -41,7 +41,8 @@ def test_training_plan_tp_zero_message():
     assert re.search(r"\bgot 0\b", msg), msg
 
 
-@pytest.mark.parametrize("field,value", [("recompute", "partial"), ("precision", "int4")])
+@pytest.mark.parametrize("field,value", [("recompute", "partial"), ("precision", "int4"),
+                                         ("zero", "zero4")])
 def test_training_plan_bad_name(field, value):
     _raises(lambda: dp.TrainingPlan(**{field: value}), f"TrainingPlan.{field}", repr(value))
 
@@ -57,6 +58,25 @@ def test_training_plan_names_become_codes():
     assert float(p.recompute) == 1 and float(p.precision) == 1
     assert float(dp.TrainingPlan(recompute="full", precision="fp8").recompute) == 2
     assert float(dp.TrainingPlan(precision="tf32").precision) == 0
+    assert float(dp.TrainingPlan(zero="zero3").zero) == 3
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: dp.TrainingPlan(tp=None), "TrainingPlan.tp must be a number"),
+    (lambda: dp.InferencePlan(batch="many"), "InferencePlan.batch must be a number"),
+    (lambda: dp.Efficiency(hbm={"a": 1}), "Efficiency.hbm must be a number"),
+    (lambda: dp.Transformer(layers=None, hidden=1, heads=1, kv_heads=1, ffn_hidden=1, vocab=1,
+                            seq_len=1), "Transformer.layers must be a number"),
+])
+def test_a_value_that_is_not_a_number_names_its_field(make, needle):
+    """Not a JAX conversion error from deep inside the library."""
+    _raises(make, needle)
+
+
+def test_predict_training_refuses_a_batch():
+    plan = dp.TrainingPlan(tp=[8, 4], global_batch=64)
+    _raises(lambda: dp.predict_training(dp.model("gpt3-175b"), dp.system("a100-sxm4-80gb"),
+                                        plan), "takes one configuration", "jax.vmap")
 
 
 def test_transformer_heads_must_divide_hidden():
