@@ -129,6 +129,8 @@ def run_search_train(args) -> int:
                           "seconds": result["seconds"], "grid": repr(grid),
                           "infeasible_by_reason": result["reasons"], "top": _records(top),
                           "pareto_memory_vs_time": _records(pareto), "gpu": args.gpu,
+                          "least_memory_plan": (None if result["least_memory"] is None else
+                                                _records(result["least_memory"])[0]),
                           "system": args.system, "set": _set_texts(args)}))
         return 0 if len(top) else NO_PLAN
     what_if = tag(args.set)
@@ -142,6 +144,14 @@ def run_search_train(args) -> int:
         print(f"    infeasible: {count:>12,}  {reason}")
     if len(top) == 0:
         print("  no feasible plan")
+        least = result.get("least_memory")
+        if least is not None and len(least):
+            r = least.iloc[0]
+            shown = ", ".join(f"{c}={r[c]:g}" if isinstance(r[c], float) else f"{c}={r[c]}"
+                              for c in ("tp", "pp", "dp", "cp", "vp", "micro_batch",
+                                        "recompute", "zero", "precision"))
+            print(f"  least memory of any plan: {r['memory_gb']:.1f} GB per GPU, the GPU has "
+                  f"{float(system.accelerator.hbm_capacity) / 1e9:.0f} GB ({shown})")
         return NO_PLAN
     plan_cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
                  "sequence_parallel", "flash_attention", "ep", "overlap_tp", "overlap_dp",

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .efficiency import Efficiency
-from .feasibility import REASONS, divides
+from .feasibility import MEMORY_REASONS, REASONS, divides
 from .grid import Grid
 from .hardware import PRECISIONS, System
 from .model import Transformer
@@ -197,9 +197,20 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
         REASON_OFFLOAD: "activation offloading needs pp = 1 and no recomputation (Megatron-core)"}
     reasons = {reasons_all.get(i, str(i)): int(c) for i, c in enumerate(res.reasons)
                if c and i != 0}
+    least = None
+    if res.feasible == 0 and any(res.reasons[i] for i in MEMORY_REASONS):
+        # Nothing fits: the plan that needs the least memory among those that fail only on it.
+        def memory_only(values):
+            _, memory, reason = evaluate(values)
+            only = (reason == MEMORY_REASONS[0]) | (reason == MEMORY_REASONS[1])
+            return memory, memory, jnp.where(only, 0, reason)
+        low = run_sweep(grid, memory_only, k=1, devices=devices, progress=False, label="memory")
+        if np.isfinite(low.top_value[0]):
+            least = describe_plans(model, system, gpus, global_batch, grid, low.top_index[:1],
+                                   eff, explain_gap=False)
     return {"evaluated": res.evaluated, "feasible": res.feasible,
-            "seconds": time.perf_counter() - t0,
-            "reasons": reasons, "top": top, "pareto": pareto, "result": res, "grid": grid}
+            "seconds": time.perf_counter() - t0, "reasons": reasons, "top": top,
+            "pareto": pareto, "least_memory": least, "result": res, "grid": grid}
 
 
 def _report_function(model, system, gpus, global_batch, eff):

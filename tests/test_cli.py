@@ -329,6 +329,10 @@ def test_search_train_without_a_feasible_plan_exits_1(capsys):
     that nothing was found (2 stays for invalid input)."""
     code, out, _ = run(capsys, "search", "train", "--gpus", "8", "--global-batch", "8")
     assert code == 1 and "no feasible plan" in out and "does not fit in HBM" in out
+    # ... and the least memory any plan needs: at least the 16-bit weights and gradients of
+    # 175 B parameters spread over 8 GPUs (175e9 * 4 B / 8 = 87.5 GB), more than 80 GB.
+    least = re.search(r"least memory of any plan: ([\d.]+) GB per GPU, the GPU has 80 GB", out)
+    assert least and float(least.group(1)) > 87.5
 
 
 def test_a_prediction_that_overflows_float32_is_an_error_not_nan():
