@@ -72,7 +72,8 @@ def add_search_parser(sub) -> None:
     i.add_argument("--latency", type=float, default=None,
                    help="end-to-end latency target per request, s (default: none)")
     i.add_argument("--tpot", type=float, default=None, help="time-per-output-token target, s")
-    i.add_argument("--max-gpus", type=int, default=8, help="largest tp * pp (default 8)")
+    i.add_argument("--max-gpus", type=int, default=8,
+                   help="largest tp * pp (default 8; tp and pp are each at most 64)")
     add_precision_arguments(i)
     add_per_head_decode(i)
     i.add_argument("--efficiency", default=None)
@@ -284,6 +285,9 @@ def run_search_infer(args) -> int:
         print(f"warning: input + output = {args.input + args.output} tokens exceeds the model's "
               f"context of {float(model.seq_len):g} tokens (searched anyway)", file=sys.stderr)
     weights, act, kv = precisions_of(args)
+    if args.max_gpus > 64 * 64:
+        print(f"note: --max-gpus {args.max_gpus}: tp and pp are each searched up to 64, so at "
+              f"most {64 * 64} GPUs", file=sys.stderr)
     df = search_inference(model, system, args.input, args.output, args.max_gpus,
                           weights, _load_efficiency(args.efficiency, args.gpu),
                           grouped_decode_attention=0 if args.per_head_decode else 1,
