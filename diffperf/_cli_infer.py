@@ -37,10 +37,10 @@ def add_per_head_decode(parser) -> None:
 def add_precision_arguments(parser) -> None:
     """`--precision`, `--activation-precision`, `--kv-precision` and `--gemm-peak-fraction`
     (shared by `infer` and `search infer`; read back with `precisions_of`)."""
-    parser.add_argument("--precision", default="bf16",
+    parser.add_argument("--precision", default=None,
                         help="weight and GEMM precision: fp32, bf16, fp16, fp8, fp4 (default "
-                             "bf16); int8 / int4 for weight-only quantisation, with a 16-bit "
-                             "--activation-precision")
+                             "bf16, fp16 on V100); int8 / int4 for weight-only quantisation, "
+                             "with a 16-bit --activation-precision")
     parser.add_argument("--activation-precision", default=None,
                         help="GEMM input precision (default: --precision)")
     parser.add_argument("--kv-precision", default=None,
@@ -86,6 +86,9 @@ def precisions_of(args) -> tuple[str, str, str]:
     (weight-only quantisation) need a 16-bit or wider --activation-precision. The KV cache
     defaults to the GEMM input precision (so weight-only fp8 / fp4 keeps a 16-bit cache, as
     int8 / int4 do)."""
+    if args.precision is None:
+        from .presets import default_precision
+        args.precision = default_precision(args.gpu)
     check_precision_names(args.gpu, **{"--precision": args.precision,
                                        "--activation-precision": args.activation_precision,
                                        "--kv-precision": args.kv_precision})

@@ -123,8 +123,9 @@ def _add_train(sub):
                         "gradients as in NeMo / Megatron-Bridge performance recipes "
                         "(grad_reduce_in_fp32=False). Default: Megatron-LM's, fp32 except with "
                         "--precision fp16")
-    p.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16", "fp16", "fp8",
-                                                           "fp4"])
+    p.add_argument("--precision", default=None, choices=["fp32", "tf32", "bf16", "fp16", "fp8",
+                                                         "fp4"],
+                   help="GEMM precision (default bf16, fp16 on V100)")
     p.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
                    default=None, help="sequence parallelism (default: on when tp > 1)")
     p.add_argument("--flash", dest="flash_attention", action=argparse.BooleanOptionalAction,
@@ -176,6 +177,8 @@ def _train_inputs(args):
         raise CliError("--nvlink-domain and --set nvlink_domain=... both set the NVLink domain; "
                        "give one")
     system = system_with_overrides(_train_system(args), args.set)
+    if args.precision is None:
+        args.precision = presets.default_precision(args.gpu)
     presets.check_precision_names(args.gpu, **{"--precision": args.precision})
     per_replica = args.tp * args.pp * args.cp
     if args.dp is None:

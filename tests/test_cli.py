@@ -484,6 +484,8 @@ def test_v100_rejects_bf16_and_tf32_by_name(capsys):
     code, _, err = run(capsys, *infer, "--precision", "bf16")
     assert code == 2 and "--precision bf16: V100 has no bf16" in err
     assert run(capsys, *infer, "--precision", "fp16")[0] == 0
+    code, out, _ = run(capsys, *infer)  # the default 16-bit precision is fp16 on V100
+    assert code == 0 and out.splitlines()[0].endswith("fp16")
     code, _, err = run(capsys, *infer, "--precision", "int8", "--activation-precision", "bf16")
     assert code == 2 and "--activation-precision bf16" in err
     train = ("train", "--model", "gpt-1.7b", "--gpu", "v100-sxm2-32gb", "--gpus", "8",
@@ -491,6 +493,8 @@ def test_v100_rejects_bf16_and_tf32_by_name(capsys):
     code, _, err = run(capsys, *train, "--precision", "tf32")
     assert code == 2 and "V100 has no tf32" in err
     assert run(capsys, *train, "--precision", "fp16")[0] == 0
+    code, out, _ = run(capsys, *train)
+    assert code == 0 and "fp16)" in out.splitlines()[0]
     code, out, _ = run(capsys, "search", "train", "--model", "gpt-1.7b", "--gpu",
                        "v100-sxm2-32gb", "--gpus", "8", "--global-batch", "64", "--top", "3",
                        "--json")

@@ -83,6 +83,13 @@ def check_precision_names(gpu_or_system: str, **names: str | None) -> None:
             raise ValueError(f"{option} {name}: {missing[str(name).lower()]}")
 
 
+def default_precision(gpu_or_system: str) -> str:
+    """The 16-bit precision the command line defaults to on the preset's GPU: bf16, or fp16
+    where the GPU has no bf16 (V100)."""
+    missing = _table("gpus").get(system_gpu(gpu_or_system), {}).get("unsupported_precisions", {})
+    return "fp16" if "bf16" in missing else "bf16"
+
+
 def precision_label(gpu_or_system: str, name: str) -> str:
     """The name to print for precision `name` on the preset's GPU: 'fp16' for the 16-bit code
     on a GPU without bf16 (V100), else `name`."""
