@@ -354,7 +354,11 @@ def run_codesign(args) -> int:
                                  args.arch, budgets)
         grad = C.optimise(prob, steps=args.steps, starts=args.starts)
         grid = C.grid_search(prob) if args.compare_grid else None
-        margins = C.budget_margins(prob, grad["x"], rel=args.margins / 100.0, steps=args.steps,
+        whole = C.whole_design(prob, grad["x"]) if grad["feasible"] else None
+        # margins from the better of the relaxed and the buildable design
+        start = (whole["x"] if whole is not None and whole["objective"] < grad["objective"]
+                 else grad["x"])
+        margins = C.budget_margins(prob, start, rel=args.margins / 100.0, steps=args.steps,
                                    starts=args.starts) \
             if args.margins is not None and grad["feasible"] else None
     except ValueError as e:
@@ -363,11 +367,11 @@ def run_codesign(args) -> int:
         return _err(f"no feasible design found in {args.steps} steps from {args.starts} starts "
                     f"(budgets too tight, or too few --steps)")
     design = C.check_design(prob, grad["x"])
-    whole = C.whole_design(prob, grad["x"])
     out = {"workload": args.workload,
            "gradient": {"evaluations": grad["evaluations"], "objective": grad["objective"],
                         "seconds": grad["seconds"], "design": design},
-           "whole_units": {"evaluations": whole["evaluations"], "objective": whole["objective"],
+           "whole_units": {"evaluations": whole["evaluations"],
+                           "objective": whole["objective"] if whole["feasible"] else None,
                            "seconds": whole["seconds"],
                            "design": C.check_design(prob, whole["x"]) if whole["feasible"]
                            else None}}
@@ -401,24 +405,36 @@ def run_codesign(args) -> int:
     print(f"    relaxed optimum: {relaxed}")
     w = out["whole_units"]["design"]
     if w is None:
-        print("  buildable: no design with whole HBM stacks and NVLink lanes near the relaxed "
-              "optimum meets every budget")
+        print("  buildable: no design with whole HBM stacks and NVLink lanes (within one of the "
+              "relaxed optimum's) meets every budget")
     else:
-        print(f"  buildable (whole stacks and lanes, best of {whole['evaluations']} designs near "
-              f"the optimum): time {whole['objective']:.4g} s "
-              f"({whole['objective'] / grad['objective'] - 1:+.2%})")
+        print(f"  buildable (whole stacks and lanes within one of the relaxed optimum's, any die "
+              f"area and SRAM share; best of {whole['evaluations']}): time "
+              f"{whole['objective']:.4g} s ({whole['objective'] / grad['objective'] - 1:+.2%})")
         buildable = describe(w, f"{w['hbm_stacks']:.0f}", f"{w['nvlink_lanes']:.0f}")
         print(f"    design: {buildable}")
+        if whole["objective"] < grad["objective"] * 0.99:
+            print("  note: a buildable design beats the relaxed 'optimum' by more than 1 %: the "
+                  "gradient search has not converged (raise --steps or --starts)")
     if "note" in out:
         print(f"  note: {out['note']}")
     if margins is not None:
         print(f"  what each budget is worth (re-optimised with that budget "
-              f"{margins['rel']:.0%} looser; same search without: {margins['base']:.4g} s):")
+              f"{margins['rel']:.0%} looser, against {margins['base']:.4g} s at the optimum):")
+        if not margins["converged"]:
+            print("    warning: the optimum still moved after three rounds of search, so these "
+                  "margins include unfinished search (raise --steps or --starts)")
         for name, unit in C.BUDGET_UNITS.items():
             m = margins[name]
+            if m["usable"] <= 0:
+                print(f"    {name:13s} -> {m['budget']:>9,.1f} {unit:4s}  nothing usable: the "
+                      f"die is at the {C.RETICLE_MM2:g} mm^2 reticle limit")
+                continue
             print(f"    {name:13s} -> {m['budget']:>9,.1f} {unit:4s}  time {m['change']:+7.2%}  "
                   f"elasticity {m['elasticity']:+.3f}  {m['per_unit'] * 1e3:+.4f} ms per "
-                  f"{unit}")
+                  f"{unit}" + (f" (of which {m['usable']:.0f} usable below the reticle)"
+                               if name == "area_mm2" and m["usable"] < m["budget"] / (
+                                   1 + margins["rel"]) * margins["rel"] - 1e-9 else ""))
     if grid is not None:
         print(f"  grid:     time {grid['objective']:.4g} s after {grid['evaluations']} evaluations "
               f"({grid['seconds']:.1f} s); gradient/grid - 1 = {out['gap']:+.2%}, "
