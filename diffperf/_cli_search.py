@@ -114,8 +114,8 @@ def run_search_train(args) -> int:
                              efficiency=_load_efficiency(args.efficiency, args.gpu), top_k=args.top,
                              progress=not args.json, even_layouts=not args.uneven_layouts)
     top, pareto = result["top"], result["pareto"]
-    for df in (top, pareto):
-        if len(df):
+    for df in (top, pareto, result["least_memory"]):
+        if df is not None and len(df):
             df["precision"] = [presets.precision_label(args.gpu, p) for p in df["precision"]]
     if args.out:
         write_table(top, args.out)

@@ -49,7 +49,8 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
     rows = read_benchmark_files(paths, require_measured=False)
     train = [r for r in rows if r.kind == "train"]
     infer = [r for r in rows if r.kind == "infer"]
-    results, failed, bounds = {}, {}, {}
+    from .plan_notes import training_notes_batch
+    results, failed, bounds, notes = {}, {}, {}, {}
     no_interval = {"train": "too wide or not finite", "infer": "too wide or not finite"}
     for predict, stack, kind, kind_rows in (
             (predict_train_rows, stacked_train_specs, "train", train),
@@ -58,6 +59,9 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
             stacked = stack(kind_rows)
             predicted, bad = predict(kind_rows, efficiency, stacked)
             results.update({row.id: (pred, warning) for row, pred, warning in predicted})
+            if kind == "train" and stacked.rows:  # train's notes, for all rows at once
+                notes.update(zip((r.id for r in stacked.rows),
+                                 training_notes_batch(stacked.models, stacked.plans)))
             failed.update({f["id"]: f["error"] for f in bad})
             if intervals and stacked.rows:
                 try:
@@ -80,11 +84,7 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
                 rec[c] = pred[c]
             rec["fits"] = warning is None
             rec["status"] = "ok" if warning is None else warning
-            if r.kind == "train":
-                from .data import train_specs
-                from .plan_notes import training_notes
-                model, _, plan = train_specs(r)
-                rec["status"] += "".join(f"; note: {n}" for n in training_notes(model, plan))
+            rec["status"] += "".join(f"; note: {n}" for n in notes.get(r.id, ()))
             if intervals:
                 low, high = bounds.get(r.id, (np.nan, np.nan))
                 if np.isfinite(low) and np.isfinite(high):

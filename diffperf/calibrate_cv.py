@@ -27,6 +27,8 @@ SOURCE_RULES = (
     (r"^mbridge25\.11", "mbridge25.11"),
     (r"^trtllm090-tput-", "trtllm090-tput"),
     (r"^trtllm090-ttft-", "trtllm090-ttft"),
+    (r"^mcore26-", "mcore26"),  # held-out MoE runs (never fitted): named for plots and reports
+    (r"^deepseek-v3-", "deepseek-v3"),
 )
 
 #: Row-id prefixes of the IMEC validation subsets (leave-one-out).

@@ -155,10 +155,12 @@ def _train_system(args):
     system), --nvlink-domain applied. Sets `args.gpu` to the GPU used."""
     if args.gpu is None:
         args.gpu = presets.system_gpu(args.system) if args.system else DEFAULT_TRAIN_GPU
-    elif args.system and presets.system_gpu(args.system) != str(args.gpu).lower():
-        print(f"note: --gpu {args.gpu} in --system {args.system}, which is built with "
-              f"{presets.system_gpu(args.system)}: {args.gpu}'s accelerator on {args.system}'s "
-              f"network (a what-if)", file=sys.stderr)
+    elif args.system:
+        args.gpu = presets.system_gpu(args.gpu)  # a system id as --gpu: its GPU
+        if presets.system_gpu(args.system) != args.gpu:
+            print(f"note: --gpu {args.gpu} in --system {args.system}, which is built with "
+                  f"{presets.system_gpu(args.system)}: {args.gpu}'s accelerator on "
+                  f"{args.system}'s network (a what-if)", file=sys.stderr)
     system = presets.system(args.system or args.gpu,
                             nvlink_domain=getattr(args, "nvlink_domain", None))
     if args.system:

@@ -178,12 +178,13 @@ def read_benchmark_files(paths, require_measured: bool = True) -> list[Benchmark
 
 
 def _leading_comments(path: Path) -> int:
-    """Lines starting with '#' before the header (skipped; comments elsewhere are not)."""
+    """Lines starting with '#', and blank lines, before the header (skipped; comments elsewhere
+    are not)."""
     n = 0
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as fh:
             for line in fh:
-                if not line.lstrip().startswith("#"):
+                if line.strip() and not line.lstrip().startswith("#"):
                     break
                 n += 1
     except OSError:

@@ -297,8 +297,10 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
     longest = pick("max_position_embeddings", "n_positions", "seq_length", "max_seq_len",
                    default=2048)  # the longest context the model serves, tokens
     if longest < 1:
-        raise ValueError(f"{path}: the context length (max_position_embeddings or its "
-                         f"synonyms) must be >= 1, got {longest}")
+        named = next(k for k in ("max_position_embeddings", "n_positions", "seq_length",
+                                 "max_seq_len") if cfg.get(k) is not None)
+        raise ValueError(f"{path}: field {named!r} (the context length) must be >= 1, got "
+                         f"{longest}")
     if seq_len is None:
         rope = cfg.get("rope_scaling")
         if (not max_context and isinstance(rope, dict)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .efficiency import Efficiency
-from .feasibility import MEMORY_REASONS, REASONS, divides
+from .feasibility import REASONS, divides
 from .grid import Grid
 from .hardware import PRECISIONS, System
 from .model import Transformer
@@ -34,6 +34,9 @@ REASON_UNEVEN = REASON_DUPLICATE + 1
 #: parallelism and without recomputation, on fewer layers than the model has (its
 #: `TransformerConfig` rejects the rest).
 REASON_OFFLOAD = REASON_UNEVEN + 1
+#: The reason code of a plan that does not fit in HBM (`feasibility.REASONS`).
+HBM_REASON = 10
+
 PLAN_AXES = ("tp", "pp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
              "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision",
              "fp32_gradients", "offload_layers", "expert_tp", "overlap_ep")
@@ -198,12 +201,16 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     reasons = {reasons_all.get(i, str(i)): int(c) for i, c in enumerate(res.reasons)
                if c and i != 0}
     least = None
-    if res.feasible == 0 and any(res.reasons[i] for i in MEMORY_REASONS):
-        # Nothing fits: the plan that needs the least memory among those that fail only on it.
+    if res.feasible == 0 and res.reasons[HBM_REASON]:
+        # Nothing fits: the plan needing the least HBM among those that fail only on it (and
+        # that the search would rank: an even layout, offloading Megatron-core supports).
         def memory_only(values):
             _, memory, reason = evaluate(values)
-            only = (reason == MEMORY_REASONS[0]) | (reason == MEMORY_REASONS[1])
-            return memory, memory, jnp.where(only, 0, reason)
+            plan = plan_from_values(values, gpus, global_batch)
+            ranked = offload_supported(model, plan)
+            if even_layouts:
+                ranked = ranked & even_layout(model, plan)
+            return memory, memory, jnp.where((reason == HBM_REASON) & ranked, 0, 1)
         low = run_sweep(grid, memory_only, k=1, devices=devices, progress=False, label="memory")
         if np.isfinite(low.top_value[0]):
             least = describe_plans(model, system, gpus, global_batch, grid, low.top_index[:1],

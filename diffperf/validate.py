@@ -188,7 +188,8 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
     summary = summarize(out_rows)
     suspect = [{"id": r["id"], "metric": r["metric"],
                 "warning": f"{r['metric']} {r['measured']:.4g} is {_ratio(r):.3g}x off the "
-                           f"prediction {r['predicted']:.4g}: a unit mix-up (ms for s?)"}
+                           f"prediction {r['predicted']:.4g}: a unit mix-up"
+                           + (" (ms for s?)" if r["metric"].endswith("_s") else "?")}
                for r in out_rows if _ratio(r) > UNIT_SUSPECT_RATIO]
     defaults = [{"id": r.id, "defaults": r.defaults_used} for r in rows if r.defaults_used]
     from .plausibility import implausible_measurements

@@ -205,7 +205,8 @@ def test_a_missing_mlp_width_or_a_zero_context_is_named(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load(tmp_path, GPT2)
-    with pytest.raises(ValueError, match="max_position_embeddings or its synonyms\\) must be >= 1"):
+    with pytest.raises(ValueError, match="field 'max_position_embeddings' \\(the context "
+                                         "length\\) must be >= 1"):
         load(tmp_path, dict(LLAMA3_8B, max_position_embeddings=0))
 
 

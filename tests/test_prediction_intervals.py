@@ -274,6 +274,11 @@ def test_no_interval_for_a_kind_the_fit_never_measured():
     require_measured_kind({}, "infer")  # no model error recorded at all: nothing to borrow
     with pytest.raises(ValueError, match="the fit has no infer measurements"):
         require_measured_kind(trained_only, "infer")
+    # ... and the other way: an inference-only fit still records the MoE step error, which is
+    # measured on held-out training rows, not on fitted ones
+    inferred_only = {"all": 0.03, "infer": 0.03, "latency": 0.03, "step_time_moe": 0.3}
+    with pytest.raises(ValueError, match="the fit has no train measurements"):
+        require_measured_kind(inferred_only, "train")
     fit = dataclasses.replace(u, residual_sd=trained_only)
     with pytest.raises(ValueError, match="the fit has no infer measurements"):
         prediction_interval(lambda e: e.hbm, fit, kind="infer", quantity="latency")
@@ -297,9 +302,10 @@ def test_a_gpu_sharing_a_fitted_chip_gets_its_factors_in_intervals_too():
     assert h800.value == pytest.approx(point, rel=1e-6)
 
 
-def test_interval_text_never_switches_to_exponent_notation():
+def test_large_interval_bounds_print_as_whole_numbers():
     from diffperf.calibrate_uncertainty import PredictionInterval
     text = PredictionInterval(812.0, 638.0, 1051.2, 0.9, 0.1).format("ms")
     assert text == "812 ms (90% interval 638 to 1051 ms)"
+    assert PredictionInterval(900.0, 800.0, 999.7, 0.9, 0.1).format("ms").endswith("1000 ms)")
     assert str(PredictionInterval(12.93, 12.1, 13.8, 0.9, 0.1)) == \
         "12.9 s (90% interval 12.1 to 13.8 s)"
