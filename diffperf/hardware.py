@@ -27,7 +27,9 @@ def weight_storage(weights: str, gemm: str) -> str:
     name stays itself) when the GEMMs run at `gemm` (weight-only quantisation).
 
     Raises ValueError for an unknown name, weights wider than the GEMMs, and integer weights
-    with GEMMs narrower than 16 bit (integer activations, W8A8, are not modelled)."""
+    with GEMMs narrower than 16 bit (integer activations, W8A8, are not modelled), except int4
+    weights with fp8 GEMMs: W4A8, the int4 weights dequantised to fp8 for fp8 tensor cores
+    (TensorRT-LLM's W4A8 AWQ on Hopper)."""
     names = {**{n: n for n in PRECISION_CODES}, **INTEGER_WEIGHTS}
     w, g = str(weights).lower(), str(gemm).lower()
     if w not in names:
@@ -36,9 +38,11 @@ def weight_storage(weights: str, gemm: str) -> str:
     g_code = precision_code(g)
     if BYTES_PER_ELEMENT[PRECISION_CODES[storage]] > BYTES_PER_ELEMENT[g_code]:
         raise ValueError(f"{w} weights are wider than the GEMM precision {g}")
-    if w in INTEGER_WEIGHTS and g_code >= PRECISION_CODES["fp8"]:
-        raise ValueError(f"{w} weights need 16-bit or wider GEMMs (weight-only quantisation); "
-                         f"{g} integer math (W8A8) is not modelled")
+    w4a8 = w == "int4" and g_code == PRECISION_CODES["fp8"]
+    if w in INTEGER_WEIGHTS and g_code >= PRECISION_CODES["fp8"] and not w4a8:
+        raise ValueError(f"{w} weights need 16-bit or wider GEMMs (weight-only quantisation), "
+                         f"or fp8 GEMMs for int4 (W4A8); {g} integer math (W8A8) is not "
+                         f"modelled")
     return storage
 
 

@@ -103,6 +103,7 @@ def test_weight_only_columns_reach_the_plan(tmp_path):
     ({"weight_precision": "int3"}, "must be one of"),
     ({"weight_precision": "fp32"}, "wider than the GEMM precision fp16"),
     ({"weight_precision": "int8", "precision": "fp8"}, "W8A8"),
+    ({"weight_precision": "int4", "precision": "fp4"}, "W8A8"),
     ({"gemm_peak_fraction": "1.2"}, "must lie in (0, 1]"),
     ({"gemm_peak_fraction": "0"}, "must lie in (0, 1]"),
 ])
@@ -189,3 +190,22 @@ def test_plan_accepts_integer_weight_names():
         assert float(plan.weight_precision) == code and float(plan.math_precision) == 1.0
     with pytest.raises(ValueError, match="InferencePlan.activation_precision must be one of"):
         InferencePlan(activation_precision="int8")
+
+
+def test_int4_weights_with_fp8_gemms_are_w4a8(capsys):
+    """TensorRT-LLM's W4A8 (int4 weights dequantised to fp8 for fp8 GEMMs) is accepted by the
+    command line as by the Python API: 4-bit weight bytes, fp8 math, the same prediction."""
+    import diffperf as dp
+    from diffperf.cli import main
+    from diffperf.hardware import weight_storage
+    assert weight_storage("int4", "fp8") == "fp4"
+    plan = dp.InferencePlan(weight_precision="int4", activation_precision="fp8",
+                            kv_precision="fp8")  # the CLI: KV cache at the GEMM input precision
+    assert float(plan.math_precision) == 2.0 and float(plan.weight_precision) == 3.0
+    code = main(["infer", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb", "--precision",
+                 "int4", "--activation-precision", "fp8", "--json"])
+    assert code == 0
+    e2e = json.loads(capsys.readouterr().out)["e2e_latency_s"]
+    api = dp.infer(dp.model("llama2-7b"), dp.system("h100-sxm5-80gb"), plan,
+                   dp.default_efficiency("h100-sxm5-80gb"))
+    assert e2e == pytest.approx(float(api.e2e_latency), rel=1e-6)
