@@ -151,11 +151,15 @@ def model_error_sd(residual_sd: dict, quantity: str | None = None,
     """The model error that applies to a prediction: that of its quantity (`MOE_STEP_TIME`
     falls back to `"step_time"`), else of its kind, else the overall one (0 when the fit
     recorded none)."""
+    key = _error_key(residual_sd, quantity, kind)
+    return 0.0 if key is None else float(residual_sd[key])
+
+
+def _error_key(residual_sd: dict, quantity: str | None, kind: str | None) -> str | None:
+    """The key of `residual_sd` whose model error applies (see `model_error_sd`), or None."""
     fallback = "step_time" if quantity == MOE_STEP_TIME else None
-    for key in (quantity, fallback, kind, "all"):
-        if key is not None and key in residual_sd:
-            return float(residual_sd[key])
-    return 0.0
+    return next((k for k in (quantity, fallback, kind, "all")
+                 if k is not None and k in residual_sd), None)
 
 
 def require_measured_kind(residual_sd: dict, kind: str | None) -> None:
@@ -424,6 +428,8 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
                          f"{MOE_STEP_TIME})")
     from .presets import fitted_gpu
     u = load_uncertainty(fit)
+    if model_error:
+        require_measured_kind(u.residual_sd, kind)
     theta = jnp.asarray(u.theta, dtype=jnp.result_type(float))
     fitted = None if gpu is None else fitted_gpu(gpu, u.par.groups)  # H800: H100's offsets
     logf = lambda th: jnp.log(fn_of_efficiency(u.par.efficiency(th, fitted)))
@@ -432,8 +438,6 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     var = float(g @ u.covariance @ g)
     if not (math.isfinite(value) and math.isfinite(var)):
         raise ValueError("the prediction or its variance is not finite; no interval")
-    if model_error:
-        require_measured_kind(u.residual_sd, kind)
     error = model_error_sd(u.residual_sd, quantity, kind) if model_error else 0.0
     low, high, sd = _bounds(np.array([value]), np.array([var]), np.array([error]), level)
     if not np.isfinite(low[0]):
@@ -521,11 +525,9 @@ def interval_caveats(u: FitUncertainty, gpu: str | None, kind: str | None,
     if gpu is not None and u.par.groups and fitted_gpu(gpu, u.par.groups) is None:
         notes.append(f"no calibration data for {gpu}: the shared factors and the model "
                      f"error on {', '.join(u.par.groups)} are assumed to carry over")
+    key = _error_key(u.residual_sd, quantity, kind)
     fallback = "step_time" if quantity == MOE_STEP_TIME else None
-    for key in (quantity, fallback, kind, "all"):
-        if key is not None and key in u.residual_sd:
-            if quantity is not None and key != quantity and key != fallback:
-                notes.append(f"this fit has no model error for {quantity}: the {key} one "
-                             f"({u.residual_sd[key]:.1%}) is used")
-            break
+    if quantity is not None and key is not None and key not in (quantity, fallback):
+        notes.append(f"this fit has no model error for {quantity}: the {key} one "
+                     f"({u.residual_sd[key]:.1%}) is used")
     return notes

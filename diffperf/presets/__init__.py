@@ -72,12 +72,17 @@ def gpu_info(name: str) -> dict:
     return dict(_lookup("gpus", name))
 
 
+def _unsupported_precisions(gpu_or_system: str) -> dict[str, str]:
+    """{precision name: why} for the preset's GPU (`unsupported_precisions` in gpus.json: names
+    the precision codes cannot tell apart from supported ones); {} for other names."""
+    return _table("gpus").get(system_gpu(gpu_or_system), {}).get("unsupported_precisions", {})
+
+
 def check_precision_names(gpu_or_system: str, **names: str | None) -> None:
     """Raise a ValueError naming the option if the preset's GPU lacks a precision that the
     precision codes cannot tell apart from a supported one (V100: bf16 shares fp16's code, tf32
     fp32's). `names` maps an option name to a precision name (None = not given)."""
-    key = system_gpu(gpu_or_system)
-    missing = _table("gpus").get(key, {}).get("unsupported_precisions", {})
+    missing = _unsupported_precisions(gpu_or_system)
     for option, name in names.items():
         if name is not None and str(name).lower() in missing:
             raise ValueError(f"{option} {name}: {missing[str(name).lower()]}")
@@ -86,15 +91,13 @@ def check_precision_names(gpu_or_system: str, **names: str | None) -> None:
 def default_precision(gpu_or_system: str) -> str:
     """The 16-bit precision the command line defaults to on the preset's GPU: bf16, or fp16
     where the GPU has no bf16 (V100)."""
-    missing = _table("gpus").get(system_gpu(gpu_or_system), {}).get("unsupported_precisions", {})
-    return "fp16" if "bf16" in missing else "bf16"
+    return "fp16" if "bf16" in _unsupported_precisions(gpu_or_system) else "bf16"
 
 
 def precision_label(gpu_or_system: str, name: str) -> str:
     """The name to print for precision `name` on the preset's GPU: 'fp16' for the 16-bit code
     on a GPU without bf16 (V100), else `name`."""
-    missing = _table("gpus").get(system_gpu(gpu_or_system), {}).get("unsupported_precisions", {})
-    return "fp16" if name == "bf16" and "bf16" in missing else name
+    return "fp16" if name == "bf16" and "bf16" in _unsupported_precisions(gpu_or_system) else name
 
 
 def system(name: str, nvlink_domain: int | None = None) -> System:
