@@ -45,9 +45,26 @@ def as_float(x) -> jax.Array:
     return a
 
 
-def number(owner: str, name: str):
-    """The converter of spec field `owner.name`: `as_float`, with an error naming the field
-    (`TrainingPlan.tp must be a number or an array of numbers, got None`) instead of JAX's."""
+def number_field(**kwargs):
+    """An `eqx.field` converted by `as_float` (keywords: `eqx.field`'s). Decorate its class with
+    `names_number_fields` so that a value that is not a number names the field."""
+    return eqx.field(converter=as_float, **kwargs)
+
+
+def names_number_fields(cls):
+    """Class decorator: each `number_field` of spec class `cls` converts with an error naming
+    it (`TrainingPlan.tp must be a number or an array of numbers, got None`), not JAX's. The
+    class and field names come from the class itself."""
+    import dataclasses
+    from types import MappingProxyType
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("converter") is as_float:
+            f.metadata = MappingProxyType({**f.metadata,
+                                           "converter": _named(cls.__name__, f.name)})
+    return cls
+
+
+def _named(owner: str, name: str):
     def convert(x):
         try:
             return as_float(x)
@@ -55,11 +72,6 @@ def number(owner: str, name: str):
             raise ValueError(f"{owner}.{name} must be a number or an array of numbers, got "
                              f"{x!r}") from None
     return convert
-
-
-def number_field(owner: str, name: str, **kwargs):
-    """An `eqx.field` converted by `number(owner, name)` (other keywords: `eqx.field`'s)."""
-    return eqx.field(converter=number(owner, name), **kwargs)
 
 
 def is_concrete(*values) -> bool:

@@ -12,10 +12,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_fraction, check_nonnegative, check_positive, number_field as _F
+from ._checks import (check_fraction, check_nonnegative, check_positive, names_number_fields,
+                      number_field as _F)
 
 
 
+@names_number_fields
 class Efficiency(eqx.Module):
     """Achieved fractions of peak, overheads and overlaps.
 
@@ -52,25 +54,25 @@ class Efficiency(eqx.Module):
       fragmentation, B.
     """
 
-    matmul_peak: jax.Array = _F("Efficiency", "matmul_peak", default=0.85)
-    matmul_size_scale: jax.Array = _F("Efficiency", "matmul_size_scale", default=48.0)
-    matmul_lowp: jax.Array = _F("Efficiency", "matmul_lowp", default=0.80)
-    attention: jax.Array = _F("Efficiency", "attention", default=0.55)
-    vector: jax.Array = _F("Efficiency", "vector", default=0.60)
-    hbm: jax.Array = _F("Efficiency", "hbm", default=0.85)
-    l2: jax.Array = _F("Efficiency", "l2", default=0.70)
-    nvlink: jax.Array = _F("Efficiency", "nvlink", default=0.80)
-    all_to_all: jax.Array = _F("Efficiency", "all_to_all", default=0.67)
-    scaleout: jax.Array = _F("Efficiency", "scaleout", default=0.85)
-    kernel_overhead: jax.Array = _F("Efficiency", "kernel_overhead", default=2e-6)
-    collective_overhead: jax.Array = _F("Efficiency", "collective_overhead", default=10e-6)
-    tp_overlap: jax.Array = _F("Efficiency", "tp_overlap", default=0.3)
-    dp_overlap: jax.Array = _F("Efficiency", "dp_overlap", default=0.9)
-    pp_overlap: jax.Array = _F("Efficiency", "pp_overlap", default=0.0)
-    cp_overlap: jax.Array = _F("Efficiency", "cp_overlap", default=0.8)
-    zero3_overlap: jax.Array = _F("Efficiency", "zero3_overlap", default=0.8)
-    per_head_attention: jax.Array = _F("Efficiency", "per_head_attention", default=0.15)
-    memory_reserve: jax.Array = _F("Efficiency", "memory_reserve", default=2e9)
+    matmul_peak: jax.Array = _F(default=0.85)
+    matmul_size_scale: jax.Array = _F(default=48.0)
+    matmul_lowp: jax.Array = _F(default=0.80)
+    attention: jax.Array = _F(default=0.55)
+    vector: jax.Array = _F(default=0.60)
+    hbm: jax.Array = _F(default=0.85)
+    l2: jax.Array = _F(default=0.70)
+    nvlink: jax.Array = _F(default=0.80)
+    all_to_all: jax.Array = _F(default=0.67)
+    scaleout: jax.Array = _F(default=0.85)
+    kernel_overhead: jax.Array = _F(default=2e-6)
+    collective_overhead: jax.Array = _F(default=10e-6)
+    tp_overlap: jax.Array = _F(default=0.3)
+    dp_overlap: jax.Array = _F(default=0.9)
+    pp_overlap: jax.Array = _F(default=0.0)
+    cp_overlap: jax.Array = _F(default=0.8)
+    zero3_overlap: jax.Array = _F(default=0.8)
+    per_head_attention: jax.Array = _F(default=0.15)
+    memory_reserve: jax.Array = _F(default=2e9)
 
     def __check_init__(self):
         for name in ("matmul_peak", "matmul_lowp", "attention", "vector", "hbm", "l2", "nvlink",

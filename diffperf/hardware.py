@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import (check_integer, check_nonnegative, check_positive, is_concrete,
-                      number_field as _F)
+                      names_number_fields, number_field as _F)
 
 
 #: Precision codes used by plans: index into `Accelerator.matmul_flops`.
@@ -55,6 +55,7 @@ def precision_code(name: str) -> int:
             f"precision must be one of {sorted(PRECISION_CODES)}, got {name!r}") from None
 
 
+@names_number_fields
 class Accelerator(eqx.Module):
     """One GPU.
 
@@ -77,19 +78,19 @@ class Accelerator(eqx.Module):
       reference system's memory divided by its GPUs (DGX H100: 2 TB / 8). Default 256 GB.
     """
 
-    flops_fp32: jax.Array = _F("Accelerator", "flops_fp32")
-    flops_bf16: jax.Array = _F("Accelerator", "flops_bf16")
-    flops_fp8: jax.Array = _F("Accelerator", "flops_fp8")
-    flops_fp4: jax.Array = _F("Accelerator", "flops_fp4")
-    vector_flops: jax.Array = _F("Accelerator", "vector_flops")
-    hbm_capacity: jax.Array = _F("Accelerator", "hbm_capacity")
-    hbm_bandwidth: jax.Array = _F("Accelerator", "hbm_bandwidth")
-    l2_capacity: jax.Array = _F("Accelerator", "l2_capacity")
-    l2_bandwidth: jax.Array = _F("Accelerator", "l2_bandwidth")
-    num_sms: jax.Array = _F("Accelerator", "num_sms")
-    launch_overhead: jax.Array = _F("Accelerator", "launch_overhead")
-    host_bandwidth: jax.Array = _F("Accelerator", "host_bandwidth", default=64e9)
-    host_memory: jax.Array = _F("Accelerator", "host_memory", default=256e9)
+    flops_fp32: jax.Array = _F()
+    flops_bf16: jax.Array = _F()
+    flops_fp8: jax.Array = _F()
+    flops_fp4: jax.Array = _F()
+    vector_flops: jax.Array = _F()
+    hbm_capacity: jax.Array = _F()
+    hbm_bandwidth: jax.Array = _F()
+    l2_capacity: jax.Array = _F()
+    l2_bandwidth: jax.Array = _F()
+    num_sms: jax.Array = _F()
+    launch_overhead: jax.Array = _F()
+    host_bandwidth: jax.Array = _F(default=64e9)
+    host_memory: jax.Array = _F(default=256e9)
 
     def __check_init__(self):
         for name in ("flops_bf16", "vector_flops", "hbm_capacity", "hbm_bandwidth", "l2_capacity",
@@ -112,6 +113,7 @@ class Accelerator(eqx.Module):
                                    jnp.where(p == 2, self.flops_fp8, self.flops_fp4)))
 
 
+@names_number_fields
 class Network(eqx.Module):
     """Two-tier network: a fast scale-up domain (NVLink) and the scale-out fabric.
 
@@ -132,12 +134,12 @@ class Network(eqx.Module):
       (`collectives.NVLS_LATENCY`, 23 us), as NCCL's tuner picks.
     """
 
-    nvlink_domain: jax.Array = _F("Network", "nvlink_domain")
-    nvlink_bandwidth: jax.Array = _F("Network", "nvlink_bandwidth")
-    nvlink_latency: jax.Array = _F("Network", "nvlink_latency")
-    scaleout_bandwidth: jax.Array = _F("Network", "scaleout_bandwidth")
-    scaleout_latency: jax.Array = _F("Network", "scaleout_latency")
-    nvlink_sharp: jax.Array = _F("Network", "nvlink_sharp", default=0)
+    nvlink_domain: jax.Array = _F()
+    nvlink_bandwidth: jax.Array = _F()
+    nvlink_latency: jax.Array = _F()
+    scaleout_bandwidth: jax.Array = _F()
+    scaleout_latency: jax.Array = _F()
+    nvlink_sharp: jax.Array = _F(default=0)
 
     def __check_init__(self):
         check_integer("Network", "nvlink_domain", self.nvlink_domain)

@@ -6,7 +6,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._checks import as_float, check_choice, check_fraction, check_integer, number_field as _F
+from ._checks import (as_float, check_choice, check_fraction, check_integer, names_number_fields,
+                      number_field as _F)
 from .hardware import INTEGER_WEIGHTS, PRECISION_CODES, PRECISIONS
 
 
@@ -26,6 +27,7 @@ def _precision(field: str, extra: dict | None = None):
     return convert
 
 
+@names_number_fields
 class InferencePlan(eqx.Module):
     """A static-batch serving run: `batch` requests of `input_len` prompt tokens each generate
     `output_len` tokens on a `tp` x `pp` GPU group.
@@ -58,11 +60,11 @@ class InferencePlan(eqx.Module):
       the LM head or attention itself.
     """
 
-    tp: jax.Array = _F("InferencePlan", "tp", default=1)
-    pp: jax.Array = _F("InferencePlan", "pp", default=1)
-    batch: jax.Array = _F("InferencePlan", "batch", default=1)
-    input_len: jax.Array = _F("InferencePlan", "input_len", default=128)
-    output_len: jax.Array = _F("InferencePlan", "output_len", default=128)
+    tp: jax.Array = _F(default=1)
+    pp: jax.Array = _F(default=1)
+    batch: jax.Array = _F(default=1)
+    input_len: jax.Array = _F(default=128)
+    output_len: jax.Array = _F(default=128)
     weight_precision: jax.Array = eqx.field(
         converter=_precision("weight_precision",
                              {k: PRECISION_CODES[v] for k, v in INTEGER_WEIGHTS.items()}),
@@ -70,9 +72,9 @@ class InferencePlan(eqx.Module):
     activation_precision: jax.Array = eqx.field(converter=_precision("activation_precision"),
                                                 default=1)
     kv_precision: jax.Array = eqx.field(converter=_precision("kv_precision"), default=1)
-    flash_attention: jax.Array = _F("InferencePlan", "flash_attention", default=1)
-    grouped_decode_attention: jax.Array = _F("InferencePlan", "grouped_decode_attention", default=1)
-    gemm_peak_fraction: jax.Array = _F("InferencePlan", "gemm_peak_fraction", default=1)
+    flash_attention: jax.Array = _F(default=1)
+    grouped_decode_attention: jax.Array = _F(default=1)
+    gemm_peak_fraction: jax.Array = _F(default=1)
 
     def __check_init__(self):
         for name in ("tp", "pp", "batch", "input_len", "output_len"):

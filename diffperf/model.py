@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_divides, check_fraction, check_integer, is_concrete, number_field as _F
+from ._checks import (check_divides, check_fraction, check_integer, is_concrete,
+                      names_number_fields, number_field as _F)
 from .attention import projections
 
 
@@ -23,6 +24,7 @@ _NEEDS = {"dense_layers": _MOE, "shared_ffn_hidden": _MOE, "q_lora_rank": _MLA,
           "rope_head_dim": _MLA, "v_head_dim": _MLA}
 
 
+@names_number_fields
 class Transformer(eqx.Module):
     """A decoder-only transformer. Every field is an array leaf so that `vmap` can batch models.
 
@@ -73,29 +75,29 @@ class Transformer(eqx.Module):
     - `v_head_dim`: MLA's value width per head; 0 = `head_width`.
     """
 
-    layers: jax.Array = _F("Transformer", "layers")
-    hidden: jax.Array = _F("Transformer", "hidden")
-    heads: jax.Array = _F("Transformer", "heads")
-    kv_heads: jax.Array = _F("Transformer", "kv_heads")
-    ffn_hidden: jax.Array = _F("Transformer", "ffn_hidden")
-    vocab: jax.Array = _F("Transformer", "vocab")
-    seq_len: jax.Array = _F("Transformer", "seq_len", default=2048)
-    gated_mlp: jax.Array = _F("Transformer", "gated_mlp", default=0)
-    num_experts: jax.Array = _F("Transformer", "num_experts", default=1)
-    experts_per_token: jax.Array = _F("Transformer", "experts_per_token", default=1)
-    parallel_attention: jax.Array = _F("Transformer", "parallel_attention", default=0)
-    dropout: jax.Array = _F("Transformer", "dropout", default=1)
-    head_width: jax.Array = _F("Transformer", "head_width", default=0)
-    tied_embeddings: jax.Array = _F("Transformer", "tied_embeddings", default=0)
-    sliding_window: jax.Array = _F("Transformer", "sliding_window", default=0)
-    global_layers: jax.Array = _F("Transformer", "global_layers", default=0)
-    dense_layers: jax.Array = _F("Transformer", "dense_layers", default=0)
-    dense_ffn_hidden: jax.Array = _F("Transformer", "dense_ffn_hidden", default=0)
-    shared_ffn_hidden: jax.Array = _F("Transformer", "shared_ffn_hidden", default=0)
-    kv_lora_rank: jax.Array = _F("Transformer", "kv_lora_rank", default=0)
-    q_lora_rank: jax.Array = _F("Transformer", "q_lora_rank", default=0)
-    rope_head_dim: jax.Array = _F("Transformer", "rope_head_dim", default=0)
-    v_head_dim: jax.Array = _F("Transformer", "v_head_dim", default=0)
+    layers: jax.Array = _F()
+    hidden: jax.Array = _F()
+    heads: jax.Array = _F()
+    kv_heads: jax.Array = _F()
+    ffn_hidden: jax.Array = _F()
+    vocab: jax.Array = _F()
+    seq_len: jax.Array = _F(default=2048)
+    gated_mlp: jax.Array = _F(default=0)
+    num_experts: jax.Array = _F(default=1)
+    experts_per_token: jax.Array = _F(default=1)
+    parallel_attention: jax.Array = _F(default=0)
+    dropout: jax.Array = _F(default=1)
+    head_width: jax.Array = _F(default=0)
+    tied_embeddings: jax.Array = _F(default=0)
+    sliding_window: jax.Array = _F(default=0)
+    global_layers: jax.Array = _F(default=0)
+    dense_layers: jax.Array = _F(default=0)
+    dense_ffn_hidden: jax.Array = _F(default=0)
+    shared_ffn_hidden: jax.Array = _F(default=0)
+    kv_lora_rank: jax.Array = _F(default=0)
+    q_lora_rank: jax.Array = _F(default=0)
+    rope_head_dim: jax.Array = _F(default=0)
+    v_head_dim: jax.Array = _F(default=0)
 
     def __check_init__(self):
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",

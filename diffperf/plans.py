@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._checks import as_float, check_choice, check_integer, number_field as _F
+from ._checks import as_float, check_choice, check_integer, names_number_fields, number_field as _F
 from .hardware import PRECISION_CODES, PRECISIONS
 
 RECOMPUTE = {0: "none", 1: "selective", 2: "full"}
@@ -43,6 +43,7 @@ def layer_count_error(layers: float, pp: float, vp: float, full_recompute: bool,
     return None
 
 
+@names_number_fields
 class TrainingPlan(eqx.Module):
     """How one training job is parallelised and run.
 
@@ -114,31 +115,31 @@ class TrainingPlan(eqx.Module):
       through each GPU's own NIC (`collectives.all_gather` with `striped = 0`).
     """
 
-    tp: jax.Array = _F("TrainingPlan", "tp", default=1)
-    pp: jax.Array = _F("TrainingPlan", "pp", default=1)
-    dp: jax.Array = _F("TrainingPlan", "dp", default=1)
-    cp: jax.Array = _F("TrainingPlan", "cp", default=1)
-    ep: jax.Array = _F("TrainingPlan", "ep", default=1)
-    micro_batch: jax.Array = _F("TrainingPlan", "micro_batch", default=1)
-    global_batch: jax.Array = _F("TrainingPlan", "global_batch", default=1)
-    vp: jax.Array = _F("TrainingPlan", "vp", default=1)
-    sequence_parallel: jax.Array = _F("TrainingPlan", "sequence_parallel", default=0)
+    tp: jax.Array = _F(default=1)
+    pp: jax.Array = _F(default=1)
+    dp: jax.Array = _F(default=1)
+    cp: jax.Array = _F(default=1)
+    ep: jax.Array = _F(default=1)
+    micro_batch: jax.Array = _F(default=1)
+    global_batch: jax.Array = _F(default=1)
+    vp: jax.Array = _F(default=1)
+    sequence_parallel: jax.Array = _F(default=0)
     recompute: jax.Array = eqx.field(converter=_code(RECOMPUTE_CODES, "recompute"), default=0)
     zero: jax.Array = eqx.field(converter=_code(ZERO_CODES, "zero"), default=1)
     precision: jax.Array = eqx.field(converter=_code(PRECISION_CODES, "precision"), default=1)
-    flash_attention: jax.Array = _F("TrainingPlan", "flash_attention", default=1)
-    overlap_tp: jax.Array = _F("TrainingPlan", "overlap_tp", default=1)
-    overlap_tp_backward: jax.Array = _F("TrainingPlan", "overlap_tp_backward", default=1)
-    overlap_dp: jax.Array = _F("TrainingPlan", "overlap_dp", default=1)
-    zero3_per_matrix: jax.Array = _F("TrainingPlan", "zero3_per_matrix", default=0)
-    recompute_layers: jax.Array = _F("TrainingPlan", "recompute_layers", default=0)
-    fp32_gradients: jax.Array = _F("TrainingPlan", "fp32_gradients", default=1)
-    account_embedding_loss: jax.Array = _F("TrainingPlan", "account_embedding_loss", default=0)
-    offload_layers: jax.Array = _F("TrainingPlan", "offload_layers", default=0)
-    fp32_optimizer_moments: jax.Array = _F("TrainingPlan", "fp32_optimizer_moments", default=1)
-    expert_tp: jax.Array = _F("TrainingPlan", "expert_tp", default=0)
-    overlap_ep: jax.Array = _F("TrainingPlan", "overlap_ep", default=0)
-    fused_expert_gemm: jax.Array = _F("TrainingPlan", "fused_expert_gemm", default=0)
+    flash_attention: jax.Array = _F(default=1)
+    overlap_tp: jax.Array = _F(default=1)
+    overlap_tp_backward: jax.Array = _F(default=1)
+    overlap_dp: jax.Array = _F(default=1)
+    zero3_per_matrix: jax.Array = _F(default=0)
+    recompute_layers: jax.Array = _F(default=0)
+    fp32_gradients: jax.Array = _F(default=1)
+    account_embedding_loss: jax.Array = _F(default=0)
+    offload_layers: jax.Array = _F(default=0)
+    fp32_optimizer_moments: jax.Array = _F(default=1)
+    expert_tp: jax.Array = _F(default=0)
+    overlap_ep: jax.Array = _F(default=0)
+    fused_expert_gemm: jax.Array = _F(default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import number_field as _F
+from ._checks import names_number_fields, number_field as _F
 from .hardware import Accelerator, Network
 
 #: Sharpness of the p-norm smooth minimum used for power and shoreline limits.
@@ -89,6 +89,7 @@ def network_names() -> list[str]:
     return [r["name"] for r in tables()["network"]["rows"]]
 
 
+@names_number_fields
 class TechParams(eqx.Module):
     """One technology point (SI units). Every leaf is differentiable.
 
@@ -102,44 +103,46 @@ class TechParams(eqx.Module):
     the nearest generation's, a step, not interpolated).
     """
 
-    logic_density: jax.Array = _F("TechParams", "logic_density")
-    fmax: jax.Array = _F("TechParams", "fmax")
-    vdd: jax.Array = _F("TechParams", "vdd")
-    energy_per_flop: jax.Array = _F("TechParams", "energy_per_flop")
-    sram_density: jax.Array = _F("TechParams", "sram_density")
-    sram_energy: jax.Array = _F("TechParams", "sram_energy")
-    leakage: jax.Array = _F("TechParams", "leakage")
-    wafer_cost: jax.Array = _F("TechParams", "wafer_cost")
-    hbm_bw: jax.Array = _F("TechParams", "hbm_bw")
-    hbm_cap: jax.Array = _F("TechParams", "hbm_cap")
-    hbm_energy: jax.Array = _F("TechParams", "hbm_energy")
-    hbm_shoreline: jax.Array = _F("TechParams", "hbm_shoreline")
-    hbm_phy_area: jax.Array = _F("TechParams", "hbm_phy_area")
-    hbm_cost: jax.Array = _F("TechParams", "hbm_cost")
-    lane_rate: jax.Array = _F("TechParams", "lane_rate")
-    link_energy: jax.Array = _F("TechParams", "link_energy")
-    lane_shoreline: jax.Array = _F("TechParams", "lane_shoreline")
-    lane_area: jax.Array = _F("TechParams", "lane_area")
-    scaleout_bw: jax.Array = _F("TechParams", "scaleout_bw")
-    nvlink_latency: jax.Array = _F("TechParams", "nvlink_latency")
-    nvlink_sharp: jax.Array = _F("TechParams", "nvlink_sharp")
+    logic_density: jax.Array = _F()
+    fmax: jax.Array = _F()
+    vdd: jax.Array = _F()
+    energy_per_flop: jax.Array = _F()
+    sram_density: jax.Array = _F()
+    sram_energy: jax.Array = _F()
+    leakage: jax.Array = _F()
+    wafer_cost: jax.Array = _F()
+    hbm_bw: jax.Array = _F()
+    hbm_cap: jax.Array = _F()
+    hbm_energy: jax.Array = _F()
+    hbm_shoreline: jax.Array = _F()
+    hbm_phy_area: jax.Array = _F()
+    hbm_cost: jax.Array = _F()
+    lane_rate: jax.Array = _F()
+    link_energy: jax.Array = _F()
+    lane_shoreline: jax.Array = _F()
+    lane_area: jax.Array = _F()
+    scaleout_bw: jax.Array = _F()
+    nvlink_latency: jax.Array = _F()
+    nvlink_sharp: jax.Array = _F()
 
 
+@names_number_fields
 class ArchParams(eqx.Module):
     """Architecture constants (not technology): `kappa` dense bf16 tensor FLOP per clock per
     compute-area transistor (calibrated), `flop_per_clk_per_sm` (whitepapers), `vector_ratio`,
     `fp32_ratio`, `fp8`, `fp4` (multipliers of the bf16 rate), `l2_bytes_per_flop` (L2 B/s per
     tensor FLOP/s)."""
 
-    kappa: jax.Array = _F("ArchParams", "kappa")
-    flop_per_clk_per_sm: jax.Array = _F("ArchParams", "flop_per_clk_per_sm")
-    vector_ratio: jax.Array = _F("ArchParams", "vector_ratio")
-    fp32_ratio: jax.Array = _F("ArchParams", "fp32_ratio")
-    fp8: jax.Array = _F("ArchParams", "fp8")
-    fp4: jax.Array = _F("ArchParams", "fp4")
-    l2_bytes_per_flop: jax.Array = _F("ArchParams", "l2_bytes_per_flop")
+    kappa: jax.Array = _F()
+    flop_per_clk_per_sm: jax.Array = _F()
+    vector_ratio: jax.Array = _F()
+    fp32_ratio: jax.Array = _F()
+    fp8: jax.Array = _F()
+    fp4: jax.Array = _F()
+    l2_bytes_per_flop: jax.Array = _F()
 
 
+@names_number_fields
 class Design(eqx.Module):
     """A chip + package design and its budgets (continuous).
 
@@ -155,14 +158,14 @@ class Design(eqx.Module):
     - `nvlink_domain`: GPUs per NVLink domain of the generated network, count.
     """
 
-    area_mm2: jax.Array = _F("Design", "area_mm2")
-    sram_mm2: jax.Array = _F("Design", "sram_mm2")
-    hbm_stacks: jax.Array = _F("Design", "hbm_stacks")
-    nvlink_lanes: jax.Array = _F("Design", "nvlink_lanes")
-    power_w: jax.Array = _F("Design", "power_w")
-    perimeter_mm: jax.Array = _F("Design", "perimeter_mm")
-    dies: jax.Array = _F("Design", "dies", default=1.0)
-    nvlink_domain: jax.Array = _F("Design", "nvlink_domain", default=8.0)
+    area_mm2: jax.Array = _F()
+    sram_mm2: jax.Array = _F()
+    hbm_stacks: jax.Array = _F()
+    nvlink_lanes: jax.Array = _F()
+    power_w: jax.Array = _F()
+    perimeter_mm: jax.Array = _F()
+    dies: jax.Array = _F(default=1.0)
+    nvlink_domain: jax.Array = _F(default=8.0)
 
 
 class Usage(eqx.Module):
