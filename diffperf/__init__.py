@@ -15,6 +15,7 @@ from .plans import TrainingPlan
 from .presets import (default_efficiency, efficiency_from_json, gpu, gpu_names, model,
                       model_names, system, system_names)
 from .search import default_training_grid, search_training
+from .search_inference import search_inference
 from .sweep import evaluate_all, pareto_front, run_sweep
 from .training import TrainingReport, model_flops_per_step, predict_training, train_step
 from .training_memory import TrainingMemory, activation_bytes_per_layer, training_memory
@@ -29,6 +30,6 @@ __all__ = [
     "evaluate_all", "experts_touched", "explain", "gpu", "gpu_names", "infer", "inference_memory",
     "kv_cache_bytes_per_gpu", "matmul_efficiency", "max_batch", "model", "model_flops_per_step",
     "model_names", "pareto_front", "precision_code", "predict_training", "roofline_plot",
-    "run_sweep", "search_training", "system", "system_names", "train_step", "training_memory",
+    "run_sweep", "search_inference", "search_training", "system", "system_names", "train_step", "training_memory",
     "transformer_from_hf_config", "weight_bytes_per_gpu",
 ]

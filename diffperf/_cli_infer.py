@@ -64,6 +64,10 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gpu", required=True, help="GPU or system preset, e.g. h100-sxm5-80gb")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
     p.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (default 1)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel degree of a MoE model's experts within the tp GPUs "
+                        "(divides tp; TensorRT-LLM's moe_ep_size, with moe_tp_size = tp / ep; "
+                        "default 1: every expert split over all tp GPUs)")
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
     p.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
@@ -124,7 +128,7 @@ def _specs(args):
     mdl = _load_model(args.model)
     sys_ = system_with_overrides(system(args.gpu), args.set)
     weights, act, kv = precisions_of(args)
-    plan = InferencePlan(tp=args.tp, pp=args.pp, batch=args.batch, input_len=args.input,
+    plan = InferencePlan(tp=args.tp, pp=args.pp, ep=args.ep, batch=args.batch, input_len=args.input,
                          output_len=args.output, weight_precision=weights,
                          activation_precision=act, kv_precision=kv,
                          flash_attention=0 if args.no_flash else 1,
@@ -154,8 +158,9 @@ def _summary(rep) -> dict:
 def _print(args, s: dict, table, capacity: float) -> None:
     m = s["memory_gb"]
     what_if = tag(args.set)
-    print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}), "
-          f"batch {args.batch}, {args.input} in / {args.output} out, {precisions_text(args)}")
+    ep = f", ep={args.ep}" if args.ep != 1 else ""
+    print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}"
+          f"{ep}), batch {args.batch}, {args.input} in / {args.output} out, {precisions_text(args)}")
     def interval(field):
         if field in s:
             iv = s[field]

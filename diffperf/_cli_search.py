@@ -64,9 +64,11 @@ def add_search_parser(sub) -> None:
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=run_search_train)
 
-    i = kinds.add_parser("infer", help="best TP / batch for a latency target; Pareto front")
+    i = kinds.add_parser("infer", help="best TP / PP / EP / batch for a latency target; "
+                                       "Pareto front")
     i.add_argument("--model", default="llama2-70b")
-    i.add_argument("--gpu", default="h100-sxm5-80gb")
+    i.add_argument("--gpu", default="h100-sxm5-80gb",
+                   help="GPU or system preset (default h100-sxm5-80gb)")
     i.add_argument("--input", type=int, default=2048, help="prompt tokens")
     i.add_argument("--output", type=int, default=256, help="generated tokens")
     i.add_argument("--latency", type=float, default=None,
@@ -227,54 +229,6 @@ def write_table(df: pd.DataFrame, path: str) -> None:
         raise ValueError(f"--out {path!r}: use a .csv or .parquet file name")
 
 
-def inference_candidates(max_gpus: int) -> dict[str, list]:
-    """The inference search grid: tp, pp (powers of two, tp * pp <= max_gpus) x batch."""
-    pow2 = [1, 2, 4, 8, 16, 32, 64]
-    batches = sorted({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
-                      768, 1024, 1536, 2048})
-    return {"tp": [t for t in pow2 if t <= max_gpus], "pp": [p for p in pow2 if p <= max_gpus],
-            "batch": batches}
-
-
-def search_inference(model, system, input_len: int, output_len: int, max_gpus: int = 8,
-                     precision: str = "bf16", efficiency=None,
-                     grouped_decode_attention: int = 1, activation_precision: str | None = None,
-                     kv_precision: str | None = None,
-                     gemm_peak_fraction: float = 1.0) -> pd.DataFrame:
-    """Every (tp, pp, batch) of `inference_candidates` evaluated with vmap: a DataFrame with
-    latency, TPOT, throughput per GPU, memory and feasibility (only tp * pp <= max_gpus).
-    `precision` is that of the weights, `activation_precision` (default: `precision`) that of
-    the GEMM inputs, `kv_precision` (default: the GEMM inputs') that of the KV cache;
-    `grouped_decode_attention` and `gemm_peak_fraction` are as in `InferencePlan`."""
-    from .grid import Grid
-    from .inference import infer
-    from .inference_plan import InferencePlan
-    from .sweep import evaluate_all
-    eff = presets.default_efficiency() if efficiency is None else efficiency
-    grid = Grid(inference_candidates(max_gpus))
-    code = float(precision_code(precision))
-    act = code if activation_precision is None else float(precision_code(activation_precision))
-    kv = act if kv_precision is None else float(precision_code(kv_precision))
-
-    def evaluate(v):
-        plan = InferencePlan(tp=v["tp"], pp=v["pp"], batch=v["batch"], input_len=input_len,
-                             output_len=output_len, weight_precision=code,
-                             activation_precision=act, kv_precision=kv,
-                             grouped_decode_attention=grouped_decode_attention,
-                             gemm_peak_fraction=gemm_peak_fraction)
-        r = infer(model, system, plan, eff)
-        return {"e2e_latency_s": r.e2e_latency, "ttft_s": r.ttft, "tpot_s": r.tpot,
-                "output_tok_s_per_gpu": r.output_tok_s_per_gpu,
-                "memory_gb": r.memory.total / 1e9, "feasible": r.feasible,
-                "reason": r.reason}
-
-    out = evaluate_all(grid, evaluate, progress=False)
-    df = pd.DataFrame(grid.decode_host(np.arange(grid.size))).astype(int)
-    for k, v in out.items():
-        df[k] = v
-    return df[df["tp"] * df["pp"] <= max_gpus].reset_index(drop=True)
-
-
 def run_search_infer(args) -> int:
     from .cli import _load_efficiency, _load_model
     from .inference_plan import InferencePlan
@@ -288,6 +242,7 @@ def run_search_infer(args) -> int:
     if args.max_gpus > 64 * 64:
         print(f"note: --max-gpus {args.max_gpus}: tp and pp are each searched up to 64, so at "
               f"most {64 * 64} GPUs", file=sys.stderr)
+    from .search_inference import search_inference
     df = search_inference(model, system, args.input, args.output, args.max_gpus,
                           weights, _load_efficiency(args.efficiency, args.gpu),
                           grouped_decode_attention=0 if args.per_head_decode else 1,
@@ -308,21 +263,26 @@ def run_search_infer(args) -> int:
     seconds = time.perf_counter() - t0
     if args.plot:
         _plot(args, front, best, "e2e_latency_s", "output_tok_s_per_gpu",
-              lambda r: f"tp{r['tp']:g} pp{r['pp']:g} b{r['batch']:g}",
+              lambda r: f"tp{r['tp']:g} pp{r['pp']:g}"
+                        + (f" ep{r['ep']:g}" if r["ep"] > 1 else "") + f" b{r['batch']:g}",
               "end-to-end latency (s)", "output tokens/s per GPU",
               f"{args.model} on {args.gpu}{tag(args.set)}, {args.input} in / {args.output} out, "
               f"{precisions_text(args)}")
     if args.json:
         print(json.dumps({"evaluated": int(len(df)), "feasible": int(len(ok)),
-                          "seconds": seconds, "infeasible_reasons": why, "best": _records(best),
-                          "pareto_latency_vs_throughput": _records(front),
+                          "seconds": seconds, "grid": _grid_text(df),
+                          "infeasible_by_reason": why, "top": _records(best),
+                          "pareto_latency_vs_throughput": _records(front), "gpu": args.gpu,
+                          "latency_target_s": args.latency, "tpot_target_s": args.tpot,
                           "set": _set_texts(args)}))
         return 0 if len(best) else NO_PLAN
     what_if = tag(args.set)
     print(f"search infer: {args.model} on {args.gpu}{what_if}, {args.input} in / {args.output} "
           f"out, {precisions_text(args)}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
-    cols = ["tp", "pp", "batch", "e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu",
-            "memory_gb"]
+    print(f"  {_grid_text(df)}")
+    moe = df["ep"].nunique() > 1
+    cols = ["tp", "pp"] + (["ep"] if moe else []) + [
+        "batch", "e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu", "memory_gb"]
     if len(ok) == 0:
         print("  no feasible plan; why the plans fail (count):")
         for text, n in why.items():
@@ -341,6 +301,14 @@ def run_search_infer(args) -> int:
     print("\nPareto front, end-to-end latency vs output tokens/s per GPU:")
     print(front[cols].to_string(index=False, float_format="%.4g"))
     return 0 if len(best) else NO_PLAN
+
+
+def _grid_text(df: pd.DataFrame) -> str:
+    """The values searched per axis of an inference search, e.g. 'tp [1, 2, 4, 8] x ...'."""
+    axes = [f"{c} {sorted(int(v) for v in df[c].unique())}" for c in ("tp", "pp", "ep", "batch")
+            if c != "ep" or df[c].nunique() > 1]  # ep only for a MoE model
+    rule = ", ep divides tp" if df["ep"].nunique() > 1 else ""
+    return "grid: " + " x ".join(axes) + f" (tp * pp <= --max-gpus{rule})"
 
 
 def _infeasible_reasons(bad: pd.DataFrame, code: int) -> dict:

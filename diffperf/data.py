@@ -304,6 +304,9 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
         else:
             for c in INFER:
                 values[c] = _number(path, i, c, rec[c])
+            values["ep"] = _number(path, i, "ep", rec.get("ep"), required=False)
+            if values["ep"] is None:
+                values["ep"] = 1.0
             values.update(_flags(path, i, rec, INFER_OPTIONAL_FLAGS))
             values.update(_fractions(path, i, rec, INFER_OPTIONAL_FRACTIONS))
             values["weight_precision"] = _weight_precision(path, i, rec, values["precision"])

@@ -21,7 +21,8 @@ REASONS = {
     6: "interleaving (vp > 1) needs pp > 1 and a number of micro-batches divisible by pp",
     7: "2 * cp does not divide seq_len (context parallelism splits each sequence into 2 * cp "
        "chunks)",
-    8: "ep does not divide num_experts, or ep * expert_tp does not divide tp * cp * dp",
+    8: "ep does not divide num_experts, or (training) ep * expert_tp does not divide "
+       "tp * cp * dp, or (inference) ep does not divide tp",
     9: "the GPU has no tensor cores for this precision",
     10: "does not fit in HBM",
     11: "a plan count is not a whole number >= 1 (tp, pp, dp, cp, ep, vp, micro_batch, "
@@ -109,6 +110,13 @@ def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
     return jnp.where(counts, _first_failure(checks), 11)
 
 
+def _expert_tp(plan, model: Transformer):
+    """The tensor-parallel degree of a plan's expert MLPs (training or inference plan)."""
+    if hasattr(plan, "expert_layout"):
+        return plan.expert_layout(model)[0]
+    return plan.tp / getattr(plan, "ep", 1.0)
+
+
 def explain(reason: int, memory_total: float | None = None, capacity: float | None = None,
             precision: int | None = None) -> str:
     """Readable message for a reason code, with the numbers that matter when given."""
@@ -129,8 +137,8 @@ def describe_failure(reason: int, model: Transformer, plan) -> str:
         1: f"tp={f(plan.tp)}, heads={f(model.heads)}",
         2: f"tp={f(plan.tp)}, kv_heads={f(model.kv_heads)}",
         3: f"tp={f(plan.tp)}, " + (
-            f"expert_tp={f(plan.expert_layout(model)[0])} (expert MLPs), "
-            if hasattr(plan, "expert_layout") and float(model.num_experts) > 1 else "")
+            f"expert_tp={f(_expert_tp(plan, model))} (expert MLPs), "
+            if float(model.num_experts) > 1 else "")
            + f"ffn_hidden={f(model.ffn_hidden)}" + "".join(
             f", {n}={f(getattr(model, n))}" for n in ("dense_ffn_hidden", "shared_ffn_hidden")
             if float(getattr(model, n)) > 0),
@@ -139,7 +147,8 @@ def describe_failure(reason: int, model: Transformer, plan) -> str:
         7: f"cp={f(getattr(plan, 'cp', 1))}, seq_len={f(model.seq_len)}",
         8: f"ep={f(getattr(plan, 'ep', 1))}, num_experts={f(model.num_experts)}" + (
             f", expert_tp={f(plan.expert_layout(model)[0])}, tp * cp * dp="
-            f"{f(plan.tp * plan.cp * plan.dp)}" if hasattr(plan, "expert_layout") else ""),
+            f"{f(plan.tp * plan.cp * plan.dp)}" if hasattr(plan, "expert_layout")
+            else f", tp={f(plan.tp)}"),
     }
     if reason == 4 and hasattr(plan, "global_batch"):
         details[4] = (f"dp={f(plan.dp)}, micro_batch={f(plan.micro_batch)}, "

@@ -160,6 +160,7 @@ class _Dims(eqx.Module):
     """Local (per-GPU) sizes shared by both phases (internal)."""
 
     tp: jax.Array
+    ep: jax.Array  # expert-parallel degree within the tp GPUs (InferencePlan.ep)
     h: jax.Array
     d: jax.Array
     heads: jax.Array  # query heads per GPU
@@ -172,7 +173,8 @@ class _Dims(eqx.Module):
     group: jax.Array  # query heads per cached head group (MLA: all heads share the latent)
     rope: jax.Array  # elements per token that get RoPE: (a + g) d, or MLA's (a + 1) d_r
     latents: jax.Array  # MLA's query + KV latent (+ RoPE key) widths per token (0 without)
-    f: jax.Array  # MLP width per GPU
+    f: jax.Array  # MLP width per GPU (an expert's: its mean share of each GPU)
+    f_expert: jax.Array  # width of one expert on the GPUs that hold it, ffn_hidden * ep / tp
     f_dense: jax.Array  # width per GPU of a MoE model's dense-MLP layers
     f_shared: jax.Array  # width per GPU of the shared expert of its MoE layers (0 = none)
     shared_gemm: jax.Array  # that width where it is > 0, else f (finite GEMM costs, weighted 0)
@@ -196,12 +198,13 @@ def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
     latent = model.kv_lora_rank + model.rope_head_dim
     mix = lambda standard, latent_attention: (1.0 - mla) * standard + mla * latent_attention
     return _Dims(
-        tp=plan.tp, h=model.hidden, d=model.head_dim, heads=heads,
+        tp=plan.tp, ep=plan.ep, h=model.hidden, d=model.head_dim, heads=heads,
         kv=jnp.maximum(model.attention_kv_heads / plan.tp, 1.0), qk=model.qk_dim, v=model.v_dim,
         cache=model.kv_cache_width(plan.tp), dec_k=mix(model.head_dim, latent),
         dec_v=mix(model.head_dim, model.kv_lora_rank), group=mix(heads / kv, heads),
         rope=mix((heads + kv) * model.head_dim, (heads + 1.0) * model.rope_head_dim),
         latents=mla * (model.q_lora_rank + latent), f=model.ffn_hidden / plan.tp,
+        f_expert=model.ffn_hidden * plan.ep / plan.tp,
         f_dense=model.dense_width / plan.tp, dense=model.dense_fraction,
         f_shared=model.shared_ffn_hidden / plan.tp, shared_gemm=model.shared_width / plan.tp,
         vocab=model.vocab / plan.tp, math=plan.math_precision,
@@ -219,14 +222,38 @@ def experts_touched(model: Transformer, tokens) -> jax.Array:
     return jnp.where(model.num_experts > 1, e * (1.0 - miss ** tokens), 1.0)
 
 
+def busiest_gpu_experts(model: Transformer, tokens, ep) -> jax.Array:
+    """Expected distinct experts of one layer that the busiest of `ep` expert-parallel GPUs
+    runs for `tokens` tokens, count (= `experts_touched` for ep = 1).
+
+    Each of a GPU's E / ep experts is picked by at least one token with probability
+    p = 1 - (1 - k/E)^tokens, so a GPU runs Binomial(E / ep, p) experts (independence
+    assumed); the busiest of ep such GPUs is taken as mean + z_ep sd, with z_ep =
+    Phi^-1((ep - 0.375) / (ep + 0.25)) (Blom's approximation of the expected maximum of ep
+    standard normals: 0 for ep = 1, 0.59 for 2, 1.43 for 8), at least one expert (some GPU
+    runs each picked expert) and at most E / ep. Exact for ep = 1. Mixtral (top 2 of 8), one
+    token: 1.51 experts at ep = 2 (exact 1.43), 1.14 at ep = 4 (exact 1.14), 1 at ep = 8."""
+    e = model.num_experts
+    touched = experts_touched(model, tokens)
+    local = e / ep
+    p = touched / e
+    sd = jnp.sqrt(jnp.maximum(local * p * (1.0 - p), 1e-12))
+    z = jax.scipy.special.ndtri((ep - 0.375) / (ep + 0.25))
+    busiest = jnp.maximum(touched / ep + z * sd, jnp.minimum(touched, 1.0))
+    return jnp.minimum(busiest, jnp.maximum(local, 1.0))
+
+
 def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
                  tokens) -> dict[str, Cost]:
     """Weight GEMMs of one layer for `tokens` tokens (M = tokens), mean over the layers: a
     MoE model's dense-MLP layers (share `x.dense`) run `dense_mlp_*` instead of the router,
-    the experts and the shared expert (`shared_mlp_*`, every token, not dispatched)."""
+    the experts and the shared expert (`shared_mlp_*`, every token, not dispatched). The
+    experts are those of the busiest expert-parallel GPU (`busiest_gpu_experts`), each at the
+    mean tokens per picked expert."""
     k_top = model.experts_per_token
     touched = experts_touched(model, tokens)
     per_expert = tokens * k_top / touched
+    local = busiest_gpu_experts(model, tokens, x.ep)
     g = lambda m, n, k, groups=1.0: _gemm(system, eff, m, n, k, x.math, x.wb, x.ab, groups,
                                           x.peak_fraction)
     moe = 1.0 - x.dense
@@ -242,8 +269,8 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
         "out_proj": add([c for is_out, c in proj if is_out]),
         "router": jnp.where(x.moe, moe, 0.0) * _gemm(system, eff, tokens, model.num_experts,
                                                      x.h, x.head_math, x.sb, x.sb),
-        "mlp_up": moe * g(per_expert, (model.mlp_matrices - 1.0) * x.f, x.h, touched),
-        "mlp_down": moe * g(per_expert, x.h, x.f, touched),
+        "mlp_up": moe * g(per_expert, (model.mlp_matrices - 1.0) * x.f_expert, x.h, local),
+        "mlp_down": moe * g(per_expert, x.h, x.f_expert, local),
         "shared_mlp_up": only("shared_ffn_hidden", moe * model.has_shared, tokens,
                               (model.mlp_matrices - 1.0) * x.shared_gemm, x.h),
         "shared_mlp_down": only("shared_ffn_hidden", moe * model.has_shared, tokens, x.h,
@@ -486,21 +513,24 @@ def max_batch(model: Transformer, system: System, plan: InferencePlan,
 def inference_reason(model: Transformer, plan: InferencePlan, system: System,
                      memory_total) -> jax.Array:
     """Reason code of an inference plan (0 feasible; codes of `diffperf.feasibility.REASONS`:
-    1 tp does not divide heads, 2 tp vs kv_heads, 3 tp does not divide ffn_hidden, 5 pp exceeds
-    layers, 9 no tensor cores for the GEMM precision, 10 does not fit in HBM; 11, reported
-    first: a count that is not a whole number >= 1)."""
+    1 tp does not divide heads, 2 tp vs kv_heads, 3 tp (tp / ep for the experts) does not divide
+    ffn_hidden, 5 pp exceeds layers, 8 ep does not divide the experts or tp, 9 no tensor cores
+    for the GEMM precision, 10 does not fit in HBM; 11, reported first: a count that is not a
+    whole number >= 1)."""
+    ep_ok = divides(plan.ep, plan.tp)
     checks = [
         (1, divides(plan.tp, model.heads)),
         (2, divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp)),
-        (3, tp_divides_mlps(plan.tp, model)),
+        (3, tp_divides_mlps(plan.tp, model, jnp.where(ep_ok, plan.tp / plan.ep, plan.tp))),
         (5, plan.pp <= model.layers),
+        (8, divides(plan.ep, model.num_experts) & ep_ok),
         (9, system.accelerator.peak_flops(plan.math_precision) > 0),
         (10, memory_total <= system.accelerator.hbm_capacity),
     ]
     reason = jnp.zeros(jnp.shape(memory_total), jnp.int32)
     for code, ok in reversed(checks):
         reason = jnp.where(ok, reason, code)
-    counts = whole_counts(plan, ("tp", "pp", "batch", "input_len", "output_len"))
+    counts = whole_counts(plan, ("tp", "pp", "ep", "batch", "input_len", "output_len"))
     return jnp.where(counts, reason, 11)
 
 

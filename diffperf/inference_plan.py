@@ -35,6 +35,13 @@ class InferencePlan(eqx.Module):
     **Arguments:**
 
     - `tp`, `pp`: tensor / pipeline parallel degrees (the job uses tp * pp GPUs).
+    - `ep`: expert-parallel degree of a MoE model's expert layers within the tp GPUs of a
+      stage: the experts are split into `ep` groups of E / ep, and each expert's width over
+      tp / ep GPUs (TensorRT-LLM's `moe_ep_size` x `moe_tp_size` = `tp_size`; 1 = every
+      expert split over all tp GPUs). Attention stays tensor-parallel, so every GPU sees every
+      token and the expert outputs are all-reduced as with ep = 1; what changes is that the
+      GPU whose experts most tokens picked sets the pace (uniform routing, see
+      `inference.busiest_gpu_experts`). Must divide tp and the expert count.
     - `batch`: concurrent sequences, count.
     - `input_len`, `output_len`: prompt and generated tokens per sequence, count.
     - `weight_precision`: storage precision of the weights (code or name: fp32, bf16, fp8, fp4;
@@ -75,9 +82,10 @@ class InferencePlan(eqx.Module):
     flash_attention: jax.Array = _F(default=1)
     grouped_decode_attention: jax.Array = _F(default=1)
     gemm_peak_fraction: jax.Array = _F(default=1)
+    ep: jax.Array = _F(default=1)  # last, so that positional arguments keep their meaning
 
     def __check_init__(self):
-        for name in ("tp", "pp", "batch", "input_len", "output_len"):
+        for name in ("tp", "pp", "ep", "batch", "input_len", "output_len"):
             check_integer("InferencePlan", name, getattr(self, name))
         for name in ("weight_precision", "activation_precision", "kv_precision"):
             check_choice("InferencePlan", name, getattr(self, name), PRECISIONS)

@@ -315,9 +315,9 @@ def test_search_infer_without_a_feasible_plan_says_why(capsys):
     code, out, _ = run(capsys, "search", "infer", "--gpu", "a100-sxm4-80gb", "--precision",
                        "fp8", "--json")
     r = json.loads(out)
-    assert code == 1 and r["feasible"] == 0 and r["best"] == []  # 1: no plan, like grep
+    assert code == 1 and r["feasible"] == 0 and r["top"] == []  # 1: no plan, like grep
     assert r["set"] == []  # no --set: not a what-if search
-    assert r["infeasible_reasons"] == {
+    assert r["infeasible_by_reason"] == {
         "the GPU has no tensor cores for this precision (fp8)": r["evaluated"]}
     code, out, _ = run(capsys, "search", "infer", "--gpu", "a100-sxm4-80gb", "--precision", "fp8")
     assert code == 1

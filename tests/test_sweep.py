@@ -232,7 +232,8 @@ def test_sharded_equals_unsharded():
 
 
 def test_search_infer_meets_latency_target_and_front():
-    from diffperf._cli_search import _latency_throughput_front, search_inference
+    from diffperf._cli_search import _latency_throughput_front
+    from diffperf.search_inference import search_inference
     df = search_inference(dp.model("llama2-7b"), dp.system("h100-sxm5-80gb"), 512, 64,
                           max_gpus=4)
     ok = df[df["feasible"]]
@@ -253,7 +254,7 @@ def test_search_infer_meets_latency_target_and_front():
 def test_search_infer_per_head_decode_is_slower_for_gqa():
     """`search infer --per-head-decode`: a GQA model's decode attention runs on the CUDA cores
     (physical default efficiencies), so no plan gets faster and large batches get slower."""
-    from diffperf._cli_search import search_inference
+    from diffperf.search_inference import search_inference
     args = (dp.model("mistral-7b"), dp.system("h100-sxm5-80gb"), 2048, 256)
     grouped = search_inference(*args, max_gpus=2, efficiency=dp.Efficiency())
     per_head = search_inference(*args, max_gpus=2, efficiency=dp.Efficiency(),
@@ -266,7 +267,7 @@ def test_search_infer_weight_only_on_a_gpu_without_narrow_tensor_cores(capsys):
     """A100 has no fp4 tensor cores: fp4 math is infeasible everywhere, but 4-bit weights with
     16-bit GEMMs (weight-only) are feasible, hold less memory than bf16 weights and decode
     faster at batch 1 (a quarter of the weight bytes to stream)."""
-    from diffperf._cli_search import search_inference
+    from diffperf.search_inference import search_inference
     from diffperf.cli import main
     args = (dp.model("llama2-70b"), dp.system("a100-sxm4-80gb"), 512, 64)
     fp4 = search_inference(*args, max_gpus=4, precision="fp4")
