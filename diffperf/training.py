@@ -111,6 +111,7 @@ class _Layer(eqx.Module):
     backward: jax.Array
     recompute: jax.Array
     comm: jax.Array  # exposed TP + CP + EP communication (forward, backward, recompute)
+    hidden: jax.Array  # communication hidden behind this layer's compute (async TP + EP), s
 
 
 def _tp_reduction(net, eff: Efficiency, msg, group, sp):
@@ -269,9 +270,10 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     # Backward: the reduction of a column-parallel layer's input gradient (all-reduce, or
     # reduce-scatter with SP) can run while that layer's weight-gradient GEMM runs (Megatron's
     # asynchronous all-reduce); SP's all-gather of the output gradient stays in line.
-    bwd_async = bwd * left
+    bwd_in_line = bwd * left
     bwd_async = jnp.where(plan.overlap_tp_backward > 0,
-                          exposed_after_overlap(bwd_async, qkv + mlp_up), bwd_async)
+                          exposed_after_overlap(bwd_in_line, qkv + mlp_up), bwd_in_line)
+    tp_hidden = bwd_in_line - bwd_async
     tp_comm = ((1.0 + full) * one + sp_ag) * left + bwd_async
     # Context parallel: all-gather K and V of the whole sequence (forward, recompute), reduce-
     # scatter their gradients (backward); largely hidden behind the attention core.
@@ -279,13 +281,16 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     n_cp = 2.0 + full
     cp_comm = n_cp * coll.all_gather(net, eff, kv_bytes, cp, t) * (1.0 - eff.cp_overlap)
     # Expert parallel: dispatch + combine all-to-all per pass, between ranks etp apart. With
-    # `overlap_ep` they run while another micro-batch computes (its forward and backward).
+    # `overlap_ep` they run while another micro-batch computes (its forward and backward), in
+    # the compute time the asynchronous TP reductions left (a window hides each transfer
+    # once: with two overlaps sharing it, faster compute must never expose more than it saves).
     a2a = coll.all_to_all(net, eff, moe_tokens * k_top * h * ab, ep, etp)
     per_block = 4.0 + 2.0 * full
-    ep_comm = jnp.where(moe, (1.0 - r) * per_block * a2a, 0.0)
-    ep_comm = jnp.where(plan.overlap_ep > 0,
-                        exposed_after_overlap(ep_comm, forward + backward + recompute), ep_comm)
-    return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm)
+    ep_all = jnp.where(moe, (1.0 - r) * per_block * a2a, 0.0)
+    ep_comm = jnp.where(plan.overlap_ep > 0, exposed_after_overlap(
+        ep_all, forward + backward + recompute - tp_hidden), ep_all)
+    return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm,
+                  tp_hidden + ep_all - ep_comm)
 
 
 def _head_time(model: Transformer, plan: TrainingPlan, system: System,
@@ -336,6 +341,10 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # runs the LM head, unless `account_embedding_loss` gave it one layer fewer than the middle
     # stages and the head is cheaper than a layer.
     per_layer = layer.forward + layer.backward + layer.recompute
+    # Share of a layer's compute no communication hides behind yet: an overlap window hides each
+    # transfer once, so the later overlaps (offloading, then DP / ZeRO-3) get what the earlier
+    # ones left, and faster compute never exposes more communication than it saves.
+    free = jnp.maximum(1.0 - layer.hidden / per_layer, 0.0)
     layers_per_stage = plan.end_stage_layers(model.layers)
     extra = plan.middle_stage_layers(model.layers) - layers_per_stage  # 1 or 0 more mid-pipeline
     # The last stage's LM head against a middle stage's extra layer, whichever costs more (the
@@ -359,6 +368,19 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
                          * ab / plan.tp, plan.tp * plan.cp * plan.dp * plan.pp)
     n_p2p = jnp.where(plan.pp > 1, 2.0 * (plan.vp * m + plan.pp - 1.0), 0.0)
     pp_comm = n_p2p * p2p * (1.0 - eff.pp_overlap)
+
+    # Activation offloading: each offloaded layer copies its activations to host memory during
+    # the forward pass and back during the backward pass, each copy overlapping the compute of
+    # one layer (Megatron-core's CPU offloading runs them on side streams) that the layer's
+    # TP / EP overlaps left free. The offloaded bytes must fit in `host_memory` (reason 12).
+    # Not modelled: GPUs that share one PCIe uplink (each gets `host_bandwidth`).
+    copy = stored_bytes_per_layer(model, plan) / acc.host_bandwidth
+    offloaded = layers_per_stage * plan.offloaded_fraction(model.layers)
+    offload_per_layer = (exposed_after_overlap(copy, free * layer.forward)
+                         + exposed_after_overlap(copy, free * layer.backward))
+    offload = m * offloaded * offload_per_layer
+    free_after_offload = jnp.maximum(free - plan.offloaded_fraction(model.layers) * (
+        2.0 * copy - offload_per_layer) / per_layer, 0.0)
 
     # Data parallel over dp * cp ranks (stride tp): gradients (`plan.gradient_bytes`) and
     # parameters (`weight_bytes`) as stored.
@@ -405,11 +427,13 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # the cool-down, so the window is ((vp - 1) * pp + 1) / vp micro-batch passes of the stage
     # (NeMo's communication-overlap guide: the DP communication is chunked per virtual stage and
     # only about one chunk stays exposed).
+    # Both windows shrink to the share of the layers' compute that the layer-level overlaps
+    # (async TP, EP, activation offloading) left free.
     window = jnp.minimum(((plan.vp - 1.0) * plan.pp + 1.0) / plan.vp, m)
     last_mb = window * layers_per_stage * (
         layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))
-    hide = jnp.where(plan.zero >= 3, eff.zero3_overlap * compute,
-                     plan.overlap_dp * eff.dp_overlap * last_mb)
+    hide = free_after_offload * jnp.where(plan.zero >= 3, eff.zero3_overlap * compute,
+                                          plan.overlap_dp * eff.dp_overlap * last_mb)
     dp_comm = jnp.where(dp_ranks > 1, exposed_after_overlap(dp_total, hide), 0.0)
 
     # Adam on the local shard: read the gradient (g B) and the optimizer state (fp32 master, m,
@@ -422,16 +446,6 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     state = 2.0 * plan.optimizer_state_bytes  # read + write
     optimizer = op_time(acc, eff, 14.0 * shard,
                         (state + 2.0 * g + weight_bytes(plan)) * shard + g * n_params, kernels=6.0)
-
-    # Activation offloading: each offloaded layer copies its activations to host memory during
-    # the forward pass and back during the backward pass, each copy overlapping the compute of
-    # one layer (Megatron-core's CPU offloading runs them on side streams). The offloaded bytes
-    # must fit in `host_memory` (reason 12). Not modelled: GPUs that share one PCIe uplink (each
-    # gets `host_bandwidth`).
-    copy = stored_bytes_per_layer(model, plan) / acc.host_bandwidth
-    offloaded = layers_per_stage * plan.offloaded_fraction(model.layers)
-    offload = m * offloaded * (exposed_after_overlap(copy, layer.forward)
-                               + exposed_after_overlap(copy, layer.backward))
 
     step = compute + tp_comm + bubble + pp_comm + dp_comm + optimizer + offload
     memory = training_memory(model, plan, eff)

@@ -36,7 +36,7 @@ def test_holdout_rows_are_valid_not_in_the_fit_and_no_worse_than_measured():
     assert all("does not fit in HBM" in w["warning"] for w in result["warnings"])
     s = result["summary"]["tokens_per_s_per_gpu"]
     assert s["n"] == 36
-    assert s["mape"] <= 35.0  # 33.2 % (README); 39.0 before per-expert launches and the
+    assert s["mape"] <= 35.0  # 33.1 % (README); 39.0 before per-expert launches and the
     # all-to-all fraction
     apes = np.array([r["ape"] for r in result["rows"]])
     assert np.median(apes) <= 23.0  # 20.2 %
