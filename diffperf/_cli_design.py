@@ -51,11 +51,13 @@ def add_design_parsers(subparsers) -> None:
         description="Decompose the training speed-up base -> target over precision, tensor "
                     "FLOP/s, HBM bandwidth and capacity, NVLink bandwidth and domain, scale-out "
                     "bandwidth and best plan (exact Shapley values over all 2^8 coalitions, vmapped).")
-    p.add_argument("--model", default="gpt3-175b")
+    p.add_argument("--model", default="gpt3-175b", help="model preset (default gpt3-175b)")
     p.add_argument("--base", default="dgx-a100", help="base system preset (default dgx-a100)")
-    p.add_argument("--targets", nargs="+", default=["dgx-h100", "dgx-b200", "gb200-nvl72"])
-    p.add_argument("--gpus", type=int, default=1024)
-    p.add_argument("--global-batch", type=int, default=1536)
+    p.add_argument("--targets", nargs="+", default=["dgx-h100", "dgx-b200", "gb200-nvl72"],
+                   help="target system presets (default dgx-h100 dgx-b200 gb200-nvl72)")
+    p.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
+    p.add_argument("--global-batch", type=int, default=1536,
+                   help="sequences per optimizer step (default 1536)")
     p.add_argument("--precision", default="fp8", choices=["bf16", "fp8", "fp4"],
                    help="target plan precision (default fp8; the base runs bf16)")
     p.add_argument("--plot", default=None, help="save a bar chart (PNG)")
@@ -69,7 +71,8 @@ def add_design_parsers(subparsers) -> None:
                     "logic nodes with logic-only, memory-only, network-only and full scaling, "
                     "with compute / memory / network / latency shares.")
     p.add_argument("--nodes", type=float, nargs="+", default=None, help="nodes, nm")
-    p.add_argument("--arch", default="hopper", help="architecture held fixed (default hopper)")
+    p.add_argument("--arch", default="hopper", type=str.lower,
+                   help="architecture held fixed (default hopper)")
     p.add_argument("--references-only", action="store_true")
     p.add_argument("--csv", default=None, help="write the node table to this CSV")
     p.add_argument("--plot", default=None, help="save the node exploration plot (PNG)")
@@ -88,14 +91,18 @@ def add_design_parsers(subparsers) -> None:
                    help="HBM generation index 0 HBM2 .. 5 HBM4e (default 3 = HBM3e)")
     p.add_argument("--network-gen", type=float, default=3.0,
                    help="network generation index 0 NVLink2 .. 5 NVLink7 (default 3 = NVLink5)")
-    p.add_argument("--arch", default="blackwell")
+    p.add_argument("--arch", default="blackwell", type=str.lower,
+                   help="architecture (default blackwell)")
     p.add_argument("--area", type=float, default=814.0, help="die area budget, mm^2")
     p.add_argument("--power", type=float, default=700.0, help="power budget, W")
     p.add_argument("--perimeter", type=float, default=114.0, help="IO perimeter budget, mm")
     p.add_argument("--cost", type=float, default=4000.0, help="cost budget, USD")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--starts", type=int, default=4)
-    p.add_argument("--compare-grid", action="store_true")
+    p.add_argument("--steps", type=int, default=100, help="Adam steps per start (default 100)")
+    p.add_argument("--starts", type=int, default=4,
+                   help="starts, vmapped: the box centre, random designs and the fastest of 256 "
+                        "random designs (default 4)")
+    p.add_argument("--compare-grid", action="store_true",
+                   help="also search a 119,232-point grid over the same space and compare")
     p.add_argument("--margins", type=float, nargs="?", const=5.0, default=None, metavar="PERCENT",
                    help="also what each budget is worth: the optimum re-run with one budget "
                         "PERCENT looser at a time (default 5), giving the time change per mm^2, "
@@ -173,12 +180,20 @@ def run_sensitivity(args) -> int:
     what_if = tag(args.set)
     print(f"{args.workload}: {what} {value:.4g} s on {args.gpu}{what_if}; elasticity = "
           f"d log(time) / d log(parameter) (-0.5: +1 % parameter -> -0.5 % time)")
-    print("bottleneck shares: " + ", ".join(f"{k} {v:.1%}" for k, v in out["bottlenecks"].items()))
+    print("bottleneck shares: " + ", ".join(f"{k} {v if abs(v) >= 5e-4 else 0.0:.1%}"
+                                            for k, v in out["bottlenecks"].items()))
     print(f"whole-number / on-off parameters left out ({', '.join(S.DISCRETE_LEAVES)}): "
           f"compare them with --set what-ifs")
     for title, table in (("hardware", out["hardware"]), ("technology", out.get("technology"))):
         if table is None:
             continue
+        if title == "technology":
+            ref = _REFERENCE_OF[args.gpu.lower()]
+            gap = out["technology_time_s"] / value - 1.0
+            print(f"\ntechnology: the generated {ref.upper()} reference design, {what} "
+                  f"{out['technology_time_s']:.4g} s" + (
+                      f" ({gap:+.1%} against {args.gpu}{what_if}: not the same hardware, so its "
+                      f"elasticities differ from the ones above)" if abs(gap) > 0.01 else ""))
         print(f"\n{title} parameter{'':<28} elasticity")
         for k, v in table.items():
             print(f"  {k:<40} {v:+.4f}")
@@ -188,13 +203,20 @@ def run_sensitivity(args) -> int:
 # ----------------------------------------------------------------------------- attribution
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 evaluation', '400 evaluations'."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _attribution_rows(args):
     from . import attribution as A
     from .presets import model, system
     mdl = model(args.model)
     base = system(args.base)
     results = {}
-    for tgt in args.targets:
+    if len(set(args.targets)) < len(args.targets):
+        print("note: --targets names a system twice; each is shown once", file=sys.stderr)
+    for tgt in dict.fromkeys(args.targets):
         try:
             results[tgt] = A.attribute(mdl, base, system(tgt), args.gpus, args.global_batch,
                                        target_precision=args.precision)
@@ -219,10 +241,13 @@ def run_attribution(args) -> int:
                           "claims": [{"source": s, "what": w, "ratio": r}
                                      for s, w, r in A.CLAIMS]}, indent=2))
         return 0
+    from .presets import precision_label
     print(f"{args.model} training on {args.gpus} GPUs, global batch {args.global_batch}: "
-          f"{args.base} (bf16) -> target ({args.precision}); best of "
-          f"{next(iter(out.values()))['candidates_per_coalition']} candidate plans per "
+          f"{args.base} ({precision_label(args.base, 'bf16')}) -> target ({args.precision}); "
+          f"best of {next(iter(out.values()))['candidates_per_coalition']} candidate plans per "
           f"coalition, 256 coalitions")
+    print("efficiency: the shared fitted factors on every system (train uses each GPU's own), "
+          "so that the speed-up is the hardware's")
     head = f"{'factor':<20}" + "".join(f"{t:>22}" for t in out)
     print(head)
     print(f"{'':<20}" + "".join(f"{'shapley x (alone x)':>22}" for _ in out))
@@ -399,8 +424,8 @@ def run_codesign(args) -> int:
     d = design
     print(f"co-design ({args.workload}, node {args.node:g} nm, {args.arch}); budgets: "
           f"{args.area:g} mm^2, {args.power:g} W, {args.perimeter:g} mm, ${args.cost:,.0f}")
-    print(f"  gradient: time {grad['objective']:.4g} s after {grad['evaluations']} evaluations "
-          f"({grad['seconds']:.1f} s), with stack and lane counts relaxed to real numbers")
+    print(f"  gradient: time {grad['objective']:.4g} s after "
+          f"{_count(grad['evaluations'], 'evaluation')} ({grad['seconds']:.1f} s), with stack and lane counts relaxed to real numbers")
     relaxed = describe(d, f"{d['hbm_stacks']:.2f}", f"{d['nvlink_lanes']:.1f}")
     print(f"    relaxed optimum: {relaxed}")
     w = out["whole_units"]["design"]
@@ -420,7 +445,7 @@ def run_codesign(args) -> int:
         print(f"  note: {out['note']}")
     if margins is not None:
         print(f"  what each budget is worth (re-optimised with that budget "
-              f"{margins['rel']:.0%} looser, against {margins['base']:.4g} s at the optimum):")
+              f"{margins['rel'] * 100:g}% looser, against {margins['base']:.4g} s at the optimum):")
         if not margins["converged"]:
             print("    warning: the optimum still moved after three rounds of search, so these "
                   "margins include unfinished search (raise --steps or --starts)")
@@ -436,7 +461,14 @@ def run_codesign(args) -> int:
                                if name == "area_mm2" and m["usable"] < m["budget"] / (
                                    1 + margins["rel"]) * margins["rel"] - 1e-9 else ""))
     if grid is not None:
-        print(f"  grid:     time {grid['objective']:.4g} s after {grid['evaluations']} evaluations "
-              f"({grid['seconds']:.1f} s); gradient/grid - 1 = {out['gap']:+.2%}, "
-              f"{out['evaluation_ratio']:.0f}x fewer evaluations")
+        print(f"  grid:     time {grid['objective']:.4g} s after "
+              f"{_count(grid['evaluations'], 'evaluation')} ({grid['seconds']:.1f} s); "
+              f"gradient/grid - 1 = {out['gap']:+.2%}, {out['evaluation_ratio']:.0f}x fewer "
+              f"evaluations")
+        if out["gap"] > 0.01:
+            g = out["grid"]["design"]
+            print(f"  warning: the grid's design is {out['gap']:.1%} faster than the gradient's: "
+                  f"the gradient search ended in a local optimum (raise --starts or --steps)")
+            stacks, lanes = f"{g['hbm_stacks']:g}", f"{g['nvlink_lanes']:g}"
+            print(f"    grid design: {describe(g, stacks, lanes)}")
     return 0

@@ -148,6 +148,8 @@ def _summary(rep) -> dict:
                       "activations": f(mem.activations) / 1e9,
                       "workspace": f(mem.workspace) / 1e9, "total": f(mem.total) / 1e9},
         "fits": bool(rep.fits), "max_batch": int(rep.max_batch),
+        "feasible": bool(rep.feasible),
+        "reason": explain(int(rep.reason)),  # memory_gb has the numbers of reason 10
         "prefill_s": {k: f(getattr(rep.prefill, k)) for k in
                       ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "total")},
         "decode_s": {k: f(getattr(rep.decode, k)) for k in

@@ -191,13 +191,18 @@ def attribute(model: Transformer, base: System, target: System, gpus: int, globa
                           base_precision, efficiency, grid)
     t = res["step_time"]
     if not np.isfinite(t[0]):
-        raise ValueError("no candidate plan is feasible on the base system")
+        raise ValueError(f"no candidate plan is feasible on the base system for {gpus} GPUs "
+                         f"and global batch {global_batch} (`diffperf search train --gpus "
+                         f"{gpus} --global-batch {global_batch}` lists why plans fail)")
     with np.errstate(divide="ignore"):  # an infeasible coalition: log 0 = -inf, named below
         value = np.log(t[0] / np.where(np.isfinite(t), t, np.inf))
     if not np.all(np.isfinite(value)):
         bad = [" + ".join(f for f, on in zip(FACTORS, m) if on) for m in
                res["masks"][~np.isfinite(value)]][:3]
-        raise ValueError(f"some coalitions have no feasible plan, e.g. {bad}")
+        raise ValueError(f"some coalitions have no feasible plan, e.g. {bad}: a coalition "
+                         f"without best_plan keeps the base's plan, which the changed hardware "
+                         f"may not fit (a target with less HBM than the base); attribution "
+                         f"needs targets at least as large as the base")
     phi = shapley(res["masks"], value)
     F = len(FACTORS)
     alone = {}

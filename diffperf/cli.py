@@ -516,6 +516,13 @@ def _add_bench(sub):
 
 def run_bench(args) -> int:
     from . import bench
+    if args.n < 2:
+        print(f"error: --n must be at least 2 (the sweeps are vmapped over a batch), got "
+              f"{args.n}", file=sys.stderr)
+        return 2
+    if args.what in ("sweep", "search") and args.n != 1_000_000:
+        print(f"note: --n applies to 'core' only; 'bench {args.what}' has a fixed workload",
+              file=sys.stderr)
     log = None if args.json else print
     result = {}
     if args.what in ("core", "all"):

@@ -148,20 +148,39 @@ def _loss(prob: Problem, u):
     return jnp.log(t) + PENALTY * jnp.sum(v + 10.0 * v * v), (t, cons, x)
 
 
+def _seed_starts(prob: Problem, starts: int, points: int, seed: int) -> tuple[np.ndarray, int]:
+    """Unit-box coordinates of the `starts` fastest feasible designs among `points` uniformly
+    random ones (fewer rows if fewer are feasible), and `points`."""
+    lo, hi = bounds(prob.budgets)
+    u = np.random.default_rng(seed + 1).uniform(size=(points, lo.size))
+    g = _best_of(prob, lo + (hi - lo) * u, keep=starts)
+    return (g["best"] - lo) / (hi - lo), points
+
+
 def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
-             seed: int = 0, start=None) -> dict:
+             seed: int = 0, start=None, seed_points: int = 256) -> dict:
     """Projected Adam (optax) on the penalised log time in unit-box coordinates (the box is
     enforced by clipping after every step), from `starts` starts vmapped in one scan; the
-    learning rate decays by cosine to 10 %. The first start is the centre of the box, or the
-    design `start` (natural coordinates, clipped to the box) when given.
+    learning rate decays by cosine to 10 %. The first start is the centre of the box, the
+    others the fastest feasible of `seed_points` random designs evaluated in one vmapped call
+    (0: none; random starts fill in), counted as evaluations; with `start` (natural
+    coordinates, clipped to the box) the first start is that design and the rest random. Penalties make the landscape multi-modal away from the default budgets and
+    technology (at 1 nm, one start from the box centre ends 69 % slower than the grid's best).
 
     **Returns:** dict with `objective` (best feasible time, s), `x` (its design coordinates),
-    `evaluations` (= steps * starts value_and_grad calls), `feasible`, `seconds`, `history`
-    (best feasible time after each step)."""
+    `evaluations` (= steps * starts value_and_grad calls + the coarse grid's points),
+    `feasible`, `seconds`, `history` (best feasible time after each step)."""
     lo, hi = bounds(prob.budgets)
     rng = np.random.default_rng(seed)
     u0 = rng.uniform(0.2, 0.8, size=(starts, lo.size))
-    u0[0] = 0.5 if start is None else np.clip((np.asarray(start, float) - lo) / (hi - lo), 0, 1)
+    u0[0] = 0.5
+    seeded = 0
+    t0 = time.perf_counter()
+    if start is not None:
+        u0[0] = np.clip((np.asarray(start, float) - lo) / (hi - lo), 0, 1)
+    elif seed_points > 0 and starts > 1:  # the centre stays the first start
+        best, seeded = _seed_starts(prob, max(1, (starts - 1) // 2), seed_points, seed)
+        u0[starts - len(best):] = best  # the last starts; random ones stay in between
     u0 = jnp.asarray(u0)
     opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.1))
     vg = jax.value_and_grad(lambda u: _loss(prob, u), has_aux=True)
@@ -180,7 +199,6 @@ def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
         _, hist = jax.lax.scan(step, (u0, state), None, length=steps)
         return hist
 
-    t0 = time.perf_counter()
     t, cons, x = jax.device_get(run(u0))
     seconds = time.perf_counter() - t0
     ok = np.all(cons <= 0.0, axis=-1) & np.isfinite(t)
@@ -189,18 +207,27 @@ def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
     i, j = np.unravel_index(flat, tt.shape)
     history = np.minimum.accumulate(tt.min(axis=1))
     return {"objective": float(tt[i, j]), "x": np.asarray(x[i, j], float),
-            "feasible": bool(np.isfinite(tt[i, j])), "evaluations": int(steps * starts),
+            "feasible": bool(np.isfinite(tt[i, j])), "evaluations": int(steps * starts) + seeded,
             "seconds": seconds, "history": history}
 
 
-def grid_search(prob: Problem, points_per_axis=(24, 12, 23, 18), chunk: int = 8192) -> dict:
-    """Dense grid over the same box (vmapped in chunks); best feasible time."""
+def grid_search(prob: Problem, points_per_axis=(24, 12, 23, 18), chunk: int = 8192,
+                keep: int = 1) -> dict:
+    """Dense grid over the same box (vmapped in chunks); best feasible time. `best`: the
+    `keep` fastest feasible points, fastest first (natural coordinates)."""
     lo, hi = bounds(prob.budgets)
     axes = [np.linspace(l, h, n) for l, h, n in zip(lo, hi, points_per_axis)]
     mesh = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, lo.size)
+    return _best_of(prob, mesh, chunk, keep)
+
+
+def _best_of(prob: Problem, mesh: np.ndarray, chunk: int = 8192, keep: int = 1) -> dict:
+    """The fastest feasible of the designs `mesh` (rows of natural coordinates), evaluated
+    vmapped in chunks; dict like `grid_search`'s."""
     n = mesh.shape[0]
+    chunk = min(chunk, n)
     pad = (-n) % chunk
-    xs = np.concatenate([mesh, np.repeat(mesh[:1], pad, 0)]).reshape(-1, chunk, lo.size)
+    xs = np.concatenate([mesh, np.repeat(mesh[:1], pad, 0)]).reshape(-1, chunk, mesh.shape[1])
 
     @jax.jit
     def run(xs):
@@ -214,8 +241,10 @@ def grid_search(prob: Problem, points_per_axis=(24, 12, 23, 18), chunk: int = 81
     t = np.asarray(jax.device_get(run(jnp.asarray(xs)))).reshape(-1)[:n]
     seconds = time.perf_counter() - t0
     i = int(np.argmin(t))
+    order = np.argsort(t, kind="stable")[:keep]
     return {"objective": float(t[i]), "x": mesh[i], "feasible": bool(np.isfinite(t[i])),
-            "evaluations": int(n), "seconds": seconds}
+            "evaluations": int(n), "seconds": seconds,
+            "best": mesh[order[np.isfinite(t[order])]]}
 
 
 def whole_design(prob: Problem, x, points_per_axis=(25, 13)) -> dict:

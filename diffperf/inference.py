@@ -30,7 +30,10 @@ without wave quantisation: a GEMM with fewer output tiles than SMs runs split-K,
 the GPU at the cost of a second kernel (large GEMMs are near full waves anyway). Dropping that
 kernel where a GEMM's output reaches the SM count makes the time per decode step fall by up to
 about 5 % at that batch (one launch per GEMM and layer): real GEMM libraries show such steps
-where their heuristics change kernels.
+where their heuristics change kernels. Short prefills have the same step: TTFT can fall when a
+prompt grows past the length at which the GEMMs fill the SMs (by up to 8 % in a randomised
+audit, for a small model on many GPUs at 16 -> 17 prompt tokens; the end-to-end latency moves
+by well under 1 %).
 """
 
 from __future__ import annotations

@@ -114,7 +114,9 @@ def describe(base: System, changed: System, overrides: list[Override]) -> list[s
         b = float(getattr(getattr(base, o.part), o.field))
         c = float(getattr(getattr(changed, o.part), o.field))
         ratio = f" (x{c / b:.3g})" if b > 0 else ""
-        lines.append(f"{o.field} {b:.4g} -> {c:.4g} {UNITS.get(o.field, '')}{ratio}")
+        note = (" (the FLOP/s stay: num_sms only sets GEMM wave quantisation and split-K; "
+                "change flops_* too for a smaller or larger GPU)" if o.field == "num_sms" else "")
+        lines.append(f"{o.field} {b:.4g} -> {c:.4g} {UNITS.get(o.field, '')}{ratio}{note}")
     return lines
 
 

@@ -512,3 +512,17 @@ def test_train_notes_a_foreign_gpu_in_a_system_and_zero3_with_pipelining(capsys)
     code, out, _ = run(capsys, *base, "--zero", "3")
     assert code == 0 and "ZeRO-3 with pp > 1" in out
     assert "ZeRO-3 with pp > 1" not in run(capsys, *base, "--zero", "1")[1]
+
+
+def test_small_cli_fixes_from_the_design_bug_bash(capsys):
+    """bench --n 1 is refused by name (it crashed deep inside vmap); infer --json says whether
+    the plan is feasible, like train --json; a num_sms what-if says the FLOP/s stay."""
+    code, _, err = run(capsys, "bench", "--n", "1")
+    assert code == 2 and "--n must be at least 2" in err
+    code, out, _ = run(capsys, "infer", "--model", "llama2-70b", "--gpu", "h100-sxm5-80gb",
+                       "--tp", "1", "--json")
+    r = json.loads(out)
+    assert code == 0 and r["feasible"] is False and r["reason"] == "does not fit in HBM"
+    code, out, _ = run(capsys, "infer", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb",
+                       "--set", "num_sms=x0.5")
+    assert code == 0 and "the FLOP/s stay" in out
