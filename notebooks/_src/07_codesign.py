@@ -148,7 +148,8 @@ fig.savefig("figures/07_codesign.png", dpi=110)
 # network-bound; technology: +1.39 per log nm of node, -0.91 to die area); batch-1 Llama-2 70B
 # decode on 8 H100 (1.97 s) has -0.41 to HBM bandwidth and +0.20 to the kernel launch overhead
 # (58 % fixed latency; +0.09 to the NVLink hop latency of the 14-hop all-reduce ring). In
-# co-design, projected Adam reaches 3.147 s in 400 evaluations, within 0.11 % of the
-# 119,232-point grid's 3.144 s (298x fewer evaluations, though on this CPU its wall time,
-# about 8 s with compilation, exceeds the vmapped grid's 1.0 s): full 814 mm^2 die, no SRAM,
-# 4.1 HBM stacks, 44 NVLink lanes, clock cut to 0.81x by the 700 W budget.
+# co-design, projected Adam reaches 3.147 s in 656 evaluations (400 gradient steps, 256 seed
+# designs), 0.02 % better than the 119,232-point grid's 3.148 s (182x fewer evaluations,
+# though on this CPU its wall time, about 8 s with compilation, exceeds the vmapped grid's
+# 1.0 s): full 814 mm^2 die, no SRAM,
+# 4.3 HBM stacks, 47 NVLink lanes, clock cut to 0.81x by the 700 W budget.

@@ -124,7 +124,7 @@ fig.savefig("figures/08_moe_layout.png", dpi=110)
 
 # %% [markdown]
 # **Finding.** On the 36 runs the fit never saw, the MoE training rate is predicted with a
-# MAPE of 33.2 % (DeepSeek-V3 14 %, Qwen3-235B 25 %, Qwen3-30B-A3B and gpt-oss 65-66 %), too
+# MAPE of 33.1 % (DeepSeek-V3 14 %, Qwen3-235B 25 %, Qwen3-30B-A3B and gpt-oss 65-66 %), too
 # fast on 27; 89 % of the measurements lie inside their 90 % interval, but only 71-75 % for the
 # two worst families, because one MoE model error serves every MoE model. For DeepSeek-V3 on
 # 256 GB200 the expert layout moves the step by little once it fits (EP 8 needs 209 GB per
