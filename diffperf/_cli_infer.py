@@ -203,6 +203,9 @@ def _print(args, s: dict, table, capacity: float) -> None:
     print()
     cols = ["phase", "op", "bound", "intensity", "machine_balance", "time_s", "share"]
     print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    print("(machine_balance: the datasheet ridge point, peak FLOP/s / HBM B/s; `bound` compares "
+          "the times at the fitted efficiencies, so a small GEMM a little below the ridge point "
+          "can be compute-bound at its lower achieved FLOP/s)")
 
 
 def run_infer(args) -> int:
@@ -221,7 +224,8 @@ def run_infer(args) -> int:
                             f"input={args.input}, output={args.output}, batch={args.batch}")
         table = boundedness(mdl, sys_, plan, eff)
         if args.plot:
-            roofline_plot(table, args.plot, sys_, f"{args.model} on {args.gpu}, tp={args.tp}")
+            roofline_plot(table, args.plot, sys_,
+                          f"{args.model} on {args.gpu}{tag(args.set)}, tp={args.tp}")
     except (ValueError, ImportError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -47,7 +47,9 @@ def boundedness(model: Transformer, system: System, plan: InferencePlan,
     **Returns:** a DataFrame with one row per operation and phase: `phase`, `op`, `kind`,
     `kernels` (launches in the phase), `flops` (FLOP), `bytes` (HBM or network B),
     `intensity` (FLOP/B), `machine_balance` (peak FLOP/s at the plan's GEMM precision / HBM
-    B/s, FLOP/B), `bound` (the largest of compute / memory / network / launch time),
+    B/s, FLOP/B: the datasheet ridge point), `bound` (the largest of compute / memory /
+    network / launch time at the fitted efficiencies, so an operation a little below the ridge
+    point can be compute-bound where its achieved FLOP/s are lower than the peak),
     `compute_s`, `memory_s`, `network_s`, `launch_s`, `time_s` (s, summed over all executions
     in the phase: all layers, and all decode steps) and `share` (fraction of the phase's time).
     Operations that do not occur (e.g. the router of a dense model) are dropped.

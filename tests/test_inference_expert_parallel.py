@@ -44,6 +44,16 @@ def test_busiest_gpu_experts_matches_a_simulation_of_uniform_routing(name, token
     assert approx == pytest.approx(simulated, rel=0.08)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 24, 64, 256])
+def test_expected_maximum_of_normals_matches_numerical_integration(n):
+    from diffperf.inference import expected_max_of_normals
+    x = np.linspace(-10.0, 10.0, 200_001)
+    pdf = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)
+    cdf = np.cumsum(pdf) * (x[1] - x[0])
+    exact = np.trapezoid(x * n * pdf * cdf ** (n - 1), x)
+    assert float(expected_max_of_normals(float(n))) == pytest.approx(exact, abs=2e-3)
+
+
 def test_one_expert_group_is_exactly_the_touched_experts():
     for name in ("mixtral-8x7b", "deepseek-v3", "llama2-7b"):
         model = dp.model(name)
