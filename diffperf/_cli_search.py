@@ -257,7 +257,9 @@ def run_search_infer(args) -> int:
         target = target[target["e2e_latency_s"] <= args.latency]
     if args.tpot is not None:
         target = target[target["tpot_s"] <= args.tpot]
-    best = target.sort_values("output_tok_s_per_gpu", ascending=False).head(10)
+    # one row per (tp, pp, batch): plans that differ only in ep would fill the list otherwise
+    best = (target.sort_values("output_tok_s_per_gpu", ascending=False, kind="stable")
+            .drop_duplicates(["tp", "pp", "batch"]).head(10))
     front_idx = _latency_throughput_front(ok)
     front = ok.iloc[front_idx]
     seconds = time.perf_counter() - t0
@@ -296,7 +298,9 @@ def run_search_infer(args) -> int:
             goal.append(f"e2e <= {args.latency:g} s")
         if args.tpot is not None:
             goal.append(f"TPOT <= {args.tpot * 1e3:g} ms")
-        print(f"\nhighest throughput per GPU{' with ' + ', '.join(goal) if goal else ''}:")
+        goal_text = " with " + ", ".join(goal) if goal else ""
+        per_ep = " (the best ep of each tp, pp and batch)" if moe else ""
+        print(f"\nhighest throughput per GPU{goal_text}{per_ep}:")
         print(best[cols].to_string(index=False, float_format="%.4g"))
     print("\nPareto front, end-to-end latency vs output tokens/s per GPU:")
     print(front[cols].to_string(index=False, float_format="%.4g"))

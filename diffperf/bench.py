@@ -124,6 +124,8 @@ def gradient_cost() -> dict:
 
 def run_all(n: int = 1_000_000, log=print) -> dict:
     """Run every benchmark; print a readable summary through `log` (None = silent)."""
+    if n < 2:
+        raise ValueError(f"n must be at least 2 (the sweeps are vmapped over a batch), got {n}")
     say = log or (lambda *a: None)
     say(f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} device(s)")
     sweep = sweep_rate(n)

@@ -161,14 +161,14 @@ def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
              seed: int = 0, start=None, seed_points: int = 256) -> dict:
     """Projected Adam (optax) on the penalised log time in unit-box coordinates (the box is
     enforced by clipping after every step), from `starts` starts vmapped in one scan; the
-    learning rate decays by cosine to 10 %. The first start is the centre of the box, the
-    others the fastest feasible of `seed_points` random designs evaluated in one vmapped call
-    (0: none; random starts fill in), counted as evaluations; with `start` (natural
-    coordinates, clipped to the box) the first start is that design and the rest random. Penalties make the landscape multi-modal away from the default budgets and
+    learning rate decays by cosine to 10 %. The first start is the centre of the box, the last
+    max(1, (starts - 1) // 2) the fastest feasible of `seed_points` random designs evaluated
+    in one vmapped call (0: none), the rest random; with `start` (natural coordinates, clipped
+    to the box) the first start is that design and the rest random. Penalties make the landscape multi-modal away from the default budgets and
     technology (at 1 nm, one start from the box centre ends 69 % slower than the grid's best).
 
     **Returns:** dict with `objective` (best feasible time, s), `x` (its design coordinates),
-    `evaluations` (= steps * starts value_and_grad calls + the coarse grid's points),
+    `evaluations` (= steps * starts value_and_grad calls + the `seed_points` designs),
     `feasible`, `seconds`, `history` (best feasible time after each step)."""
     lo, hi = bounds(prob.budgets)
     rng = np.random.default_rng(seed)

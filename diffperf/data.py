@@ -306,7 +306,9 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
                 values[c] = _number(path, i, c, rec[c])
             values["ep"] = _number(path, i, "ep", rec.get("ep"), required=False)
             if values["ep"] is None:
-                values["ep"] = 1.0
+                values["ep"] = 1.0  # an extension column for infer rows: not a schema default
+            elif values["ep"] < 1:
+                raise _err(path, i, "ep", f"must be a whole number >= 1, got {rec['ep']}")
             values.update(_flags(path, i, rec, INFER_OPTIONAL_FLAGS))
             values.update(_fractions(path, i, rec, INFER_OPTIONAL_FRACTIONS))
             values["weight_precision"] = _weight_precision(path, i, rec, values["precision"])

@@ -341,9 +341,12 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # runs the LM head, unless `account_embedding_loss` gave it one layer fewer than the middle
     # stages and the head is cheaper than a layer.
     per_layer = layer.forward + layer.backward + layer.recompute
-    # Share of a layer's compute no communication hides behind yet: an overlap window hides each
-    # transfer once, so the later overlaps (offloading, then DP / ZeRO-3) get what the earlier
-    # ones left, and faster compute never exposes more communication than it saves.
+    # Share of a layer's compute no communication hides behind yet: a window hides each transfer
+    # once, so the later window-based overlaps (offloading, then DP / ZeRO-3) get what the
+    # earlier ones left, and faster compute never exposes more communication than it saves. The
+    # share is the layer's average (the async TP reductions, hidden in the backward pass, shrink
+    # the forward offload window too); the overlaps modelled as fixed fractions (TP GEMM-
+    # collective, CP, PP) take nothing from it.
     free = jnp.maximum(1.0 - layer.hidden / per_layer, 0.0)
     layers_per_stage = plan.end_stage_layers(model.layers)
     extra = plan.middle_stage_layers(model.layers) - layers_per_stage  # 1 or 0 more mid-pipeline

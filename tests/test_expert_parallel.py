@@ -119,12 +119,12 @@ def test_overlapping_the_all_to_all_never_costs_time_and_hides_at_most_it():
         a = STEP(MOE, H100, _plan(**kw), EFF)
         b = STEP(MOE, H100, _plan(overlap_ep=1, **kw), EFF)
         assert float(b.step_time) <= float(a.step_time)
-        # the step saves the hidden all-to-all, less what the DP reduction then loses of its
-        # window (a window hides each transfer once)
+        # the step saves at most the all-to-all time it hides (the DP reduction may lose some
+        # of its window to it), and only communication changes
         hidden = float(a.tp_comm_time) - float(b.tp_comm_time)
-        lost = float(b.dp_comm_time) - float(a.dp_comm_time)
-        assert hidden > 0 and lost >= 0
-        assert float(a.step_time) - float(b.step_time) == pytest.approx(hidden - lost, rel=1e-4)
+        saved = float(a.step_time) - float(b.step_time)
+        assert hidden > 0 and 0 < saved <= hidden * (1 + 1e-5)
+        assert float(b.compute_time) == pytest.approx(float(a.compute_time), rel=1e-6)
         # the dense model has nothing to overlap
     dense = dataclasses.replace(MOE, num_experts=1, experts_per_token=1, ffn_hidden=4 * H)
     a = STEP(dense, H100, _plan(ep=1), EFF)
