@@ -30,6 +30,6 @@ __all__ = [
     "evaluate_all", "experts_touched", "explain", "gpu", "gpu_names", "infer", "inference_memory",
     "kv_cache_bytes_per_gpu", "matmul_efficiency", "max_batch", "model", "model_flops_per_step",
     "model_names", "pareto_front", "precision_code", "predict_training", "roofline_plot",
-    "run_sweep", "search_inference", "search_training", "system", "system_names", "train_step", "training_memory",
-    "transformer_from_hf_config", "weight_bytes_per_gpu",
+    "run_sweep", "search_inference", "search_training", "system", "system_names", "train_step",
+    "training_memory", "transformer_from_hf_config", "weight_bytes_per_gpu",
 ]

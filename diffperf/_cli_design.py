@@ -171,6 +171,7 @@ def run_sensitivity(args) -> int:
            "bottlenecks": S.bottlenecks(el),
            "hardware": dict(S.ranked(el, args.top or None))}
     if tech is not None:
+        out["technology_reference"] = ref
         out["technology_time_s"] = tv
         out["technology"] = dict(S.ranked(tech, args.top or None))
     if args.json:
@@ -188,7 +189,6 @@ def run_sensitivity(args) -> int:
         if table is None:
             continue
         if title == "technology":
-            ref = _REFERENCE_OF[args.gpu.lower()]
             gap = out["technology_time_s"] / value - 1.0
             print(f"\ntechnology: the generated {ref.upper()} reference design, {what} "
                   f"{out['technology_time_s']:.4g} s" + (
@@ -425,7 +425,8 @@ def run_codesign(args) -> int:
     print(f"co-design ({args.workload}, node {args.node:g} nm, {args.arch}); budgets: "
           f"{args.area:g} mm^2, {args.power:g} W, {args.perimeter:g} mm, ${args.cost:,.0f}")
     print(f"  gradient: time {grad['objective']:.4g} s after "
-          f"{_count(grad['evaluations'], 'evaluation')} ({grad['seconds']:.1f} s), with stack and lane counts relaxed to real numbers")
+          f"{_count(grad['evaluations'], 'evaluation')} ({grad['seconds']:.1f} s), with stack "
+          f"and lane counts relaxed to real numbers")
     relaxed = describe(d, f"{d['hbm_stacks']:.2f}", f"{d['nvlink_lanes']:.1f}")
     print(f"    relaxed optimum: {relaxed}")
     w = out["whole_units"]["design"]

@@ -128,8 +128,8 @@ def _specs(args):
     mdl = _load_model(args.model)
     sys_ = system_with_overrides(system(args.gpu), args.set)
     weights, act, kv = precisions_of(args)
-    plan = InferencePlan(tp=args.tp, pp=args.pp, ep=args.ep, batch=args.batch, input_len=args.input,
-                         output_len=args.output, weight_precision=weights,
+    plan = InferencePlan(tp=args.tp, pp=args.pp, ep=args.ep, batch=args.batch,
+                         input_len=args.input, output_len=args.output, weight_precision=weights,
                          activation_precision=act, kv_precision=kv,
                          flash_attention=0 if args.no_flash else 1,
                          grouped_decode_attention=0 if args.per_head_decode else 1,
@@ -162,7 +162,8 @@ def _print(args, s: dict, table, capacity: float) -> None:
     what_if = tag(args.set)
     ep = f", ep={args.ep}" if args.ep != 1 else ""
     print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}"
-          f"{ep}), batch {args.batch}, {args.input} in / {args.output} out, {precisions_text(args)}")
+          f"{ep}), batch {args.batch}, {args.input} in / {args.output} out, "
+          f"{precisions_text(args)}")
     def interval(field):
         if field in s:
             iv = s[field]

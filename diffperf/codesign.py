@@ -148,13 +148,12 @@ def _loss(prob: Problem, u):
     return jnp.log(t) + PENALTY * jnp.sum(v + 10.0 * v * v), (t, cons, x)
 
 
-def _seed_starts(prob: Problem, starts: int, points: int, seed: int) -> tuple[np.ndarray, int]:
+def _seed_starts(prob: Problem, starts: int, points: int, seed: int) -> np.ndarray:
     """Unit-box coordinates of the `starts` fastest feasible designs among `points` uniformly
-    random ones (fewer rows if fewer are feasible), and `points`."""
+    random ones (fewer rows if fewer are feasible)."""
     lo, hi = bounds(prob.budgets)
     u = np.random.default_rng(seed + 1).uniform(size=(points, lo.size))
-    g = _best_of(prob, lo + (hi - lo) * u, keep=starts)
-    return (g["best"] - lo) / (hi - lo), points
+    return (_best_of(prob, lo + (hi - lo) * u, keep=starts)["best"] - lo) / (hi - lo)
 
 
 def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
@@ -164,8 +163,9 @@ def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
     learning rate decays by cosine to 10 %. The first start is the centre of the box, the last
     max(1, (starts - 1) // 2) the fastest feasible of `seed_points` random designs evaluated
     in one vmapped call (0: none), the rest random; with `start` (natural coordinates, clipped
-    to the box) the first start is that design and the rest random. Penalties make the landscape multi-modal away from the default budgets and
-    technology (at 1 nm, one start from the box centre ends 69 % slower than the grid's best).
+    to the box) the first start is that design and the rest random. Penalties make the
+    landscape multi-modal away from the default budgets and technology (at 1 nm, one start from
+    the box centre ends 69 % slower than the grid's best).
 
     **Returns:** dict with `objective` (best feasible time, s), `x` (its design coordinates),
     `evaluations` (= steps * starts value_and_grad calls + the `seed_points` designs),
@@ -179,7 +179,8 @@ def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
     if start is not None:
         u0[0] = np.clip((np.asarray(start, float) - lo) / (hi - lo), 0, 1)
     elif seed_points > 0 and starts > 1:  # the centre stays the first start
-        best, seeded = _seed_starts(prob, max(1, (starts - 1) // 2), seed_points, seed)
+        best = _seed_starts(prob, max(1, (starts - 1) // 2), seed_points, seed)
+        seeded = seed_points
         u0[starts - len(best):] = best  # the last starts; random ones stay in between
     u0 = jnp.asarray(u0)
     opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.1))

@@ -193,6 +193,12 @@ class _Dims(eqx.Module):
     peak_fraction: jax.Array  # share of the tensor peak the weight GEMMs can issue
 
 
+def expert_parallel_degree(model: Transformer, plan: InferencePlan) -> jax.Array:
+    """The plan's ep where the model has experts, else 1: ep only regroups experts, so a dense
+    model's costs (and their gradients) never depend on it."""
+    return jnp.where(model.num_experts > 1, plan.ep, 1.0)
+
+
 def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
     ab = bytes_per_element(plan.activation_precision)
     mla = model.mla
@@ -200,14 +206,15 @@ def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
     kv = jnp.maximum(model.kv_heads / plan.tp, 1.0)  # replicated when tp > kv_heads
     latent = model.kv_lora_rank + model.rope_head_dim
     mix = lambda standard, latent_attention: (1.0 - mla) * standard + mla * latent_attention
+    ep = expert_parallel_degree(model, plan)
     return _Dims(
-        tp=plan.tp, ep=jnp.where(model.num_experts > 1, plan.ep, 1.0), h=model.hidden, d=model.head_dim, heads=heads,
+        tp=plan.tp, ep=ep, h=model.hidden, d=model.head_dim, heads=heads,
         kv=jnp.maximum(model.attention_kv_heads / plan.tp, 1.0), qk=model.qk_dim, v=model.v_dim,
         cache=model.kv_cache_width(plan.tp), dec_k=mix(model.head_dim, latent),
         dec_v=mix(model.head_dim, model.kv_lora_rank), group=mix(heads / kv, heads),
         rope=mix((heads + kv) * model.head_dim, (heads + 1.0) * model.rope_head_dim),
         latents=mla * (model.q_lora_rank + latent), f=model.ffn_hidden / plan.tp,
-        f_expert=model.ffn_hidden * jnp.where(model.num_experts > 1, plan.ep, 1.0) / plan.tp,
+        f_expert=model.ffn_hidden * ep / plan.tp,
         f_dense=model.dense_width / plan.tp, dense=model.dense_fraction,
         f_shared=model.shared_ffn_hidden / plan.tp, shared_gemm=model.shared_width / plan.tp,
         vocab=model.vocab / plan.tp, math=plan.math_precision,
@@ -538,8 +545,8 @@ def inference_reason(model: Transformer, plan: InferencePlan, system: System,
     checks = [
         (1, divides(plan.tp, model.heads)),
         (2, divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp)),
-        (3, tp_divides_mlps(plan.tp, model, jnp.where(ep_ok & (model.num_experts > 1),
-                                                      plan.tp / plan.ep, plan.tp))),
+        (3, tp_divides_mlps(plan.tp, model, jnp.where(
+            ep_ok, plan.tp / expert_parallel_degree(model, plan), plan.tp))),
         (5, plan.pp <= model.layers),
         (8, divides(plan.ep, model.num_experts) & ep_ok),
         (9, system.accelerator.peak_flops(plan.math_precision) > 0),

@@ -29,8 +29,8 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
     model = row_model(v, context)
     sys_ = row_system(v)
     p = v["precision"]
-    plan = InferencePlan(tp=v["tp"], pp=v["pp"], ep=v.get("ep", 1), batch=v["batch"], input_len=v["input_len"],
-                         output_len=v["output_len"],
+    plan = InferencePlan(tp=v["tp"], pp=v["pp"], ep=v.get("ep", 1), batch=v["batch"],
+                         input_len=v["input_len"], output_len=v["output_len"],
                          weight_precision=v.get("weight_precision", p),
                          gemm_peak_fraction=v.get("gemm_peak_fraction", 1.0),
                          activation_precision=p, kv_precision=p,

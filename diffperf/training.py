@@ -378,12 +378,12 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # TP / EP overlaps left free. The offloaded bytes must fit in `host_memory` (reason 12).
     # Not modelled: GPUs that share one PCIe uplink (each gets `host_bandwidth`).
     copy = stored_bytes_per_layer(model, plan) / acc.host_bandwidth
-    offloaded = layers_per_stage * plan.offloaded_fraction(model.layers)
+    offloaded_share = plan.offloaded_fraction(model.layers)
     offload_per_layer = (exposed_after_overlap(copy, free * layer.forward)
                          + exposed_after_overlap(copy, free * layer.backward))
-    offload = m * offloaded * offload_per_layer
-    free_after_offload = jnp.maximum(free - plan.offloaded_fraction(model.layers) * (
-        2.0 * copy - offload_per_layer) / per_layer, 0.0)
+    offload = m * layers_per_stage * offloaded_share * offload_per_layer
+    free_after_offload = jnp.maximum(
+        free - offloaded_share * (2.0 * copy - offload_per_layer) / per_layer, 0.0)
 
     # Data parallel over dp * cp ranks (stride tp): gradients (`plan.gradient_bytes`) and
     # parameters (`weight_bytes`) as stored.
