@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: Rows kept out of the fit and reported separately (benchmarks_data/SOURCES.md).
 HOLDOUT = ROOT / "benchmarks_data" / "train_moe_holdout.csv"
+#: TensorRT-LLM 1.0's maximum-throughput table (dense Llama 3), also never fitted.
+INFER_HOLDOUT = ROOT / "benchmarks_data" / "infer_trtllm10_holdout.csv"
 sys.path.insert(0, str(ROOT))
 
 #: Settings of the shipped fit (see report.md for why).
@@ -133,14 +135,14 @@ def _coverage(fit, held_out):
             "parameter_sd_max": float(np.max(held))}
 
 
-def _validate_holdout(efficiency_path):
-    """`validate` of the held-out rows with the fit saved at `efficiency_path` (None when the
-    file is absent)."""
-    if not HOLDOUT.exists():
+def _validate_holdout(efficiency_path, path=HOLDOUT):
+    """`validate` of the held-out rows of `path` with the fit saved at `efficiency_path` (None
+    when the file is absent)."""
+    if not path.exists():
         return None
     from diffperf.presets import efficiency_from_json
     from diffperf.validate import validate
-    return validate([HOLDOUT], efficiency_from_json(efficiency_path))
+    return validate([path], efficiency_from_json(efficiency_path))
 
 
 def _moe_error_lines(fit, moe):
@@ -257,6 +259,32 @@ def _holdout_lines(result) -> list[str]:
     return lines + [""]
 
 
+def _infer_holdout_lines(result) -> list[str]:
+    """The held-out TensorRT-LLM 1.0 rows predicted with the new fit, by GPU and model."""
+    if result is None:
+        return []
+    import numpy as np
+    import pandas as pd
+    table = pd.read_csv(INFER_HOLDOUT)
+    key = {i: f"{g} {m} TP {t} {p.upper()}" for i, g, m, t, p in zip(
+        table["id"], table["gpu"], table["model"], table["tp"], table["precision"])}
+    groups: dict[str, list[dict]] = {}
+    for r in result["rows"]:
+        groups.setdefault(key[r["id"]], []).append(r)
+    lines = [f"`{INFER_HOLDOUT.relative_to(ROOT)}` predicted with this fit: TensorRT-LLM 1.0's "
+             "maximum-throughput table for the dense Llama 3 models (output tokens/s per GPU, "
+             "in-flight batching, 10 prompt / output lengths each; batch = the requests "
+             "trtllm-bench's KV-cache estimate lets in flight; `benchmarks_data/SOURCES.md`). "
+             "Its software, batching and GPUs (B200 / GB200 FP4) are not in the fit.", "",
+             "| GPU, model, plan | values | MAPE | mean error | predicted too fast |",
+             "|---|---:|---:|---:|---:|"]
+    for name, rows in [*groups.items(), ("all", result["rows"])]:
+        err = np.array([100 * (r["predicted"] / r["measured"] - 1) for r in rows])
+        lines.append(f"| {name} | {err.size} | {np.abs(err).mean():.1f} % | {err.mean():+.1f} % "
+                     f"| {int((err > 0).sum())} of {err.size} |")
+    return lines + [""]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-cv", action="store_true", help="skip cross-validation")
@@ -334,6 +362,7 @@ def main(argv=None) -> int:
         lines += _moe_error_lines(fit, moe)
     lines += _implausible_lines(fit)
     lines += _holdout_lines(holdout)
+    lines += _infer_holdout_lines(_validate_holdout(args.out, INFER_HOLDOUT))
     lines += [
         "## Fitted factors",
         "",

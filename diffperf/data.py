@@ -152,6 +152,18 @@ def _weight_precision(path, i, rec, precision: str) -> str:
         raise _err(path, i, "weight_precision", str(e)) from None
 
 
+def _kv_precision(path, i, rec, precision: str) -> str:
+    """The optional `kv_precision` column: the precision name the KV cache is stored in;
+    empty = the row's `precision`."""
+    name = (rec.get("kv_precision") or "").lower()
+    if not name:
+        return precision
+    if name not in PRECISION_CODES:
+        raise _err(path, i, "kv_precision", f"must be one of {sorted(PRECISION_CODES)}, got "
+                                            f"{rec['kv_precision']!r}")
+    return name
+
+
 def _optional_counts(path, i, rec, counts: dict[str, float]) -> dict[str, float]:
     """Optional whole-number columns (>= 0; empty or absent = their default)."""
     out = {}
@@ -312,6 +324,7 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
             values.update(_flags(path, i, rec, INFER_OPTIONAL_FLAGS))
             values.update(_fractions(path, i, rec, INFER_OPTIONAL_FRACTIONS))
             values["weight_precision"] = _weight_precision(path, i, rec, values["precision"])
+            values["kv_precision"] = _kv_precision(path, i, rec, values["precision"])
             metrics = INFER_METRICS
         measured = {}
         for c in metrics if require_measured else ():  # predict ignores measured columns

@@ -17,9 +17,10 @@ from .validate import FAST_COMPILE
 def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
     """`(Transformer, System, InferencePlan)` of an infer row (raises ValueError if invalid).
 
-    The row's `precision` is used for GEMM activations and the KV cache (the sources do not
-    state the KV-cache precision; TensorRT-LLM FP8 recipes quantise it too), and for the
-    weights unless the row gives `weight_precision` (weight-only quantisation).
+    The row's `precision` is used for GEMM activations, for the KV cache unless the row gives
+    `kv_precision` (TensorRT-LLM 0.9's FP8 recipes quantise it too; the rows of that table do
+    not state it), and for the weights unless the row gives `weight_precision` (weight-only
+    quantisation).
     """
     v = row.values
     if v["tp"] * v["pp"] != v["num_gpus"]:
@@ -33,7 +34,7 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
                          input_len=v["input_len"], output_len=v["output_len"],
                          weight_precision=v.get("weight_precision", p),
                          gemm_peak_fraction=v.get("gemm_peak_fraction", 1.0),
-                         activation_precision=p, kv_precision=p,
+                         activation_precision=p, kv_precision=v.get("kv_precision", p),
                          grouped_decode_attention=v.get("grouped_decode_attention", 1))
     return model, sys_, plan
 

@@ -448,7 +448,7 @@ def test_benchmark_format_doc_example_validates_and_lists_every_extension_column
              **data.TRAIN_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FLAGS,
              **data.MODEL_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FRACTIONS}
     assert documented == known
-    assert "`weight_precision`" in section  # the one extension column naming a precision
+    assert "`weight_precision`" in section and "`kv_precision`" in section  # named precisions
     from diffperf.hardware import INTEGER_WEIGHTS
     assert all(f"`{name}`" in section for name in INTEGER_WEIGHTS)
 

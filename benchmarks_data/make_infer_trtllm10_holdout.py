@@ -1,0 +1,132 @@
+"""Write `infer_trtllm10_holdout.csv`: TensorRT-LLM 1.0's published maximum-throughput table
+for the dense Llama 3 models, as infer rows that are held out of the calibration.
+
+Source: github NVIDIA/TensorRT-LLM `docs/source/performance/perf-overview.md` at commit
+00f37686aa854010d68bcbd0f4ab000221541ca6 (the version that introduces the RTX 6000 Pro data
+"NEW for v1.0"). Measured with `trtllm-bench throughput` (PyTorch backend, in-flight batching,
+requests queued at an infinite rate, every request ISL in / OSL out). The page's metric is
+"Total Output Throughput (tokens/sec)", so the per-GPU value is the printed one / tp (a later
+version of the page prints per-GPU values, and its Llama 3.3 70B H100 TP 2 1000/1000 value,
+2,209, is about half of this version's 4,205).
+
+The page does not print the batch. trtllm-bench sizes it itself (`calc_engine_setting` and
+`finetune_setting` in `tensorrt_llm/bench/build/tuning.py`): the requests whose KV cache fits
+in 95 % of the memory left after the weights, at most 4,096, with the weights at
+`param_count` x bytes per element and the KV cache at 2 x layers x max(tp, kv_heads) x
+head_dim x bytes x (ISL + OSL) per request. Under an infinite request rate that many requests
+are in flight at once, so that count is the `batch` of each row; the in-flight schedule does
+the same prefill and decode work per request as a static batch of that size. The GPU memory
+is the preset's HBM capacity (decimal GB, as diffperf uses it).
+
+Precisions: FP8 rows are `nvidia/Llama-3.x-...-FP8` (weights and GEMM inputs fp8), FP4 rows
+`...-FP4` (NVFP4 weights and GEMM inputs). The KV cache is fp8: the page's commands set no
+KV-cache dtype for the dense models, so the checkpoint's own applies, and ModelOpt, which made
+these checkpoints, quantises the KV cache to fp8 unless told otherwise (`--kv_cache_qformat`,
+"default to fp8 if not provided", NVIDIA/TensorRT-Model-Optimizer examples/llm_ptq/hf_ptq.py).
+Caveat: the Llama 3.1 405B FP8 model card (ModelOpt 0.15.1, 2024) says only the linear
+operators' weights and activations are quantised; with a 16-bit KV cache those rows would run
+fewer requests at once.
+
+    python benchmarks_data/make_infer_trtllm10_holdout.py     # rewrites the CSV
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "infer_trtllm10_holdout.csv"
+SOURCE = ("github NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @00f37686 "
+          "(TensorRT-LLM 1.0 perf overview, trtllm-bench throughput, PyTorch backend)")
+SEQUENCES = ["128/128", "128/2048", "128/4096", "500/2000", "1000/1000", "1000/2000",
+             "2048/128", "2048/2048", "5000/500", "20000/2000"]
+
+#: Hugging Face parameter counts (trtllm-bench's engine-size estimate uses them).
+PARAMS = {"llama3-8b": 8.03e9, "llama3-70b": 70.55e9, "llama3-405b": 405.85e9}
+LABEL = {"llama3-8b": "Llama-3.1-8B", "llama3-70b": "Llama-3.3-70B",
+         "llama3-405b": "Llama-3.1-405B"}
+
+#: (model preset, gpu preset, tp, precision, printed total output tokens/s per SEQUENCES row)
+TABLES = [
+    ("llama3-70b", "b200", 1, "fp4",
+     [11147, 9922, 6831, 7762, 7007, 6271, 1339, 4783, 1459, 665]),
+    ("llama3-70b", "gb200", 1, "fp4",
+     [12189, 11309, 7849, 9028, 7326, 6513, 1450, 5646, 1602, 755]),
+    ("llama3-70b", "h200-sxm-141gb", 1, "fp8",
+     [3803, 4336, 2872, 3666, 2909, 2994, 442, 2003, 566, 283]),
+    ("llama3-70b", "h100-sxm5-80gb", 2, "fp8",
+     [6378, 6651, 4199, 5222, 4205, 4146, 762, 3082, 898, 437]),
+    ("llama3-405b", "b200", 4, "fp4",
+     [6281, 8020, 6345, 6244, 5209, 4933, 749, 4212, 1048, 672]),
+    ("llama3-405b", "gb200", 4, "fp4",
+     [6740, 8151, 6608, 6540, 5389, 5135, 797, 4407, 1112, 739]),
+    ("llama3-405b", "h200-sxm-141gb", 8, "fp8",
+     [3814, 5348, 4741, 4724, 3330, 3722, 456, 2948, 650, 505]),
+    ("llama3-405b", "h100-sxm5-80gb", 8, "fp8",
+     [3627, 4340, 3116, 3994, 2919, 2895, 453, 2296, 610, 345]),
+    ("llama3-8b", "h200-sxm-141gb", 1, "fp8",
+     [27911, 26221, 18027, 20770, 17744, 16828, 3538, 12194, 3902, 1804]),
+    ("llama3-8b", "h100-sxm5-80gb", 1, "fp8",
+     [28312, 22714, 14325, 17660, 15220, 13899, 3450, 9305, 3459, 1351]),
+]
+BYTES = {"fp8": 1.0, "fp4": 0.5}
+KV_BYTES = 1.0  # fp8 KV cache
+MEMORY_FRACTION = 0.95  # --kv_cache_free_gpu_mem_fraction 0.95
+MAX_REQUESTS = 4096  # trtllm-bench's cap on the batch
+
+
+def concurrency(m: dict, params: float, hbm_bytes: float, tp: int, precision: str,
+                isl: int, osl: int) -> int:
+    """Requests in flight: trtllm-bench's KV-cache estimate (see the module docstring)."""
+    gib = 1024.0 ** 3
+    total = hbm_bytes / gib * tp
+    engine = params * BYTES[precision] / gib
+    head_dim = m["hidden"] / m["heads"]
+    per_token = 2 * m["layers"] * max(tp, m["kv_heads"]) * head_dim * KV_BYTES / gib
+    requests = MEMORY_FRACTION * (total - engine) / (per_token * (isl + osl))
+    return int(math.floor(min(requests, MAX_REQUESTS)))
+
+
+def rows() -> list[dict]:
+    presets = HERE.parent / "diffperf" / "presets"
+    models = json.loads((presets / "models.json").read_text())
+    gpus = json.loads((presets / "gpus.json").read_text())
+    out = []
+    for name, gpu, tp, precision, values in TABLES:
+        m = models[name]
+        for seq, total in zip(SEQUENCES, values):
+            isl, osl = (int(x) for x in seq.split("/"))
+            b = concurrency(m, PARAMS[name], gpus[gpu]["hbm_capacity"], tp, precision, isl, osl)
+            out.append({
+                "id": f"trtllm10-tput-{gpu.split('-')[0]}-{name}-tp{tp}-{isl}x{osl}",
+                "kind": "infer", "source": SOURCE, "model": LABEL[name],
+                "layers": m["layers"], "hidden": m["hidden"], "heads": m["heads"],
+                "kv_heads": m["kv_heads"], "ffn_hidden": m["ffn_hidden"], "vocab": m["vocab"],
+                "gated_mlp": 1, "num_experts": 1, "experts_per_token": 1, "gpu": gpu,
+                "num_gpus": tp, "gpus_per_node": 72 if gpu == "gb200" else 8, "tp": tp, "pp": 1,
+                "precision": precision, "kv_precision": "fp8", "batch": b,
+                "input_len": isl, "output_len": osl,
+                "output_tok_s_per_gpu": round(total / tp, 2),
+                "notes": (f"printed total output throughput {total:,} tokens/s on {tp} GPU(s), "
+                          f"per GPU = total / tp; batch = {b} requests in flight "
+                          f"(trtllm-bench's KV-cache estimate at 95 % of the memory left "
+                          f"after the weights, capped at 4,096); {precision.upper()} weights "
+                          f"and GEMM inputs, fp8 KV cache (ModelOpt default)"),
+            })
+    return out
+
+
+def main() -> None:
+    data = rows()
+    with OUT.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(data[0]))
+        w.writeheader()
+        w.writerows(data)
+    print(f"wrote {len(data)} rows to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
