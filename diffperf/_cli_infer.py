@@ -15,7 +15,7 @@ import numpy as np
 
 from ._checks import check_finite_report
 from .feasibility import describe_failure, explain
-from .hardware import INTEGER_WEIGHTS, weight_storage
+from .hardware import BYTES_PER_ELEMENT, INTEGER_WEIGHTS, precision_code, weight_storage
 from .inference import infer
 from .inference_plan import InferencePlan
 from .presets import check_precision_names
@@ -108,6 +108,10 @@ def precisions_of(args) -> tuple[str, str, str]:
             raise ValueError(f"--precision {weights}: {e}") from None
         return storage, act, args.kv_precision or act
     act = args.activation_precision or args.precision
+    if BYTES_PER_ELEMENT[precision_code(act)] < BYTES_PER_ELEMENT[precision_code(weights)]:
+        raise ValueError(f"--activation-precision {act} is narrower than the weights "
+                         f"(--precision {weights}): the GEMMs would run at {weights}; quantise "
+                         f"the weights too (--precision {act})")
     return args.precision, act, args.kv_precision or act
 
 
@@ -157,6 +161,32 @@ def _summary(rep) -> dict:
     }
 
 
+def _kv_only_max_batch(rep, batch, capacity: float) -> int:
+    """The largest batch whose KV cache fits next to the weights and the workspace: the
+    capacity of a server that prefills in chunks (TensorRT-LLM's max_num_tokens, vLLM's chunked
+    prefill); `max_batch` also holds every prompt's prefill activations at once."""
+    mem = rep.memory
+    free = capacity - float(mem.weights) - float(mem.workspace)
+    per_seq = float(mem.kv_cache) / batch
+    return max(int(free // per_seq), 0) if per_seq > 0 else 0
+
+
+def _caveats(mdl, args, s: dict) -> list[str]:
+    """Notes on what the prediction rests on, for the cases where that matters most."""
+    notes = []
+    decode = s["decode_s"]
+    if decode["total"] > 0 and decode["launch"] > 0.25 * decode["total"] and not args.set:
+        notes.append(f"{100 * decode['launch'] / decode['total']:.0f} % of decode is kernel "
+                     f"launches, at the per-kernel cost of the 2023-24 TensorRT-LLM / NeMo "
+                     f"measurements in the fit; --set launch_overhead=0 removes the host launch "
+                     f"cost, as CUDA graphs do (the fitted kernel_overhead stays)")
+    if args.interval and (float(mdl.kv_lora_rank) > 0 or float(mdl.num_experts) > 8):
+        notes.append("the intervals' model error comes from dense and Mixtral (8-expert) "
+                     "inference rows; no MLA or fine-grained-MoE inference measurement is in "
+                     "the calibration, so the real error may be larger")
+    return notes
+
+
 def _print(args, s: dict, table, capacity: float) -> None:
     m = s["memory_gb"]
     what_if = tag(args.set)
@@ -184,7 +214,8 @@ def _print(args, s: dict, table, capacity: float) -> None:
     print(f"  memory per GPU  {m['total']:10.1f} GB of {capacity / 1e9:.0f} GB (weights "
           f"{m['weights']:.1f}, KV cache {m['kv_cache']:.2f}, activations {m['activations']:.2f}, "
           f"workspace {m['workspace']:.1f}); fits: {'yes' if s['fits'] else 'NO'}; "
-          f"max batch {s['max_batch']}")
+          f"max batch {s['max_batch']} ({s['max_batch_kv_only']} if only the KV cache had "
+          f"to fit, as with chunked prefill)")
     for phase in ("prefill", "decode"):
         b = s[f"{phase}_s"]
         parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in b.items() if k != "total")
@@ -232,6 +263,7 @@ def run_infer(args) -> int:
         return 2
     capacity = float(sys_.accelerator.hbm_capacity)
     summary = _summary(rep)
+    summary["max_batch_kv_only"] = _kv_only_max_batch(rep, args.batch, capacity)
     if args.set:
         from .presets import system
         base_system = system(args.gpu)
@@ -257,6 +289,8 @@ def run_infer(args) -> int:
                 args.gpu, "infer", quantity, unit, scale)
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
+    for note in _caveats(mdl, args, summary):
+        print(f"note: {note}", file=sys.stderr)
     layers = float(mdl.layers)
     if args.pp > 1 and layers % args.pp:
         print(f"note: uneven layout: {layers:g} layers over pp = {args.pp} stages "

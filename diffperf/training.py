@@ -423,7 +423,13 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
                             jnp.where(per_matrix, weight_bytes(plan), plan.gradient_bytes) / units,
                             striped)
     zero3_per_mb = units * ((2.0 + plan.recomputed_fraction(model.layers)) * gather + scatter)
-    dp_total = jnp.where(plan.zero >= 3, m * zero3_per_mb, jnp.where(plan.zero >= 1, rs + ag, ar))
+    # ZeRO-2 keeps only its shard of the gradients, so under gradient accumulation every
+    # micro-batch's gradients are reduce-scattered after its backward pass (DeepSpeed stage 2,
+    # FSDP SHARD_GRAD_OP); ZeRO-1 (Megatron's distributed optimizer) keeps the full buffer and
+    # reduce-scatters once per step.
+    zero2 = plan.zero == 2
+    dp_total = jnp.where(plan.zero >= 3, m * zero3_per_mb,
+                         jnp.where(plan.zero >= 1, jnp.where(zero2, m, 1.0) * rs + ag, ar))
     # Gradients are reduced during the backward pass of the last micro-batch (and, with a sharded
     # optimizer, parameters are gathered during the first forward); ZeRO-3 prefetches all along.
     # With vp interleaved chunks, chunk c is done (vp - 1 - c) * pp chunk passes before the end of
@@ -432,7 +438,8 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # only about one chunk stays exposed).
     # Both windows shrink to the share of the layers' compute that the layer-level overlaps
     # (async TP, EP, activation offloading) left free.
-    window = jnp.minimum(((plan.vp - 1.0) * plan.pp + 1.0) / plan.vp, m)
+    # ZeRO-2's per-micro-batch reductions each overlap their own micro-batch's backward pass.
+    window = jnp.where(zero2, m, jnp.minimum(((plan.vp - 1.0) * plan.pp + 1.0) / plan.vp, m))
     last_mb = window * layers_per_stage * (
         layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))
     hide = free_after_offload * jnp.where(plan.zero >= 3, eff.zero3_overlap * compute,

@@ -41,9 +41,8 @@ fig.savefig("figures/06_pareto.png", dpi=110)
 front[["tp", "pp", "dp", "micro_batch", "recompute", "zero", "memory_gb", "step_time_s"]].head(12)
 
 # %% [markdown]
-# **Finding.** The fastest plan (TP 4, PP 4, DP 64, interleaved, no recomputation, ZeRO-2,
-# flash attention) needs ~70 GB per GPU; below ~10 GB per GPU every plan on the front but one
-# (TP 16 x PP 16 x CP 4 without recomputation, 26.7 s at 7.6 GB) needs full recomputation, and
-# the step time rises steeply: deep pipelines (PP 16-32) give 24-32 s at 6-9.5 GB and 45 s at
-# 5.6 GB, against 16.3 s for the fastest; the last 0.6 GB (5.0 GB per GPU)
-# costs ZeRO-3 with TP 32 x CP 4 and 272 s.
+# **Finding.** The fastest plan (TP 8, PP 4, DP 32, interleaved, no recomputation, ZeRO-1,
+# flash attention) needs ~70 GB per GPU; below ~10 GB per GPU every plan on the front needs
+# full recomputation, and the step time rises steeply: ZeRO-3 at TP 16 gives 25-26 s at
+# 8-9.4 GB, deep pipelines (PP 16-32) 28-38 s at 6.2-7.6 GB and 45 s at 5.6 GB, against 16.6 s
+# for the fastest; the last 0.6 GB (5.0 GB per GPU) costs ZeRO-3 with TP 32 x CP 4 and 277 s.
