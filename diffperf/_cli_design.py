@@ -119,6 +119,18 @@ def add_design_parsers(subparsers) -> None:
 _SENSITIVITY_DEFAULTS = {"gpus": 1024, "global_batch": 1536, "tp": 8, "batch": 1}
 
 
+def _plan_fields(plan) -> dict:
+    """The plan a sensitivity study differentiates, as printable numbers and names."""
+    from .plans import RECOMPUTE, ZERO
+    if hasattr(plan, "global_batch"):  # training: the best plan for the GPUs and batch
+        fields = ("num_gpus", "tp", "pp", "dp", "cp", "vp", "micro_batch", "global_batch")
+        out = {k: int(float(getattr(plan, k))) for k in fields}
+        out["recompute"] = RECOMPUTE[int(float(plan.recompute))]
+        out["zero"] = ZERO[int(float(plan.zero))]
+        return out
+    return {k: int(float(getattr(plan, k))) for k in ("tp", "batch", "input_len", "output_len")}
+
+
 def run_sensitivity(args) -> int:
     from . import sensitivity as S
     from .presets import model, system
@@ -167,7 +179,9 @@ def run_sensitivity(args) -> int:
             tv, tech = S.technology_elasticities(fn, ref, float(sys_.network.nvlink_domain))
     except ValueError as e:
         return _err(str(e))
-    out = {"workload": args.workload, "set": args.set or [], "time_s": value,
+    model_name = args.model or ("gpt3-175b" if args.workload == "train" else "llama2-70b")
+    out = {"workload": args.workload, "model": model_name, "plan": _plan_fields(plan),
+           "set": args.set or [], "time_s": value,
            "bottlenecks": S.bottlenecks(el),
            "hardware": dict(S.ranked(el, args.top or None))}
     if tech is not None:
@@ -179,8 +193,9 @@ def run_sensitivity(args) -> int:
         return 0
     what = "step time" if args.workload == "train" else "e2e latency"
     what_if = tag(args.set)
-    print(f"{args.workload}: {what} {value:.4g} s on {args.gpu}{what_if}; elasticity = "
-          f"d log(time) / d log(parameter) (-0.5: +1 % parameter -> -0.5 % time)")
+    print(f"{args.workload}: {what} {value:.4g} s of {model_name} on {args.gpu}{what_if} ("
+          + " ".join(f"{k}={v}" for k, v in out["plan"].items()) + ")")
+    print("elasticity = d log(time) / d log(parameter) (-0.5: +1 % parameter -> -0.5 % time)")
     print("bottleneck shares: " + ", ".join(f"{k} {v if abs(v) >= 5e-4 else 0.0:.1%}"
                                             for k, v in out["bottlenecks"].items()))
     print(f"whole-number / on-off parameters left out ({', '.join(S.DISCRETE_LEAVES)}): "

@@ -202,6 +202,32 @@ def _sliding_window(path: Path, cfg: dict, model_type: str, layers) -> tuple[int
     return window, 0
 
 
+def _model_type(path, cfg: dict) -> str:
+    """The config's `model_type`, lower case; without one, the type its `architectures` class
+    names (LlamaForCausalLM -> llama, GPTNeoXForCausalLM -> gpt_neox), with a warning, since
+    the MLP kind, dropout and block layout of several families follow from it."""
+    model_type = str(cfg.get("model_type", "")).lower()
+    if model_type:
+        return model_type
+    arch = cfg.get("architectures")
+    name = str(arch[0]) if isinstance(arch, list) and arch else ""
+    for suffix in ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "Model"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    known = {t.replace("_", ""): t for t in (*_GATED_TYPES, *_PARALLEL_TYPES, *_TIED_TYPES,
+                                             *_FALCON_TYPES, *_DROPOUT_FREE_TYPES, "gpt_neox")}
+    guess = known.get(name.lower().replace("_", ""))
+    if guess:
+        warnings.warn(f"{path}: no model_type: taken as {guess!r} from architectures "
+                      f"{arch[0]!r}")
+        return guess
+    unknown = f" (architectures {name!r} not known)" if name else ""
+    warnings.warn(f"{path}: no model_type{unknown}: the MLP is taken as gated only if "
+                  f"hidden_act says so (default gelu), and dropout as on")
+    return ""
+
+
 def _shared_width(path: Path, cfg: dict, pick, experts, ffn):
     """Inner width of a MoE layer's shared expert(s): Qwen-MoE's
     `shared_expert_intermediate_size`, or DeepSeek-MoE / GLM-4.5's `n_shared_experts` times
@@ -247,7 +273,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
             return default
         raise ValueError(f"{path}: none of the fields {names} is present")
 
-    model_type = str(cfg.get("model_type", "")).lower()
+    model_type = _model_type(path, cfg)
     hidden = pick(*_HIDDEN)
     heads = pick("num_attention_heads", "n_head", "n_heads", "num_heads")
     if model_type in _FALCON_TYPES and not cfg.get("new_decoder_architecture", False) and (
@@ -294,8 +320,11 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         dropout = 1 if any(r > 0 for r in rates) else 0
     else:
         dropout = 0 if model_type in _DROPOUT_FREE_TYPES else 1
-    longest = pick("max_position_embeddings", "n_positions", "seq_length", "max_seq_len",
-                   default=2048)  # the longest context the model serves, tokens
+    context_fields = ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len")
+    if all(cfg.get(k) is None for k in context_fields) and seq_len is None:
+        warnings.warn(f"{path}: no context length ({', '.join(context_fields)}): assumed 2048 "
+                      f"tokens (diffperf train --seq-len sets the training length)")
+    longest = pick(*context_fields, default=2048)  # the longest context the model serves
     if longest < 1:
         named = next(k for k in ("max_position_embeddings", "n_positions", "seq_length",
                                  "max_seq_len") if cfg.get(k) is not None)

@@ -146,17 +146,23 @@ def _gemm(system: System, eff: Efficiency, m, n, k, math, w_bytes, a_bytes, grou
     `w_bytes` per element, activations in and out at `a_bytes`, on `peak_fraction` of the
     tensor peak (`InferencePlan.gemm_peak_fraction`).
 
-    Two kernels with split-K: when the output, m x n counted in `roofline.TILE`-square tiles,
-    is fewer tiles than the GPU has SMs (the standard remedy for too few tiles to occupy every
-    SM), a second kernel reduces the partial sums. Skinny decode GEMMs always do, prefill GEMMs
-    only at short prompts. The partial sums stay in L2 (no extra HBM traffic counted)."""
+    When the output, m x n counted in `roofline.TILE`-square tiles, is fewer tiles than the GPU
+    has SMs, one kernel leaves SMs idle: it runs at the busy share u = tiles / SMs of the
+    GPU's FLOP/s and bandwidth. Split-K (the standard remedy) fills every SM but needs a second
+    kernel to reduce the partial sums (they stay in L2: no extra HBM traffic counted). The
+    cheaper of the two is taken, as a library's heuristic would: skinny decode GEMMs split,
+    GEMMs close to one tile per SM do not. The cost is continuous in m; between the switch and
+    one tile per SM it falls by up to one kernel launch as fewer SMs sit idle."""
     flops = 2.0 * groups * m * n * k
     nbytes = groups * (k * n * w_bytes + m * k * a_bytes + m * n * a_bytes)
     rate = (peak_matmul_flops(system.accelerator, math) * peak_fraction
             * matmul_efficiency(eff, m, n, k, math))
-    tiles = groups * m * n / TILE**2
-    kernels = jnp.where(tiles < system.accelerator.num_sms, 2.0, 1.0)
-    return _compute(system, eff, flops, nbytes, rate, kernels, GEMM_SHARPNESS)
+    busy = jnp.clip(groups * m * n / TILE**2 / system.accelerator.num_sms, 1e-6, 1.0)
+    split = _compute(system, eff, flops, nbytes, rate, 2.0, GEMM_SHARPNESS)
+    whole = _compute(system, eff, flops, nbytes, rate * busy, 1.0, GEMM_SHARPNESS)
+    whole = eqx.tree_at(lambda c: c.memory, whole, whole.memory / busy)
+    use_split = (busy < 1.0) & (split.time < whole.time)
+    return jax.tree.map(lambda a, b: jnp.where(use_split, a, b), split, whole)
 
 
 class _Dims(eqx.Module):

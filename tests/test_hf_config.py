@@ -244,3 +244,25 @@ def test_dense_layers_of_moe_models(tmp_path):
         load(tmp_path, dict(QWEN3_30B_A3B, mlp_only_layers="0,1"))
     with pytest.raises(ValueError, match="'decoder_sparse_step' must be >= 1"):
         load(tmp_path, dict(QWEN3_30B_A3B, decoder_sparse_step=0))
+
+
+def test_a_missing_model_type_is_taken_from_architectures(tmp_path):
+    """Without model_type the family's MLP kind and dropout would silently change (a Llama
+    config read as a GELU MLP with dropout); the architectures class names it."""
+    cfg = {k: v for k, v in LLAMA3_8B.items() if k not in ("model_type", "hidden_act")}
+    with pytest.warns(UserWarning, match="taken as 'llama' from architectures"):
+        m = load(tmp_path, {**cfg, "architectures": ["LlamaForCausalLM"]})
+    ref = load(tmp_path, LLAMA3_8B)
+    assert float(m.gated_mlp) == float(ref.gated_mlp) == 1.0
+    assert float(m.dropout) == float(ref.dropout) == 0.0
+    with pytest.warns(UserWarning, match="no model_type .architectures 'Foo' not known"):
+        load(tmp_path, {**cfg, "architectures": ["FooForCausalLM"]})
+
+
+def test_a_missing_context_length_warns_unless_the_length_is_given(tmp_path):
+    cfg = {k: v for k, v in LLAMA3_8B.items() if k != "max_position_embeddings"}
+    with pytest.warns(UserWarning, match="no context length .* assumed 2048"):
+        assert float(load(tmp_path, cfg).seq_len) == 2048
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float(load(tmp_path, cfg, seq_len=4096).seq_len) == 4096
