@@ -404,8 +404,13 @@ def run_codesign(args) -> int:
     except ValueError as e:
         return _err(str(e))
     if not grad["feasible"]:
+        over = C.check_design(prob, grad["x"]).get("constraints", {})
+        worst = ", ".join(f"{k} {v:+.0%}" for k, v in sorted(over.items(), key=lambda kv: -kv[1])
+                          if v > 0)
         return _err(f"no feasible design found in {args.steps} steps from {args.starts} starts "
-                    f"(budgets too tight, or too few --steps)")
+                    f"(budgets too tight, or too few --steps)"
+                    + (f"; the closest design still exceeds: {worst} (relative to the budget or "
+                       f"the workload's need)" if worst else ""))
     design = C.check_design(prob, grad["x"])
     out = {"workload": args.workload,
            "gradient": {"evaluations": grad["evaluations"], "objective": grad["objective"],

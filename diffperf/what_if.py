@@ -67,7 +67,9 @@ def parse_override(item: str) -> Override:
         raise ValueError(f"--set {item!r}: {raw!r} is not a number (or xFACTOR)") from None
     if not math.isfinite(value) or value < 0 or (factor and value == 0):
         raise ValueError(f"--set {item!r}: the {'factor' if factor else 'value'} must be a finite "
-                         f"{'positive' if factor else 'non-negative'} number, got {raw!r}")
+                         f"{'positive' if factor else 'non-negative'} number, got {raw!r}"
+                         + ("" if factor else " (0 only for latencies and overheads; rates "
+                                              "and capacities must be > 0)"))
     return Override(owners[0], field, value, factor)
 
 
