@@ -22,6 +22,10 @@ activations x top-k) and to flash attention (never stores the s x s scores). The
 stage holds min(p, m) micro-batches in flight, times (1 + (p - 1) / (p v)) with v interleaved
 chunks (Korthikanti Sec. 4.2.3).
 
+Without pipeline parallelism the stage also holds the LM head's 16-bit logits of one
+micro-batch, 2 s b v / t bytes (a fused cross entropy keeps only those; the unfused loss adds an
+fp32 copy, Korthikanti Sec 4.3).
+
 Beyond Korthikanti's GPT:
 - dropout-free models (`Transformer.dropout = 0`: Llama and most models since) store no dropout
   masks (2 of the "10") and no dropout output of the scores (3 of the 5 a s / h);
@@ -203,6 +207,13 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
     # Input-embedding dropout mask (s b h / t bytes per micro-batch in flight, Korthikanti Sec 4.3).
     embed = (model.dropout * model.seq_len / plan.cp * plan.micro_batch * model.hidden / plan.tp
              * jnp.minimum(plan.pp, plan.num_micro_batches))
-    acts = acts + working + embed
+    # The last stage's logits (this stage's only without pipeline parallelism): the LM head's
+    # 16-bit output for one micro-batch, s b v / t elements, which the loss keeps for its
+    # backward pass. That is what a fused cross entropy (Megatron-core's loss fusion) holds;
+    # the unfused vocab-parallel loss also keeps an fp32 copy (Korthikanti Sec 4.3's
+    # 4 s b v / t), so this is a lower bound.
+    logits = jnp.where(plan.pp > 1, 0.0, 2.0 * model.seq_len / plan.cp * plan.micro_batch
+                       * model.vocab / plan.tp)
+    acts = acts + working + embed + logits
     total = weights + grads + optim + acts + eff.memory_reserve
     return TrainingMemory(weights, grads, optim, acts, eff.memory_reserve, total, host)

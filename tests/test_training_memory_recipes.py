@@ -153,16 +153,17 @@ def test_block_recompute_of_every_layer_equals_full_recompute(step, gpt22b, dgx_
 
 def test_offloading_every_layer_keeps_one_layer_in_hbm(eff):
     """pp = 1: all 96 layers offloaded leaves one layer's activations staged in HBM (plus the
-    embedding mask); half of them leaves half the layers."""
+    embedding mask and the 16-bit logits, 2 s b v / t); half of them leaves half the layers."""
     m = _gpt()
     sbh = S * H
     stored = 34 * sbh / T
+    logits = 2 * S * 51200 / T
     base = dict(pp=1, global_batch=8, recompute="selective")
     allo = training_memory(m, _plan(offload_layers=L, **base), eff)
-    np.testing.assert_allclose(float(allo.activations), stored + sbh / T, rtol=1e-5)
+    np.testing.assert_allclose(float(allo.activations), stored + sbh / T + logits, rtol=1e-5)
     half = training_memory(m, _plan(offload_layers=L // 2, **base), eff)
-    np.testing.assert_allclose(float(half.activations), L / 2 * stored + stored + sbh / T,
-                               rtol=1e-5)
+    np.testing.assert_allclose(float(half.activations),
+                               L / 2 * stored + stored + sbh / T + logits, rtol=1e-5)
 
 
 def test_offloaded_activations_must_fit_in_host_memory(step, gpt22b, dgx_a100, eff):
@@ -384,3 +385,17 @@ def test_layer_count_errors_name_the_field():
     assert layer_count_error(80, 4, 5, False, 5, 0).startswith("recompute_layers 5 exceeds")
     assert "offload_layers 40 has no effect with recompute full" in layer_count_error(
         80, 1, 1, True, 0, 40)
+
+
+def test_logits_of_one_micro_batch_are_held_without_pipeline_parallelism(eff):
+    """Without pipeline parallelism the only stage also holds the LM head's 16-bit logits of one
+    micro-batch, 2 s b v / t bytes (4.2 GB for a 128K vocabulary at 8,192 tokens and b = 2);
+    with pp > 1 they sit on the last stage, not on the first one reported."""
+    import equinox as eqx
+    import jax.numpy as jnp
+    small, big = _gpt(), eqx.tree_at(lambda m: m.vocab, _gpt(), jnp.asarray(51200.0 + 76800))
+    for pp, expected in ((1, 2 * S * 2 * 76800 / T), (2, 0.0)):
+        plan = _plan(pp=pp, global_batch=16, micro_batch=2, recompute="selective")
+        d = float(training_memory(big, plan, eff).activations
+                  - training_memory(small, plan, eff).activations)
+        np.testing.assert_allclose(d, expected, rtol=1e-5, atol=1.0)
