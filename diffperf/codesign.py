@@ -29,8 +29,9 @@ constraints come from the same forward pass as its gradient, so they cost nothin
 `whole_design` then finds the best buildable design near it: whole HBM stacks and NVLink lanes.
 
 Evaluation count convention: one forward+gradient (`jax.value_and_grad`) = 1 evaluation; one
-grid point = 1 evaluation (forward only). On this model a value_and_grad costs about 2-3
-forward passes (measured by `measure_grad_cost`), reported beside the counts.
+grid point = 1 evaluation (forward only). On this model a value_and_grad costs about 5-11
+forward passes of wall time on a 2-core CPU (`measure_grad_cost`; noisy), so the saving in
+compute is several times smaller than the saving in evaluations.
 """
 
 from __future__ import annotations
