@@ -125,7 +125,9 @@ def _add_train(sub):
                         "--precision fp16")
     p.add_argument("--precision", default=None, choices=["fp32", "tf32", "bf16", "fp16", "fp8",
                                                          "fp4"],
-                   help="GEMM precision (default bf16, fp16 on V100)")
+                   help="GEMM precision (default bf16, fp16 on V100); fp32 runs at the GPU's "
+                        "fp32 tensor-core rate (TF32 on A100 and later, as PyTorch's "
+                        "allow_tf32), the same as tf32")
     p.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
                    default=None, help="sequence parallelism (default: on when tp > 1)")
     p.add_argument("--flash", dest="flash_attention", action=argparse.BooleanOptionalAction,
@@ -263,6 +265,14 @@ def _training_reason_text(reason: int, mem, acc) -> str:
                             acc.host_memory) or explain(reason)
 
 
+def _tf32_note(args) -> str:
+    """' at the TF32 tensor rate' where --precision fp32 runs on tensor cores (A100 and later)."""
+    if args.precision != "fp32":
+        return ""
+    acc = presets.gpu(args.gpu)
+    return " at the TF32 tensor rate" if float(acc.flops_fp32) > float(acc.vector_flops) else ""
+
+
 def _print_training(args, s: dict, plan, layers: float) -> None:
     import numpy as np
     rc = {0: "none", 1: "selective", 2: "full"}[int(np.asarray(plan.recompute))]
@@ -281,7 +291,7 @@ def _print_training(args, s: dict, plan, layers: float) -> None:
           f"(tp={args.tp} pp={args.pp} dp={s['num_gpus'] // (args.tp * args.pp * args.cp)} "
           f"cp={args.cp} vp={args.vp} mb={args.micro_batch} gb={args.global_batch} "
           f"seq={s['seq_len']} "
-          f"recompute={rc} zero={args.zero} {args.precision})")
+          f"recompute={rc} zero={args.zero} {args.precision}{_tf32_note(args)})")
     print(f"  step time            {s['step_time_s']:10.3f} s")
     if "step_time_interval_s" in s:
         iv = s["step_time_interval_s"]
