@@ -16,7 +16,9 @@ in 95 % of the memory left after the weights, at most 4,096, with the weights at
 head_dim x bytes x (ISL + OSL) per request. Under an infinite request rate that many requests
 are in flight at once, so that count is the `batch` of each row; the in-flight schedule does
 the same prefill and decode work per request as a static batch of that size. The GPU memory
-is the preset's HBM capacity (decimal GB, as diffperf uses it).
+is what trtllm-bench reads, NVML's total (`get_device_memory` in
+`tensorrt_llm/bench/build/utils.py`), in GiB: nvidia-smi's totals, 81,559 MiB (H100 SXM),
+143,771 MiB (H200), 183,359 MiB (B200), 189,471 MiB (GB200).
 
 Precisions: FP8 rows are `nvidia/Llama-3.x-...-FP8` (weights and GEMM inputs fp8), FP4 rows
 `...-FP4` (NVFP4 weights and GEMM inputs). The KV cache is fp8: the page's commands set no
@@ -73,16 +75,20 @@ TABLES = [
      [28312, 22714, 14325, 17660, 15220, 13899, 3450, 9305, 3459, 1351]),
 ]
 BYTES = {"fp8": 1.0, "fp4": 0.5}
+#: NVML's total memory per GPU (nvidia-smi), MiB.
+NVML_TOTAL_MIB = {"h100-sxm5-80gb": 81559, "h200-sxm-141gb": 143771, "b200": 183359,
+                  "gb200": 189471}
 KV_BYTES = 1.0  # fp8 KV cache
 MEMORY_FRACTION = 0.95  # --kv_cache_free_gpu_mem_fraction 0.95
 MAX_REQUESTS = 4096  # trtllm-bench's cap on the batch
 
 
-def concurrency(m: dict, params: float, hbm_bytes: float, tp: int, precision: str,
+def concurrency(m: dict, params: float, total_mib: float, tp: int, precision: str,
                 isl: int, osl: int) -> int:
-    """Requests in flight: trtllm-bench's KV-cache estimate (see the module docstring)."""
+    """Requests in flight: trtllm-bench's KV-cache estimate (see the module docstring), with
+    `total_mib` the GPU's NVML total memory."""
     gib = 1024.0 ** 3
-    total = hbm_bytes / gib * tp
+    total = total_mib / 1024.0 * tp
     engine = params * BYTES[precision] / gib
     head_dim = m["hidden"] / m["heads"]
     per_token = 2 * m["layers"] * max(tp, m["kv_heads"]) * head_dim * KV_BYTES / gib
@@ -93,13 +99,12 @@ def concurrency(m: dict, params: float, hbm_bytes: float, tp: int, precision: st
 def rows() -> list[dict]:
     presets = HERE.parent / "diffperf" / "presets"
     models = json.loads((presets / "models.json").read_text())
-    gpus = json.loads((presets / "gpus.json").read_text())
     out = []
     for name, gpu, tp, precision, values in TABLES:
         m = models[name]
         for seq, total in zip(SEQUENCES, values):
             isl, osl = (int(x) for x in seq.split("/"))
-            b = concurrency(m, PARAMS[name], gpus[gpu]["hbm_capacity"], tp, precision, isl, osl)
+            b = concurrency(m, PARAMS[name], NVML_TOTAL_MIB[gpu], tp, precision, isl, osl)
             out.append({
                 "id": f"trtllm10-tput-{gpu.split('-')[0]}-{name}-tp{tp}-{isl}x{osl}",
                 "kind": "infer", "source": SOURCE, "model": LABEL[name],

@@ -275,7 +275,8 @@ def _infer_holdout_lines(result) -> list[str]:
              "maximum-throughput table for the dense Llama 3 models (output tokens/s per GPU, "
              "in-flight batching, 10 prompt / output lengths each; batch = the requests "
              "trtllm-bench's KV-cache estimate lets in flight; `benchmarks_data/SOURCES.md`). "
-             "Its software, batching and GPUs (B200 / GB200 FP4) are not in the fit.", "",
+             "Its software release, in-flight batching and FP4 inference are not in the fit "
+             "(B200 / GB200 are, through training rows).", "",
              "| GPU, model, plan | values | MAPE | mean error | predicted too fast |",
              "|---|---:|---:|---:|---:|"]
     for name, rows in [*groups.items(), ("all", result["rows"])]:

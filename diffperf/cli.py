@@ -126,8 +126,8 @@ def _add_train(sub):
     p.add_argument("--precision", default=None, choices=["fp32", "tf32", "bf16", "fp16", "fp8",
                                                          "fp4"],
                    help="GEMM precision (default bf16, fp16 on V100); fp32 runs at the GPU's "
-                        "fp32 tensor-core rate (TF32 on A100 and later, as PyTorch's "
-                        "allow_tf32), the same as tf32")
+                        "fp32 tensor-core rate (TF32 on A100 and later, the same as tf32, as "
+                        "with PyTorch's allow_tf32 = True)")
     p.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
                    default=None, help="sequence parallelism (default: on when tp > 1)")
     p.add_argument("--flash", dest="flash_attention", action=argparse.BooleanOptionalAction,

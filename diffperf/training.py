@@ -438,10 +438,12 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # only about one chunk stays exposed).
     # Both windows shrink to the share of the layers' compute that the layer-level overlaps
     # (async TP, EP, activation offloading) left free.
-    # ZeRO-2's per-micro-batch reductions each overlap their own micro-batch's backward pass.
-    window = jnp.where(zero2, m, jnp.minimum(((plan.vp - 1.0) * plan.pp + 1.0) / plan.vp, m))
+    window = jnp.minimum(((plan.vp - 1.0) * plan.pp + 1.0) / plan.vp, m)
     last_mb = window * layers_per_stage * (
         layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))
+    # ZeRO-2's per-micro-batch reductions each overlap their own micro-batch's backward pass
+    # (the parameter all-gather, once, the first forward).
+    last_mb = jnp.where(zero2, layers_per_stage * (m * layer.backward + layer.forward), last_mb)
     hide = free_after_offload * jnp.where(plan.zero >= 3, eff.zero3_overlap * compute,
                                           plan.overlap_dp * eff.dp_overlap * last_mb)
     dp_comm = jnp.where(dp_ranks > 1, exposed_after_overlap(dp_total, hide), 0.0)

@@ -208,12 +208,12 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
     embed = (model.dropout * model.seq_len / plan.cp * plan.micro_batch * model.hidden / plan.tp
              * jnp.minimum(plan.pp, plan.num_micro_batches))
     # The last stage's logits (this stage's only without pipeline parallelism): the LM head's
-    # 16-bit output for one micro-batch, s b v / t elements, which the loss keeps for its
+    # 16-bit output (4-byte in fp32 training) for one micro-batch, s b v / t elements, which the loss keeps for its
     # backward pass. That is what a fused cross entropy (Megatron-core's loss fusion) holds;
     # the unfused vocab-parallel loss also keeps an fp32 copy (Korthikanti Sec 4.3's
     # 4 s b v / t), so this is a lower bound.
     logits = jnp.where(plan.pp > 1, 0.0, 2.0 * model.seq_len / plan.cp * plan.micro_batch
-                       * model.vocab / plan.tp)
+                       * model.vocab / plan.tp * jnp.where(plan.precision == 0, 2.0, 1.0))
     acts = acts + working + embed + logits
     total = weights + grads + optim + acts + eff.memory_reserve
     return TrainingMemory(weights, grads, optim, acts, eff.memory_reserve, total, host)

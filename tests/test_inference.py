@@ -180,10 +180,10 @@ def test_decode_step_never_faster_at_a_larger_batch_across_the_split_k_switch(gp
     assert np.all(steps >= -1e-9 * float(tpot[-1])), batches[:-1][steps < 0]
 
 
-def test_split_k_choice_is_continuous_and_never_dearer_than_either_kernel():
+def test_split_k_choice_is_continuous_at_one_tile_per_sm():
     """The GEMM cost is the cheaper of split-K (two kernels, every SM busy) and one kernel on
-    the SMs its tiles occupy: at one tile per SM both end at a single full-rate kernel, and
-    just below it the single kernel wins (it only idles a few SMs)."""
+    the SMs its tiles occupy: just below one tile per SM the single kernel wins (it idles only
+    a few SMs) and costs what the full-rate single kernel costs at one tile per SM."""
     from diffperf.inference import _gemm
     s = system(B200)
     n, k = 8192.0, 1024.0
