@@ -51,7 +51,13 @@ def add_design_parsers(subparsers) -> None:
         description="Decompose the training speed-up base -> target over precision, tensor "
                     "FLOP/s, HBM bandwidth and capacity, NVLink bandwidth and domain, scale-out "
                     "bandwidth and best plan (exact Shapley values over all 2^8 coalitions, vmapped).")
-    p.add_argument("--model", default="gpt3-175b", help="model preset (default gpt3-175b)")
+    p.add_argument("--workload", choices=["train", "infer"], default="train",
+                   help="train (default): one training step on its best plan per coalition; "
+                        "infer: the end-to-end latency of a fixed inference plan (--tp, "
+                        "--batch, --input, --output) over precision, tensor FLOP/s, HBM and "
+                        "NVLink")
+    p.add_argument("--model", default=None,
+                   help="model preset (default gpt3-175b; llama2-70b with --workload infer)")
     p.add_argument("--base", default="dgx-a100", help="base system preset (default dgx-a100)")
     p.add_argument("--targets", nargs="+", default=["dgx-h100", "dgx-b200", "gb200-nvl72"],
                    help="target system presets (default dgx-h100 dgx-b200 gb200-nvl72)")
@@ -60,6 +66,13 @@ def add_design_parsers(subparsers) -> None:
                    help="sequences per optimizer step (default 1536)")
     p.add_argument("--precision", default="fp8", choices=["bf16", "fp8", "fp4"],
                    help="target plan precision (default fp8; the base runs bf16)")
+    p.add_argument("--tp", type=int, default=8, help="--workload infer: tensor-parallel GPUs "
+                                                     "(default 8)")
+    p.add_argument("--batch", type=int, default=1, help="--workload infer: batch (default 1)")
+    p.add_argument("--input", type=int, default=128,
+                   help="--workload infer: prompt tokens (default 128)")
+    p.add_argument("--output", type=int, default=128,
+                   help="--workload infer: generated tokens (default 128)")
     p.add_argument("--plot", default=None, help="save a bar chart (PNG)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_attribution)
@@ -240,8 +253,54 @@ def _attribution_rows(args):
     return results
 
 
+def _run_infer_attribution(args) -> int:
+    """`attribution --workload infer`: the speed-up of one fixed inference plan."""
+    from . import attribution as A
+    from .inference_plan import InferencePlan
+    from .presets import model, system
+    if args.plot:
+        return _err("--plot is for --workload train")
+    try:
+        mdl = model(args.model)
+        plan = InferencePlan(tp=args.tp, batch=args.batch, input_len=args.input,
+                             output_len=args.output)
+        out = {t: A.attribute_inference(mdl, system(args.base), system(t), plan,
+                                        target_precision=args.precision)
+               for t in dict.fromkeys(args.targets)}
+    except ValueError as e:
+        return _err(str(e))
+    if args.json:
+        print(json.dumps({"workload": "infer", "base": args.base, "model": args.model,
+                          "tp": args.tp, "batch": args.batch, "input": args.input,
+                          "output": args.output, "precision": args.precision,
+                          "targets": out}, indent=2))
+        return 0
+    print(f"{args.model} inference, tp {args.tp}, batch {args.batch}, {args.input} in / "
+          f"{args.output} out: {args.base} (bf16) -> target ({args.precision}); end-to-end "
+          f"latency of the same plan, {2 ** len(A.INFER_FACTORS)} coalitions")
+    print("efficiency: the shared fitted factors on every system, so that the speed-up is the "
+          "hardware's; HBM capacity, NVLink domain and scale-out stay the base's (a fixed plan "
+          "that fits does not depend on them)")
+    print(f"{'factor':<20}" + "".join(f"{t:>22}" for t in out))
+    print(f"{'':<20}" + "".join(f"{'shapley x (alone x)':>22}" for _ in out))
+    for f in A.INFER_FACTORS:
+        print(f"{f:<20}" + "".join(
+            f"{r['factors'][f]['speedup']:>12.2f}x ({r['factors'][f]['alone']:5.2f}x)"
+            for r in out.values()))
+    print(f"{'total speed-up':<20}" + "".join(f"{r['speedup']:>21.2f}x" for r in out.values()))
+    print(f"{'TPOT base/tgt':<20}" + "".join(
+        f"{r['base_tpot_s'] * 1e3:>10.2f}/{r['target_tpot_s'] * 1e3:.2f} ms".rjust(22)
+        for r in out.values()))
+    print("\nShapley factors multiply to the total (log-speed-ups add up).")
+    return 0
+
+
 def run_attribution(args) -> int:
     from . import attribution as A
+    if args.model is None:
+        args.model = "llama2-70b" if args.workload == "infer" else "gpt3-175b"
+    if args.workload == "infer":
+        return _run_infer_attribution(args)
     try:
         results = _attribution_rows(args)
     except ValueError as e:

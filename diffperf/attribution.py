@@ -226,6 +226,65 @@ def attribute(model: Transformer, base: System, target: System, gpus: int, globa
     }
 
 
+#: Factors of an inference speed-up (a fixed plan: no capacity, domain, scale-out or plan factor).
+INFER_FACTORS = ("precision", "tensor_flops", "hbm_bandwidth", "nvlink_bandwidth")
+
+
+def attribute_inference(model: Transformer, base: System, target: System, plan,
+                        target_precision: str = "fp8", base_precision: str = "bf16",
+                        efficiency: Efficiency | None = None) -> dict:
+    """Shapley attribution of the end-to-end latency speed-up of one inference `plan`
+    (`InferencePlan`: tp, pp, batch, lengths) from `base` to `target` over `INFER_FACTORS`:
+    `precision` (weights, GEMM inputs and KV cache base -> target precision, the low-precision
+    rate being the target's ratio to bf16 times the coalition's bf16 rate, as in training),
+    `tensor_flops` (with L2 and SM count), `hbm_bandwidth` and `nvlink_bandwidth` (with the NVLink
+    generation's hop latency and in-switch reduction). HBM capacity, the NVLink domain and the
+    scale-out network stay the base's: they do not change the time of a plan that fits. All 16
+    coalitions in one jitted vmap.
+
+    **Returns:** dict with `speedup`, `log_speedup`, `base_e2e_s`, `target_e2e_s`, `base_tpot_s`,
+    `target_tpot_s` and `factors` {name: {"shapley_log", "speedup", "alone"}}; ValueError if a
+    coalition's plan is infeasible (other than by memory)."""
+    import equinox as eqx
+
+    from .inference import infer
+    eff = default_efficiency() if efficiency is None else efficiency
+    pb, pt = precision_code(base_precision), precision_code(target_precision)
+    at = target.accelerator
+    if pt >= 2 and float(at.peak_flops(pt)) <= 0:
+        raise ValueError(f"target GPU does not support {target_precision}")
+    ratio = jnp.asarray([float(at.flops_fp8), float(at.flops_fp4)]) / float(at.flops_bf16)
+    F = len(INFER_FACTORS)
+    masks = np.array(list(itertools.product([0, 1], repeat=F)), dtype=bool)
+    fixed = {"hbm_capacity": False, "nvlink_domain": False, "scaleout_bandwidth": False}
+
+    def one(mask):
+        on = {**fixed, **{f: mask[i] for i, f in enumerate(INFER_FACTORS)}}
+        code = jnp.where(mask[0], float(pt), float(pb))
+        p = eqx.tree_at(lambda q: (q.weight_precision, q.activation_precision, q.kv_precision),
+                        plan, (code, code, code))
+        r = infer(model, _coalition_system(base, target, on, ratio), p, eff)
+        return r.e2e_latency, r.tpot, r.reason
+
+    e2e, tpot, reason = jax.device_get(jax.jit(jax.vmap(one))(jnp.asarray(masks)))
+    bad = [m for m, r in zip(masks, reason) if int(r) not in (0, 10)]
+    if bad:
+        names = " + ".join(f for f, on in zip(INFER_FACTORS, bad[0]) if on) or "the base"
+        raise ValueError(f"the plan is infeasible on {names} (reason {int(reason[0])}); "
+                         f"check it with diffperf infer first")
+    value = np.log(e2e[0] / e2e)
+    phi = shapley(masks, value)
+    alone = {f: float(e2e[0] / e2e[int(np.flatnonzero((masks == np.eye(F, dtype=bool)[i])
+                                                          .all(1))[0])])
+             for i, f in enumerate(INFER_FACTORS)}
+    return {"speedup": float(e2e[0] / e2e[-1]), "log_speedup": float(value[-1]),
+            "base_e2e_s": float(e2e[0]), "target_e2e_s": float(e2e[-1]),
+            "base_tpot_s": float(tpot[0]), "target_tpot_s": float(tpot[-1]),
+            "coalitions": len(masks),
+            "factors": {f: {"shapley_log": float(phi[i]), "speedup": float(np.exp(phi[i])),
+                            "alone": alone[f]} for i, f in enumerate(INFER_FACTORS)}}
+
+
 #: Published comparisons quoted beside the model's headline (vendor claims, not measurements).
 CLAIMS = [
     ("Kundu et al. IISWC 2024 (arXiv:2407.14645)", "B200 vs A100, GPT-3 175B training, system "

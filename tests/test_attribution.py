@@ -60,3 +60,35 @@ def test_moe_candidates_include_expert_parallelism():
     moe = A.candidate_plans(model("mixtral-8x7b"), 64, 512)
     assert list(moe.axes["ep"]) == [1, 2, 4, 8]
     assert "ep" not in A.candidate_plans(model("gpt3-175b"), 64, 512).axes
+
+
+def test_inference_attribution_multiplies_to_the_total_and_matches_a_single_swap():
+    """Llama-2 70B batch-1 decode, A100 -> B200 in fp8: the Shapley factors multiply to the
+    end-to-end speed-up, and `hbm_bandwidth` alone equals the latency ratio of the base system
+    with only its HBM bandwidth replaced by the target's (built here independently)."""
+    import equinox as eqx
+
+    import diffperf as dp
+    from diffperf.presets import default_efficiency
+    m, base, tgt = model("llama2-70b"), system("dgx-a100"), system("dgx-b200")
+    plan = dp.InferencePlan(tp=8, batch=1, input_len=128, output_len=128)
+    r = A.attribute_inference(m, base, tgt, plan, target_precision="fp8")
+    prod = math.prod(f["speedup"] for f in r["factors"].values())
+    assert prod == pytest.approx(r["speedup"], rel=1e-5)
+    assert r["speedup"] > 1.5 and r["factors"]["hbm_bandwidth"]["speedup"] > 1.2
+    swapped = eqx.tree_at(lambda s: s.accelerator.hbm_bandwidth, base,
+                          tgt.accelerator.hbm_bandwidth)
+    eff = default_efficiency()
+    t0 = float(dp.infer(m, base, plan, eff).e2e_latency)
+    t1 = float(dp.infer(m, swapped, plan, eff).e2e_latency)
+    assert r["factors"]["hbm_bandwidth"]["alone"] == pytest.approx(t0 / t1, rel=1e-5)
+    assert r["base_e2e_s"] == pytest.approx(t0, rel=1e-5)
+
+
+def test_inference_attribution_cli(capsys):
+    from diffperf.cli import main
+    assert main(["attribution", "--workload", "infer", "--targets", "dgx-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "llama2-70b inference" in out and "hbm_bandwidth" in out and "TPOT base/tgt" in out
+    assert main(["attribution", "--workload", "infer", "--plot", "x.png"]) == 2
+    assert "--plot is for --workload train" in capsys.readouterr().err
