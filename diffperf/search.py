@@ -190,7 +190,10 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
                                                        res.front_secondary[front_ok])]
     both = describe_plans(model, system, gpus, global_batch, grid,
                           np.concatenate([top_idx, front_idx]), eff, explain_gap=False)
-    top = both.iloc[:top_idx.size].drop_duplicates(["step_time_s", "memory_gb"]).head(top_k)
+    # Plans whose step times tie (to 1 us) are listed with the one needing less memory first.
+    top = both.iloc[:top_idx.size].drop_duplicates(["step_time_s", "memory_gb"])
+    top = top.iloc[np.lexsort((top["memory_gb"].to_numpy(),
+                               top["step_time_s"].to_numpy().round(6)))].head(top_k)
     top = _explain_gaps(top.reset_index(drop=True))
     pareto = both.iloc[top_idx.size:].reset_index(drop=True)
     reasons_all = dict(REASONS) | {

@@ -375,3 +375,17 @@ def test_search_refuses_a_grid_with_bad_codes_before_sweeping():
                        ({"tpp": [1, 2]}, "grid axis 'tpp' is not a plan field")):
         with pytest.raises(ValueError, match=text):
             dp.search_training(*args, grid=dp.Grid(axes), progress=False)
+
+
+def test_search_lists_the_leaner_of_two_equally_fast_plans_first():
+    """With one micro-batch per step ZeRO-2 reduce-scatters as often as ZeRO-1 (once), so the
+    two tie in step time; ZeRO-2 holds a shard of the gradients and must be listed first."""
+    model, system = dp.model("gpt-7.5b"), dp.system("a100-sxm4-80gb")
+    grid = Grid({"tp": [8], "pp": [1], "vp": [1], "micro_batch": [8], "recompute": [1],
+                 "zero": [1, 2]})
+    r = search_training(model, system, 64, 64, grid=grid, top_k=2, progress=False)
+    top = r["top"]
+    assert len(top) == 2
+    assert np.isclose(top["step_time_s"].iloc[0], top["step_time_s"].iloc[1], rtol=1e-6)
+    assert list(top["zero"]) == [2, 1]
+    assert top["memory_gb"].iloc[0] < top["memory_gb"].iloc[1]
