@@ -80,13 +80,20 @@ def add_design_parsers(subparsers) -> None:
     p = subparsers.add_parser(
         "technology", help="technology generator check and node exploration (12 nm -> 1 nm)",
         description="Print the generated A100 / H100 / B200 against their datasheets, then "
-                    "training step time (GPT-3 175B) and inference latency (Llama-2 70B) across "
+                    "training step time (GPT-3 175B) and inference latency (Llama-2 70B, TP 8, "
+                    "batch 1, 128 / 128 tokens unless --infer-model etc. say otherwise) across "
                     "logic nodes with logic-only, memory-only, network-only and full scaling, "
                     "with compute / memory / network / latency shares.")
     p.add_argument("--nodes", type=float, nargs="+", default=None, help="nodes, nm")
     p.add_argument("--arch", default="hopper", type=str.lower,
                    help="architecture held fixed (default hopper)")
     p.add_argument("--references-only", action="store_true")
+    p.add_argument("--infer-model", default="llama2-70b",
+                   help="inference model preset (default llama2-70b)")
+    p.add_argument("--tp", type=int, default=8, help="inference tensor parallelism (default 8)")
+    p.add_argument("--batch", type=int, default=1, help="inference batch (default 1)")
+    p.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
+    p.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
     p.add_argument("--csv", default=None, help="write the node table to this CSV")
     p.add_argument("--plot", default=None, help="save the node exploration plot (PNG)")
     p.add_argument("--json", action="store_true")
@@ -375,7 +382,18 @@ def run_technology(args) -> int:
         df = None
         if not args.references_only:
             T._arch_row(args.arch)
-            df = T.node_study(nodes=args.nodes, arch=args.arch)
+            from .feasibility import describe_failure
+            from .inference import infer
+            from .inference_plan import InferencePlan
+            from .presets import model, system
+            iplan = InferencePlan(tp=args.tp, batch=args.batch, input_len=args.input,
+                                  output_len=args.output)
+            imodel = model(args.infer_model)
+            reason = int(infer(imodel, system("h100-sxm5-80gb"), iplan).reason)
+            if reason not in (0, 10):  # structural (memory depends on the node's HBM)
+                raise ValueError(f"inference plan: {describe_failure(reason, imodel, iplan)}")
+            df = T.node_study(nodes=args.nodes, arch=args.arch, infer_model=args.infer_model,
+                              infer_plan=iplan)
     except ValueError as e:
         return _err(str(e))
     if args.csv and df is not None:
@@ -384,6 +402,9 @@ def run_technology(args) -> int:
         _plot_nodes(df, args.plot)
     if args.json:
         print(json.dumps({"references": refs,
+                          "inference": {"model": args.infer_model, "tp": args.tp,
+                                        "batch": args.batch, "input": args.input,
+                                        "output": args.output},
                           "nodes": None if df is None else df.to_dict(orient="records")},
                          indent=2))
         return 0
@@ -401,7 +422,9 @@ def run_technology(args) -> int:
             "infer_compute", "infer_memory", "infer_network", "infer_latency", "train_plan"]
     import pandas as pd
     with pd.option_context("display.width", 250, "display.max_columns", 30):
-        print("\nnode exploration (shares = minus elasticities w.r.t. each resource's rates):")
+        print(f"\nnode exploration (shares = minus elasticities w.r.t. each resource's rates); "
+              f"inference: {args.infer_model}, tp {args.tp}, batch {args.batch}, {args.input} in "
+              f"/ {args.output} out:")
         print(df[cols].astype({c: float for c in cols[1:-1]}).to_string(
             index=False, float_format=lambda x: f"{x:.3f}"))
     return 0

@@ -444,9 +444,10 @@ def study_design() -> Design:
 
 def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
                gpus: int = 1024, global_batch: int = 1536, infer_model: str = "llama2-70b",
-               efficiency=None, base_node: float = 12.0):
-    """Training step time (best candidate plan per point, bf16) and inference latency (tp 8,
-    batch 1, 128 in / 128 out: TPOT and e2e) of `study_design()` across nodes, with logic-only,
+               efficiency=None, base_node: float = 12.0, infer_plan=None):
+    """Training step time (best candidate plan per point, bf16) and inference latency
+    (`infer_plan`, default tp 8, batch 1, 128 in / 128 out: TPOT and e2e) of `study_design()`
+    across nodes, with logic-only,
     memory-only, network-only and full scaling from the `base_node` era; bottleneck shares
     (compute / memory / network / latency) from the elasticities at every point.
 
@@ -496,7 +497,7 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
 
     idx = np.asarray(best_plans(coords))
     plan_vals = {k: jnp.asarray(np.asarray(v)[idx]) for k, v in vals.items()}
-    iplan = default_inference_plan()
+    iplan = default_inference_plan() if infer_plan is None else infer_plan
 
     def shares(grads, system, t):
         el = jax.tree.map(lambda g, x: g * x / t, grads, system)

@@ -94,3 +94,20 @@ def test_every_table_row_has_a_source():
             assert r.get("source"), (section, r)
     for name in T.reference_names():
         assert t["references"][name]["source"]
+
+
+def test_technology_cli_takes_an_inference_workload(capsys):
+    """`diffperf technology --infer-model/--tp/--batch/--input/--output` studies that plan (the
+    JSON says which), and a plan whose tp does not divide the heads is refused by name."""
+    import json
+
+    from diffperf.cli import main
+    assert main(["technology", "--nodes", "12", "--infer-model", "llama3-8b", "--tp", "1",
+                 "--batch", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["inference"] == {"model": "llama3-8b", "tp": 1, "batch": 16, "input": 128,
+                                "output": 128}
+    tpot = [r["infer_tpot_ms"] for r in out["nodes"]]
+    assert len(tpot) == 4 and all(np.isfinite(tpot))
+    assert main(["technology", "--nodes", "12", "--tp", "3"]) == 2
+    assert "tp does not divide heads (tp=3" in capsys.readouterr().err
