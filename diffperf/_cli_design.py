@@ -282,8 +282,10 @@ def _run_infer_attribution(args) -> int:
                           "output": args.output, "precision": args.precision,
                           "targets": out}, indent=2))
         return 0
+    from .presets import precision_label
     print(f"{args.model} inference, tp {args.tp}, batch {args.batch}, {args.input} in / "
-          f"{args.output} out: {args.base} (bf16) -> target ({args.precision}); end-to-end "
+          f"{args.output} out: {args.base} ({precision_label(args.base, 'bf16')}) -> target "
+          f"({args.precision}); end-to-end "
           f"latency of the same plan, {2 ** len(A.INFER_FACTORS)} coalitions")
     print("efficiency: the shared fitted factors on every system, so that the speed-up is the "
           "hardware's; HBM capacity, NVLink domain and scale-out stay the base's (a fixed plan "

@@ -267,11 +267,13 @@ def attribute_inference(model: Transformer, base: System, target: System, plan,
         return r.e2e_latency, r.tpot, r.reason
 
     e2e, tpot, reason = jax.device_get(jax.jit(jax.vmap(one))(jnp.asarray(masks)))
-    bad = [m for m, r in zip(masks, reason) if int(r) not in (0, 10)]
+    bad = [i for i, r in enumerate(reason) if int(r) not in (0, 10)]
     if bad:
-        names = " + ".join(f for f, on in zip(INFER_FACTORS, bad[0]) if on) or "the base"
-        raise ValueError(f"the plan is infeasible on {names} (reason {int(reason[0])}); "
-                         f"check it with diffperf infer first")
+        from .feasibility import describe_failure
+        names = " + ".join(f for f, on in zip(INFER_FACTORS, masks[bad[0]]) if on)
+        where = f"with the target's {names}" if names else "on the base system"
+        raise ValueError(f"the plan is infeasible {where}: "
+                         f"{describe_failure(int(reason[bad[0]]), model, plan)}")
     value = np.log(e2e[0] / e2e)
     phi = shapley(masks, value)
     alone = {f: float(e2e[0] / e2e[int(np.flatnonzero((masks == np.eye(F, dtype=bool)[i])

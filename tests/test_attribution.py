@@ -92,3 +92,10 @@ def test_inference_attribution_cli(capsys):
     assert "llama2-70b inference" in out and "hbm_bandwidth" in out and "TPOT base/tgt" in out
     assert main(["attribution", "--workload", "infer", "--plot", "x.png"]) == 2
     assert "--plot is for --workload train" in capsys.readouterr().err
+
+
+def test_inference_attribution_names_an_infeasible_plan():
+    import diffperf as dp
+    with pytest.raises(ValueError, match="infeasible on the base system: tp does not divide"):
+        A.attribute_inference(model("llama2-70b"), system("dgx-a100"), system("dgx-h100"),
+                              dp.InferencePlan(tp=3, batch=1))
