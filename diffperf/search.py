@@ -191,9 +191,11 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     both = describe_plans(model, system, gpus, global_batch, grid,
                           np.concatenate([top_idx, front_idx]), eff, explain_gap=False)
     # Plans whose step times tie (to 1 us) are listed with the one needing less memory first.
-    top = both.iloc[:top_idx.size].drop_duplicates(["step_time_s", "memory_gb"])
-    top = top.iloc[np.lexsort((top["memory_gb"].to_numpy(),
-                               top["step_time_s"].to_numpy().round(6)))].head(top_k)
+    top = both.iloc[:top_idx.size]
+    if len(top):  # (no feasible plan: an empty frame without columns)
+        top = top.drop_duplicates(["step_time_s", "memory_gb"])
+        top = top.iloc[np.lexsort((top["memory_gb"].to_numpy(),
+                                   top["step_time_s"].to_numpy().round(6)))].head(top_k)
     top = _explain_gaps(top.reset_index(drop=True))
     pareto = both.iloc[top_idx.size:].reset_index(drop=True)
     reasons_all = dict(REASONS) | {
