@@ -167,16 +167,17 @@ def run_sensitivity(args) -> int:
     for k, default in _SENSITIVITY_DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, default)
+    model_name = args.model or ("gpt3-175b" if args.workload == "train" else "llama2-70b")
     from .cli import _load_efficiency
     try:
         eff = _load_efficiency(None, args.gpu)  # the GPU's fitted factors, as train / infer use
         sys_ = system_with_overrides(system(args.gpu), args.set)
         if args.workload == "train":
-            mdl = model(args.model or "gpt3-175b")
+            mdl = model(model_name)
             plan = S.best_training_plan(mdl, sys_, args.gpus, args.global_batch, efficiency=eff)
         else:
             from .inference_plan import InferencePlan
-            mdl = model(args.model or "llama2-70b")
+            mdl = model(model_name)
             plan = InferencePlan(tp=args.tp, batch=args.batch, input_len=128, output_len=128)
             from .feasibility import describe_failure, explain
             from .inference import infer
@@ -199,7 +200,6 @@ def run_sensitivity(args) -> int:
             tv, tech = S.technology_elasticities(fn, ref, float(sys_.network.nvlink_domain))
     except ValueError as e:
         return _err(str(e))
-    model_name = args.model or ("gpt3-175b" if args.workload == "train" else "llama2-70b")
     out = {"workload": args.workload, "model": model_name, "plan": _plan_fields(plan),
            "set": args.set or [], "time_s": value,
            "bottlenecks": S.bottlenecks(el),
@@ -260,6 +260,17 @@ def _attribution_rows(args):
     return results
 
 
+def _print_factor_table(out: dict, factors) -> None:
+    """Shapley and alone speed-up of every factor per target, then the total speed-up."""
+    print(f"{'factor':<20}" + "".join(f"{t:>22}" for t in out))
+    print(f"{'':<20}" + "".join(f"{'shapley x (alone x)':>22}" for _ in out))
+    for f in factors:
+        print(f"{f:<20}" + "".join(
+            f"{r['factors'][f]['speedup']:>12.2f}x ({r['factors'][f]['alone']:5.2f}x)"
+            for r in out.values()))
+    print(f"{'total speed-up':<20}" + "".join(f"{r['speedup']:>21.2f}x" for r in out.values()))
+
+
 def _run_infer_attribution(args) -> int:
     """`attribution --workload infer`: the speed-up of one fixed inference plan."""
     from . import attribution as A
@@ -290,13 +301,7 @@ def _run_infer_attribution(args) -> int:
     print("efficiency: the shared fitted factors on every system, so that the speed-up is the "
           "hardware's; HBM capacity, NVLink domain and scale-out stay the base's (a fixed plan "
           "that fits does not depend on them)")
-    print(f"{'factor':<20}" + "".join(f"{t:>22}" for t in out))
-    print(f"{'':<20}" + "".join(f"{'shapley x (alone x)':>22}" for _ in out))
-    for f in A.INFER_FACTORS:
-        print(f"{f:<20}" + "".join(
-            f"{r['factors'][f]['speedup']:>12.2f}x ({r['factors'][f]['alone']:5.2f}x)"
-            for r in out.values()))
-    print(f"{'total speed-up':<20}" + "".join(f"{r['speedup']:>21.2f}x" for r in out.values()))
+    _print_factor_table(out, A.INFER_FACTORS)
     print(f"{'TPOT base/tgt':<20}" + "".join(
         f"{r['base_tpot_s'] * 1e3:>10.2f}/{r['target_tpot_s'] * 1e3:.2f} ms".rjust(22)
         for r in out.values()))
@@ -331,14 +336,7 @@ def run_attribution(args) -> int:
           f"coalition, 256 coalitions")
     print("efficiency: the shared fitted factors on every system (train uses each GPU's own), "
           "so that the speed-up is the hardware's")
-    head = f"{'factor':<20}" + "".join(f"{t:>22}" for t in out)
-    print(head)
-    print(f"{'':<20}" + "".join(f"{'shapley x (alone x)':>22}" for _ in out))
-    for f in A.FACTORS:
-        cells = "".join(f"{r['factors'][f]['speedup']:>12.2f}x ({r['factors'][f]['alone']:5.2f}x)"
-                        for r in out.values())
-        print(f"{f:<20}{cells}")
-    print(f"{'total speed-up':<20}" + "".join(f"{r['speedup']:>21.2f}x" for r in out.values()))
+    _print_factor_table(out, A.FACTORS)
     print(f"{'step time base/tgt':<20}" + "".join(
         f"{r['base_step_time']:>10.2f}s/{r['target_step_time']:.2f}s".rjust(22)
         for r in out.values()))

@@ -177,6 +177,14 @@ def shapley(masks: np.ndarray, value: np.ndarray) -> np.ndarray:
     return phi
 
 
+def _alone(masks: np.ndarray, times: np.ndarray, factors) -> dict:
+    """Speed-up of each factor applied alone: time of the empty coalition / time of the
+    coalition holding only that factor."""
+    single = np.eye(len(factors), dtype=bool)
+    return {f: float(times[0] / times[int(np.flatnonzero((masks == single[i]).all(1))[0])])
+            for i, f in enumerate(factors)}
+
+
 def attribute(model: Transformer, base: System, target: System, gpus: int, global_batch: int,
               target_precision: str = "fp8", base_precision: str = "bf16",
               efficiency: Efficiency | None = None, grid: Grid | None = None) -> dict:
@@ -204,13 +212,7 @@ def attribute(model: Transformer, base: System, target: System, gpus: int, globa
                          f"may not fit (a target with less HBM than the base); attribution "
                          f"needs targets at least as large as the base")
     phi = shapley(res["masks"], value)
-    F = len(FACTORS)
-    alone = {}
-    for i, f in enumerate(FACTORS):
-        m = np.zeros(F, bool)
-        m[i] = True
-        j = int(np.flatnonzero((res["masks"] == m).all(1))[0])
-        alone[f] = float(t[0] / t[j])
+    alone = _alone(res["masks"], t, FACTORS)
     grid_ = res["grid"]
     names = grid_.names
     decode = lambda i: {k: int(v[0]) for k, v in grid_.decode_host(np.array([i])).items()}
@@ -276,9 +278,7 @@ def attribute_inference(model: Transformer, base: System, target: System, plan,
                          f"{describe_failure(int(reason[bad[0]]), model, plan)}")
     value = np.log(e2e[0] / e2e)
     phi = shapley(masks, value)
-    alone = {f: float(e2e[0] / e2e[int(np.flatnonzero((masks == np.eye(F, dtype=bool)[i])
-                                                          .all(1))[0])])
-             for i, f in enumerate(INFER_FACTORS)}
+    alone = _alone(masks, e2e, INFER_FACTORS)
     return {"speedup": float(e2e[0] / e2e[-1]), "log_speedup": float(value[-1]),
             "base_e2e_s": float(e2e[0]), "target_e2e_s": float(e2e[-1]),
             "base_tpot_s": float(tpot[0]), "target_tpot_s": float(tpot[-1]),
