@@ -168,6 +168,31 @@ def _moe_error_lines(fit, moe):
         ""]
 
 
+def _unseen_error_lines(fit, unseen):
+    """The unseen-inference model error and how the fitted throughput error would cover."""
+    import numpy as np
+    from statistics import NormalDist
+    from diffperf.calibrate_uncertainty import PRECISION_CLASS_NAMES, UNSEEN_INFERENCE
+    if unseen is None or not unseen["residuals"].size:
+        return []
+    r, z = unseen["residuals"], NormalDist().inv_cdf(0.95)
+    sd, seen = fit.residual_sd[UNSEEN_INFERENCE], fit.residual_sd["throughput"]
+    support = fit.inference_support
+    half = (np.exp(z * sd) - np.exp(-z * sd)) / 2 * 100
+    return [
+        f"Inference outside the fit's inference data (a GPU other than "
+        f"{', '.join(support['gpus'])}, or GEMMs at another precision than "
+        f"{', '.join(PRECISION_CLASS_NAMES[p] for p in support['precisions'])}) gets its own model "
+        f"error, `{UNSEEN_INFERENCE}`, applied as the larger of it and the quantity's own: the "
+        f"RMS log residual of the {r.size} held-out rows above of that kind (the other "
+        f"{unseen['seen']} are inside the fit's data): {sd * 100:.1f} % against "
+        f"{seen * 100:.1f} % for batched throughput, a mean half-width of {half:.0f} %. With "
+        f"the throughput error only {np.mean(np.abs(r) <= z * seen) * 100:.0f} % of these "
+        f"{r.size} measurements would fall inside their 90 % interval; with their own, "
+        f"{np.mean(np.abs(r) <= z * sd) * 100:.0f} % (own scale, parameter part left out).",
+        ""]
+
+
 def _coverage_lines(fit, cov):
     from diffperf.calibrate_uncertainty import QUANTITIES
     t = cov["table"]
@@ -323,11 +348,17 @@ def main(argv=None) -> int:
     fit.metadata["settings"] = SETTINGS
     fit.save(args.out)
     holdout = _validate_holdout(args.out)  # the held-out rows predicted with the saved fit
-    moe = None
+    infer_holdout = _validate_holdout(args.out, INFER_HOLDOUT)
+    moe = unseen = None
     if coverage:
         from diffperf.calibrate_uncertainty import moe_step_error
         moe = moe_step_error(fit, cv_preds["source"], holdout["rows"] if holdout else [])
-        fit.save(args.out)  # with the MoE error
+    if infer_holdout is not None:
+        from diffperf.calibrate_uncertainty import unseen_inference_error
+        from diffperf.data import read_benchmark_files
+        unseen = unseen_inference_error(fit, infer_holdout["rows"],
+                                        read_benchmark_files([INFER_HOLDOUT]))
+    fit.save(args.out)  # with the MoE and unseen-inference errors
     print(f"wrote {args.out}", file=sys.stderr)
     report = Path(args.report)
     lines = [
@@ -363,7 +394,8 @@ def main(argv=None) -> int:
         lines += _moe_error_lines(fit, moe)
     lines += _implausible_lines(fit)
     lines += _holdout_lines(holdout)
-    lines += _infer_holdout_lines(_validate_holdout(args.out, INFER_HOLDOUT))
+    lines += _infer_holdout_lines(infer_holdout)
+    lines += _unseen_error_lines(fit, unseen)
     lines += [
         "## Fitted factors",
         "",

@@ -43,6 +43,11 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
                    help="MoE training runs kept out of the fit, on which the model error of MoE "
                         "training steps (their prediction intervals) is measured (default: the "
                         "shipped benchmarks_data/train_moe_holdout.csv; 'none' to skip)")
+    p.add_argument("--infer-holdout", default=None, metavar="CSV",
+                   help="inference rows kept out of the fit, on which the model error of "
+                        "inference outside the fit's data (a GPU or GEMM precision no fitted "
+                        "inference row ran) is measured (default: the shipped "
+                        "benchmarks_data/infer_trtllm10_holdout.csv; 'none' to skip)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print the fit summary as JSON")
     p.set_defaults(func=run_calibrate)
@@ -86,10 +91,15 @@ def run_calibrate(args) -> int:
     out = Path(args.out)
     if out.parent and not out.parent.exists():
         raise ValueError(f"--out {out}: directory {out.parent} does not exist")
-    holdout = _moe_holdout_path(args.moe_holdout)
-    if holdout is not None:
-        from .data import read_benchmarks
-        holdout_rows = read_benchmarks(holdout)  # a malformed file fails before the fit
+    from .calibrate_uncertainty import INFER_HOLDOUT, MOE_HOLDOUT
+    from .data import read_benchmarks
+    holdout = _holdout_path(args.moe_holdout, MOE_HOLDOUT, "--moe-holdout",
+                            "MoE training runs")
+    infer_holdout = _holdout_path(args.infer_holdout, INFER_HOLDOUT, "--infer-holdout",
+                                  "inference runs")
+    # A malformed file fails before the fit.
+    holdout_rows = read_benchmarks(holdout) if holdout is not None else []
+    infer_rows = read_benchmarks(infer_holdout) if infer_holdout is not None else []
     fields = None
     if args.fields is not None:
         fields = [f.strip() for f in args.fields.split(",") if f.strip()]
@@ -149,6 +159,10 @@ def run_calibrate(args) -> int:
     if holdout is not None:
         moe_line = _measure_moe_error(fit, holdout, holdout_rows, out, fitted_predictions,
                                       basis)
+    unseen_line = None
+    if infer_holdout is not None and fit.inference_support is not None:
+        unseen_line = _measure_unseen_error(fit, infer_holdout, infer_rows, out)
+    if moe_line or unseen_line:
         fit.save(out)
     ins = summaries(fit.predictions)
     if args.json:
@@ -159,28 +173,52 @@ def run_calibrate(args) -> int:
         return 0
     print(f"wrote {out} (loss {fit.loss:.5g}; use: diffperf validate --efficiency {out})")
     print(format_table(ins, fit.cv.get(args.cv) if args.cv != "none" else None, args.cv))
-    if moe_line:
-        print(moe_line)
+    for line in (moe_line, unseen_line):
+        if line:
+            print(line)
     if fit.excluded:
         print(f"rows left out (structurally infeasible or invalid): "
               f"{', '.join(e['id'] for e in fit.excluded)}")
     return 0
 
 
-def _moe_holdout_path(arg: str | None) -> Path | None:
-    """The held-out MoE runs of `--moe-holdout`: the given file, the shipped one by default
-    (None if this install has no `benchmarks_data/`), None for 'none'."""
+def _holdout_path(arg: str | None, shipped: str, option: str, what: str) -> Path | None:
+    """The held-out rows of `option` (`--moe-holdout`, `--infer-holdout`): the given file, the
+    shipped `benchmarks_data/<shipped>` by default (None if this install has none), None for
+    'none'."""
     if arg is not None and arg.strip().lower() == "none":
         return None
     if arg is None:
         from .calibrate import benchmarks_dir
-        from .calibrate_uncertainty import MOE_HOLDOUT
-        path = benchmarks_dir() / MOE_HOLDOUT
+        path = benchmarks_dir() / shipped
         return path if path.is_file() else None
     if not Path(arg).is_file():
-        raise ValueError(f"--moe-holdout {arg}: file not found (give a benchmark CSV of MoE "
-                         f"training runs, or 'none')")
+        raise ValueError(f"{option} {arg}: file not found (give a benchmark CSV of {what}, "
+                         f"or 'none')")
     return Path(arg)
+
+
+def _measure_unseen_error(fit, holdout: Path, holdout_rows, fitted_path: Path) -> str | None:
+    """Set `fit`'s unseen-inference error (`unseen_inference_error`) from the inference rows of
+    `holdout` (parsed: `holdout_rows`) it was not fitted to, predicted with the saved fit at
+    `fitted_path`; records how in the metadata. **Returns:** the line to print (None when no
+    held-out row lies outside the fit's inference data)."""
+    from .calibrate_uncertainty import UNSEEN_INFERENCE, unseen_inference_error
+    from .presets import efficiency_from_json
+    from .validate import validate
+    fitted_ids = {r.id for r in fit.problem.ds.infer_rows}
+    rows = [r for r in holdout_rows if r.kind == "infer" and r.id not in fitted_ids]
+    if not rows:
+        return None
+    result = validate([holdout], efficiency_from_json(fitted_path))
+    unseen = unseen_inference_error(fit, result["rows"], rows)
+    if UNSEEN_INFERENCE not in fit.residual_sd:
+        return None
+    basis = f"{unseen['unseen']} held-out inference rows of {holdout.name}"
+    fit.metadata["unseen_inference_error_basis"] = basis
+    return (f"inference outside the fitted data (GPUs {', '.join(fit.inference_support['gpus'])}"
+            f"): model error {fit.residual_sd[UNSEEN_INFERENCE] * 100:.1f} %, from {basis}; "
+            f"`diffperf infer --interval` uses it there")
 
 
 def _measure_moe_error(fit, holdout: Path, holdout_rows, fitted_path: Path,

@@ -286,7 +286,7 @@ def run_infer(args) -> int:
                 ("e2e_latency", decode_quantity(args.batch, args.output), "s", 1.0)):
             summary[f"{field}_interval_s"] = interval_summary(
                 lambda e, f=field: getattr(infer(mdl, sys_, plan, e), f), args.efficiency,
-                args.gpu, "infer", quantity, unit, scale)
+                args.gpu, "infer", quantity, unit, scale, precision=int(plan.math_precision))
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
     for note in _caveats(mdl, args, summary):

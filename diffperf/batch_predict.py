@@ -113,5 +113,6 @@ def _intervals(kind: str, stacked, fit) -> dict:
         quantities = [decode_quantity(r.values["batch"], r.values["output_len"])
                       for r in stacked.rows]
     gpus = [r.values["gpu"] for r in stacked.rows]
-    _, low, high = row_intervals(predict, gpus, quantities, kind, fit)
+    precisions = None if kind == "train" else [r.values["precision"] for r in stacked.rows]
+    _, low, high = row_intervals(predict, gpus, quantities, kind, fit, precisions=precisions)
     return {r.id: (lo, hi) for r, lo, hi in zip(stacked.rows, low, high)}

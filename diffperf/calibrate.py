@@ -590,6 +590,9 @@ class Fit:
     covariance: np.ndarray | None = None
     residual_sd: dict = field(default_factory=dict)
     cv: dict = field(default_factory=dict)
+    #: GPUs and GEMM precisions of the fitted inference rows
+    #: (`calibrate_uncertainty.inference_support`; None: no inference row was fitted).
+    inference_support: dict | None = None
     #: The compiled `Problem` (reuse it for cross-validation; not saved).
     problem: object = field(default=None, repr=False, compare=False)
 
@@ -607,6 +610,8 @@ class Fit:
                              "residuals named by metadata.residual_sd_basis"}
         if self.covariance is not None:
             unc["covariance"] = np.asarray(self.covariance).tolist()
+        if self.inference_support is not None:
+            unc["inference_support"] = self.inference_support
         out["uncertainty"] = unc
         if self.cv:
             out["crossval"] = self.cv
@@ -692,8 +697,9 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
     lp_t, lp_i = res.aux[0][0], res.aux[1][0]
     preds = predictions_table(ds, lp_t, lp_i, w_t, w_i)
     shared, per_gpu = par.factors(theta)
-    from .calibrate_uncertainty import residual_sds
+    from .calibrate_uncertainty import inference_support, residual_sds
     residual_sd = residual_sds(preds)
+    fitted_infer = [r for r, w in zip(ds.infer_rows, np.asarray(w_i)) if np.any(w > 0)]
     meta = {
         "data_sha256": ds.sha256, "data_files": [p.name for p in ds.paths],
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
@@ -707,6 +713,7 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
     }
     fit = Fit(par, theta, float(res.loss[0]), shared, per_gpu, preds,
               ds.excluded + problem.infeasible(), meta, residual_sd=residual_sd,
+              inference_support=inference_support(fitted_infer) if fitted_infer else None,
               problem=problem)
     if uncertainty:
         from .calibrate_uncertainty import laplace

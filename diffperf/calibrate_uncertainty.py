@@ -23,7 +23,9 @@ median cell in quadrature). `calibrate` sets it from the in-sample residuals;
 `calibration/refit.py` replaces it with the leave-one-source-out residuals (the error on tables
 the fit never saw, which is what a new configuration faces) and measures how many held-out
 values fall inside their interval (`interval_coverage`). Both it and `diffperf calibrate` add
-the MoE training error measured on MoE runs the fit never saw (`moe_step_error`).
+the MoE training error measured on MoE runs the fit never saw (`moe_step_error`), and the
+error of inference outside the fit's inference data (a GPU or GEMM precision no fitted inference
+row ran), measured on held-out inference rows of that kind (`unseen_inference_error`).
 """
 
 from __future__ import annotations
@@ -98,6 +100,79 @@ def moe_step_error(fit, fitted_predictions: list[dict], held_out_rows: list[dict
     return {"fitted": len(fitted), "held_out": len(held), "residuals": residuals}
 
 
+#: The model error of an inference prediction on a GPU, or at a GEMM precision, that no fitted
+#: inference row ran (`is_unseen_inference`): the fit knows such a GPU only from training
+#: rows, or such a precision only from the datasheet. Applied as the larger of it and the
+#: prediction's own quantity error; measured on held-out inference rows of that kind
+#: (`unseen_inference_error`).
+UNSEEN_INFERENCE = "infer_unseen"
+
+#: File name of the held-out inference rows in `benchmarks_data/` (never fitted): the rows
+#: `unseen_inference_error` measures a fit's unseen-inference error on.
+INFER_HOLDOUT = "infer_trtllm10_holdout.csv"
+
+
+#: Names of the precision codes `inference_support` records.
+PRECISION_CLASS_NAMES = {0: "fp32", 1: "16-bit", 2: "fp8", 3: "fp4"}
+
+
+def _precision_class(precision) -> int:
+    """The precision code (`hardware.PRECISION_CODES`: 0 fp32 / tf32, 1 bf16 / fp16, 2 fp8,
+    3 fp4) of a precision name or code."""
+    from .hardware import PRECISION_CODES
+    if isinstance(precision, str):
+        return PRECISION_CODES[precision.strip().lower()]
+    return int(precision)
+
+
+def inference_support(infer_rows) -> dict:
+    """The GPUs and GEMM precisions of fitted inference rows (`BenchmarkRow`s with
+    `values["gpu"]` and `values["precision"]`, the GEMM input precision) as
+    `{"gpus": [ids], "precisions": [codes]}`: what `is_unseen_inference` compares against."""
+    rows = list(infer_rows)
+    return {"gpus": sorted({r.values["gpu"] for r in rows}),
+            "precisions": sorted({_precision_class(r.values["precision"]) for r in rows})}
+
+
+def is_unseen_inference(support: dict | None, gpu: str | None, precision) -> bool:
+    """Whether an inference prediction on `gpu` with GEMM inputs at `precision` (name or code)
+    lies outside `support` (`inference_support`): a GPU none of whose fitted inference rows
+    ran (a system id stands for its GPU; the H800 for the H100, as for the fitted factors),
+    or a GEMM precision no fitted inference row used. False when the fit recorded no support
+    (a training-only fit, or one saved before the support was recorded) or `gpu` is None."""
+    if not support or gpu is None:
+        return False
+    from .presets import fitted_gpu
+    seen_gpu = fitted_gpu(gpu, support.get("gpus", [])) is not None
+    return not seen_gpu or _precision_class(precision) not in support.get("precisions", [])
+
+
+def unseen_inference_error(fit, held_out_rows: list[dict], held_out_data) -> dict:
+    """Set `fit.residual_sd[UNSEEN_INFERENCE]`: the RMS log residual log(predicted / measured)
+    of the held-out inference rows outside the fit's inference support (`fit.inference_support`),
+    one residual per row (its columns averaged).
+
+    - `held_out_rows`: `validate(...)["rows"]` of held-out inference rows predicted with this fit.
+    - `held_out_data`: the parsed rows of the same file (`BenchmarkRow`s, for their GPU and
+      GEMM precision).
+
+    Leaves `fit` unchanged when no held-out row lies outside the support. **Returns:**
+    `{"unseen": n, "seen": n, "residuals": array of the unseen rows}`.
+    """
+    support = fit.inference_support
+    by_id = {r.id: r for r in held_out_data if r.kind == "infer"}
+    res: dict[str, list[float]] = {}
+    for row in held_out_rows:
+        if row["id"] in by_id:
+            res.setdefault(row["id"], []).append(math.log(row["predicted"] / row["measured"]))
+    unseen = [i for i in res if is_unseen_inference(support, by_id[i].values["gpu"],
+                                                    by_id[i].values["precision"])]
+    residuals = np.array([float(np.mean(res[i])) for i in unseen])
+    if residuals.size:
+        fit.residual_sd[UNSEEN_INFERENCE] = float(np.sqrt(np.mean(residuals ** 2)))
+    return {"unseen": len(unseen), "seen": len(res) - len(unseen), "residuals": residuals}
+
+
 def quantity_of(metric: str, batch: float | None = None) -> str:
     """The `QUANTITIES` key a measured column belongs to; a latency or TPOT measured at
     `batch` > 1 is a `throughput` measurement."""
@@ -147,12 +222,16 @@ def residual_sds(preds: list[dict]) -> dict:
 
 
 def model_error_sd(residual_sd: dict, quantity: str | None = None,
-                   kind: str | None = None) -> float:
+                   kind: str | None = None, unseen: bool = False) -> float:
     """The model error that applies to a prediction: that of its quantity (`MOE_STEP_TIME`
     falls back to `"step_time"`), else of its kind, else the overall one (0 when the fit
-    recorded none)."""
+    recorded none); for an inference prediction outside the fit's inference data (`unseen`,
+    see `is_unseen_inference`), at least the `UNSEEN_INFERENCE` error where the fit has one."""
     key = _error_key(residual_sd, quantity, kind)
-    return 0.0 if key is None else float(residual_sd[key])
+    error = 0.0 if key is None else float(residual_sd[key])
+    if unseen and UNSEEN_INFERENCE in residual_sd:
+        error = max(error, float(residual_sd[UNSEEN_INFERENCE]))
+    return error
 
 
 def _error_key(residual_sd: dict, quantity: str | None, kind: str | None) -> str | None:
@@ -166,8 +245,9 @@ def require_measured_kind(residual_sd: dict, kind: str | None) -> None:
     """Raise a ValueError when the fit recorded model errors but none of `kind` ("train" /
     "infer"): it saw no measurement of that kind, so an interval would borrow the other kind's
     error (e.g. a training-only fit's ~1 % for an inference latency)."""
-    # The MoE step error (`MOE_STEP_TIME`) is measured on held-out rows, not fitted ones, so it
-    # does not show that the fit saw training rows.
+    # The MoE step error (`MOE_STEP_TIME`) and the unseen-inference error (`UNSEEN_INFERENCE`)
+    # are measured on held-out rows, not fitted ones, so they do not show that the fit saw rows
+    # of their kind.
     of_kind = {"train": ("train", "step_time"),
                "infer": ("infer", "latency", "throughput", "ttft")}.get(kind, (kind,))
     if kind is not None and residual_sd and not any(k in residual_sd for k in of_kind):
@@ -323,6 +403,9 @@ class FitUncertainty:
     theta: np.ndarray
     covariance: np.ndarray
     residual_sd: dict
+    #: GPUs and GEMM precisions of the fitted inference rows (`inference_support`; None when
+    #: the fit did not record them).
+    inference_support: dict | None = None
 
 
 def load_uncertainty(fit=None) -> FitUncertainty:
@@ -334,7 +417,7 @@ def load_uncertainty(fit=None) -> FitUncertainty:
         if fit.covariance is None:
             raise ValueError("this fit has no covariance (calibrate(..., uncertainty=True))")
         return FitUncertainty(fit.par, np.asarray(fit.theta), np.asarray(fit.covariance),
-                              dict(fit.residual_sd))
+                              dict(fit.residual_sd), fit.inference_support)
     if fit is None:
         from .presets import _default_efficiency_data
         data, where = _default_efficiency_data(), "diffperf/presets/efficiency.json"
@@ -392,13 +475,32 @@ def _checked_uncertainty(unc, where: str) -> FitUncertainty:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{where}: 'uncertainty.residual_sd.{k}' must be a finite "
                              f"number >= 0, got {v!r}")
-    return FitUncertainty(par, theta, cov, {k: float(v) for k, v in sd.items()})
+    return FitUncertainty(par, theta, cov, {k: float(v) for k, v in sd.items()},
+                          _checked_support(unc.get("inference_support"), where))
+
+
+def _checked_support(support, where: str) -> dict | None:
+    """A fitted file's `uncertainty.inference_support` (None when absent), or a ValueError
+    naming the file and the bad key: GPU id strings and precision codes 0-3."""
+    if support is None:
+        return None
+    ok = (isinstance(support, dict)
+          and isinstance(support.get("gpus"), list)
+          and all(isinstance(g, str) for g in support["gpus"])
+          and isinstance(support.get("precisions"), list)
+          and all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 3
+                  for p in support["precisions"]))
+    if not ok:
+        raise ValueError(f"{where}: 'uncertainty.inference_support' must be "
+                         f"{{\"gpus\": [GPU ids], \"precisions\": [codes 0-3]}}, got {support!r}")
+    return {"gpus": list(support["gpus"]), "precisions": list(support["precisions"])}
 
 
 def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9,
                         gpu: str | None = None, kind: str | None = None,
                         model_error: bool = True,
-                        quantity: str | None = None) -> PredictionInterval:
+                        quantity: str | None = None,
+                        unseen: bool = False) -> PredictionInterval:
     """Delta-method interval of a positive prediction `fn_of_efficiency(eff)`.
 
     **Arguments:**
@@ -416,6 +518,8 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
       `"latency"` (batch 1), `"throughput"` (batched runs; see `decode_quantity`), `"ttft"`;
       or `MOE_STEP_TIME`, a MoE model's step: see `training_quantity`), which selects the
       model error of that quantity.
+    - `unseen`: an inference prediction outside the fit's inference data
+      (`is_unseen_inference`): the model error is at least the fit's `UNSEEN_INFERENCE` one.
 
     **Returns:** a `PredictionInterval` (`str()` gives "12.9 s (90% interval 12.1 to 13.8 s)").
     """
@@ -438,7 +542,7 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     var = float(g @ u.covariance @ g)
     if not (math.isfinite(value) and math.isfinite(var)):
         raise ValueError("the prediction or its variance is not finite; no interval")
-    error = model_error_sd(u.residual_sd, quantity, kind) if model_error else 0.0
+    error = model_error_sd(u.residual_sd, quantity, kind, unseen) if model_error else 0.0
     low, high, sd = _bounds(np.array([value]), np.array([var]), np.array([error]), level)
     if not np.isfinite(low[0]):
         z = NormalDist().inv_cdf(0.5 + level / 2.0)
@@ -463,7 +567,8 @@ def _bounds(log_value: np.ndarray, parameter_var: np.ndarray, model_error: np.nd
 
 
 def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str], kind: str,
-                  fit=None, level: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  fit=None, level: float = 0.9,
+                  precisions: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`prediction_interval` for many configurations at once: one forward-mode Jacobian of a
     batched prediction instead of one compiled gradient per configuration.
 
@@ -472,6 +577,9 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
       `train_step(...).step_time`.
     - `gpus`, `quantities`: each row's GPU id and `QUANTITIES` key (its model error).
     - `kind`, `fit`, `level`: as in `prediction_interval`.
+    - `precisions`: each inference row's GEMM input precision (name or code): a row outside
+      the fit's inference data (`is_unseen_inference`) gets at least its `UNSEEN_INFERENCE`
+      error. None: no row is treated as unseen.
 
     **Returns:** `(value, low, high)` arrays; low / high are NaN for a row whose interval would
     be wider than `MAX_LOG_HALF_WIDTH` or not finite (no interval, never a silent one).
@@ -491,43 +599,71 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
     value, jac = jax.jit(lambda th: (logf(th), jax.jacfwd(logf)(th)))(theta)
     value, jac = np.asarray(value, dtype=np.float64), np.asarray(jac, dtype=np.float64)
     var = np.einsum("rp,pq,rq->r", jac, u.covariance, jac)
-    error = np.array([model_error_sd(u.residual_sd, q, kind) for q in quantities])
+    unseen = ([False] * len(gpus) if precisions is None else
+              [is_unseen_inference(u.inference_support, g, p) for g, p in zip(gpus, precisions)])
+    error = np.array([model_error_sd(u.residual_sd, q, kind, n)
+                      for q, n in zip(quantities, unseen)])
     low, high, _ = _bounds(value, var, error, level)
     return np.exp(value), low, high
 
 
 def interval_summary(fn_of_efficiency: Callable, efficiency_path, gpu: str | None, kind: str,
-                     quantity: str, unit: str = "s", scale: float = 1.0) -> dict:
+                     quantity: str, unit: str = "s", scale: float = 1.0,
+                     precision=None) -> dict:
     """The CLIs' `--interval` entry: `prediction_interval` at 90 % of `fn_of_efficiency` (in
     s) as `{"level", "low", "high", "quantity", "text"}` (text in `unit` = s / `scale`), or
     `{"error"}` when the efficiency file carries no usable uncertainty (none, malformed, or so
-    wide that no interval is meaningful)."""
+    wide that no interval is meaningful). `precision`: an inference prediction's GEMM input
+    precision (checked against the fit's inference data, `is_unseen_inference`)."""
     try:
-        iv = prediction_interval(lambda e: fn_of_efficiency(e) * scale, efficiency_path, 0.9,
-                                 gpu, kind, quantity=quantity)
+        u = load_uncertainty(efficiency_path)
+        unseen = (kind == "infer" and precision is not None
+                  and is_unseen_inference(u.inference_support, gpu, precision))
+        iv = prediction_interval(lambda e: fn_of_efficiency(e) * scale, u, 0.9,
+                                 gpu, kind, quantity=quantity, unseen=unseen)
     except ValueError as e:
         return {"error": str(e)}
     out = {"level": iv.level, "low": iv.low / scale, "high": iv.high / scale,
            "quantity": quantity, "text": iv.format(unit, 3)}
-    caveats = interval_caveats(load_uncertainty(efficiency_path), gpu, kind, quantity)
+    caveats = interval_caveats(u, gpu, kind, quantity, unseen, precision)
     if caveats:
         out["note"] = "; ".join(caveats)
     return out
 
 
 def interval_caveats(u: FitUncertainty, gpu: str | None, kind: str | None,
-                     quantity: str | None) -> list[str]:
+                     quantity: str | None, unseen: bool = False,
+                     precision=None) -> list[str]:
     """What an interval rests on beyond its fit's data: a GPU the fit had no measurements of
-    (shared factors, and the calibrated GPUs' model error, are assumed to carry over), or a
-    quantity whose own model error the fit did not record (a broader one is used)."""
+    (shared factors, and the calibrated GPUs' model error, are assumed to carry over), an
+    inference prediction outside the fit's inference data (`unseen`: the wider unseen-inference
+    error applies), or a quantity whose own model error the fit did not record (a broader one
+    is used)."""
     from .presets import fitted_gpu
     notes = []
     if gpu is not None and u.par.groups and fitted_gpu(gpu, u.par.groups) is None:
         notes.append(f"no calibration data for {gpu}: the shared factors and the model "
                      f"error on {', '.join(u.par.groups)} are assumed to carry over")
+    if unseen and UNSEEN_INFERENCE in u.residual_sd:
+        notes.append(f"the fit has no inference measurement {_unseen_reason(u, gpu, precision)}:"
+                     f" the interval uses at least the model error of held-out inference rows "
+                     f"outside the fit's data ({u.residual_sd[UNSEEN_INFERENCE]:.1%}, RMS log)")
     key = _error_key(u.residual_sd, quantity, kind)
     fallback = "step_time" if quantity == MOE_STEP_TIME else None
     if quantity is not None and key is not None and key not in (quantity, fallback):
         notes.append(f"this fit has no model error for {quantity}: the {key} one "
                      f"({u.residual_sd[key]:.1%}) is used")
     return notes
+
+
+def _unseen_reason(u: FitUncertainty, gpu: str | None, precision) -> str:
+    """"on b200", "at fp4 GEMM precision" or both: why `is_unseen_inference` holds."""
+    from .presets import fitted_gpu
+    support = u.inference_support or {}
+    reasons = []
+    if gpu is not None and fitted_gpu(gpu, support.get("gpus", [])) is None:
+        reasons.append(f"on {gpu}")
+    if precision is not None and _precision_class(precision) not in support.get("precisions", []):
+        reasons.append(f"at {PRECISION_CLASS_NAMES[_precision_class(precision)]} GEMM "
+                       f"precision")
+    return " or ".join(reasons) or "of this configuration"

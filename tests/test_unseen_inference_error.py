@@ -1,0 +1,192 @@
+"""The model error of inference outside the fit's inference data: a GPU no fitted inference row
+ran on, or a GEMM precision none used (`calibrate_uncertainty.UNSEEN_INFERENCE`), measured on
+held-out inference rows of that kind (`benchmarks_data/infer_trtllm10_holdout.csv`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from statistics import NormalDist
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from diffperf.calibrate import Parameterisation, default_data_paths
+from diffperf.calibrate_uncertainty import (UNSEEN_INFERENCE, FitUncertainty, inference_support,
+                                            is_unseen_inference, load_uncertainty,
+                                            model_error_sd, prediction_interval,
+                                            unseen_inference_error)
+from diffperf.cli import main
+
+Z90 = NormalDist().inv_cdf(0.95)
+DATA = Path(__file__).resolve().parent.parent / "benchmarks_data"
+HOLDOUT = DATA / "infer_trtllm10_holdout.csv"
+
+
+def _row(id_, gpu, precision, kind="infer"):
+    return SimpleNamespace(id=id_, kind=kind, values={"gpu": gpu, "precision": precision})
+
+
+def test_support_and_unseen_configurations():
+    support = inference_support([_row("a", "a100-sxm4-80gb", "fp16"),
+                                 _row("b", "h100-sxm5-80gb", "bf16"),
+                                 _row("c", "h100-sxm5-80gb", "fp8")])
+    assert support == {"gpus": ["a100-sxm4-80gb", "h100-sxm5-80gb"], "precisions": [1, 2]}
+    assert not is_unseen_inference(support, "h100-sxm5-80gb", "fp8")
+    assert not is_unseen_inference(support, "a100-sxm4-80gb", "bf16")  # 16-bit is one class
+    assert not is_unseen_inference(support, "a100-sxm4-80gb", 1)  # a precision code
+    assert not is_unseen_inference(support, "dgx-h100", "fp8")  # a system stands for its GPU
+    assert not is_unseen_inference(support, "h800-sxm5-80gb", "fp8")  # H100 silicon
+    assert is_unseen_inference(support, "b200", "fp8")  # a GPU no inference row ran on
+    assert is_unseen_inference(support, "h100-sxm5-80gb", "fp4")  # a precision none used
+    assert is_unseen_inference(support, "h100-sxm5-80gb", "fp32")
+    # no recorded support (a training-only fit, an older file): nothing is unseen
+    assert not is_unseen_inference(None, "b200", "fp4")
+    assert not is_unseen_inference(support, None, "fp4")
+
+
+def test_unseen_error_is_at_least_the_quantity_error():
+    sd = {"latency": 0.05, "ttft": 0.25, "throughput": 0.12, UNSEEN_INFERENCE: 0.2}
+    assert model_error_sd(sd, "latency", "infer", unseen=True) == 0.2
+    assert model_error_sd(sd, "ttft", "infer", unseen=True) == 0.25  # the larger one
+    assert model_error_sd(sd, "throughput", "infer", unseen=False) == 0.12
+    assert model_error_sd({"throughput": 0.12}, "throughput", "infer", unseen=True) == 0.12
+    par = Parameterisation.build(groups=())
+    theta = np.asarray(par.theta_from())
+    u = FitUncertainty(par, theta, np.zeros((theta.size, theta.size)), sd,
+                       {"gpus": ["h100-sxm5-80gb"], "precisions": [2]})
+    for unseen, error in ((False, 0.12), (True, 0.2)):
+        iv = prediction_interval(lambda e: 2.0 * e.hbm, u, 0.9, kind="infer",
+                                 quantity="throughput", unseen=unseen)
+        assert iv.high / iv.value == pytest.approx(math.exp(Z90 * error), rel=1e-9)
+
+
+def test_unseen_error_is_the_rms_log_residual_of_the_unseen_held_out_rows():
+    fit = SimpleNamespace(inference_support={"gpus": ["h100-sxm5-80gb"], "precisions": [2]},
+                          residual_sd={"throughput": 0.1})
+    data = [_row("seen", "h100-sxm5-80gb", "fp8"), _row("gpu", "b200", "fp8"),
+            _row("prec", "h100-sxm5-80gb", "fp4"), _row("train", "b200", "fp8", kind="train")]
+    rows = [{"id": "seen", "predicted": 3.0, "measured": 1.0},
+            {"id": "gpu", "predicted": 1.2, "measured": 1.0},
+            {"id": "gpu", "predicted": 1.0, "measured": 1.2},  # two columns: mean log 0
+            {"id": "prec", "predicted": 0.5, "measured": 1.0},
+            {"id": "train", "predicted": 9.0, "measured": 1.0}]
+    out = unseen_inference_error(fit, rows, data)
+    assert out["unseen"] == 2 and out["seen"] == 1
+    assert fit.residual_sd[UNSEEN_INFERENCE] == pytest.approx(math.sqrt(math.log(2) ** 2 / 2))
+    # no held-out row outside the support: unchanged
+    fit = SimpleNamespace(inference_support={"gpus": ["b200", "h100-sxm5-80gb"],
+                                             "precisions": [2, 3]}, residual_sd={})
+    assert unseen_inference_error(fit, rows, data)["unseen"] == 0
+    assert UNSEEN_INFERENCE not in fit.residual_sd
+
+
+def test_shipped_fit_records_its_inference_data_and_a_wider_error_outside_it():
+    u = load_uncertainty()
+    table = pd.read_csv(default_data_paths()[1])
+    classes = {"fp32": 0, "tf32": 0, "bf16": 1, "fp16": 1, "fp8": 2, "fp4": 3}
+    assert u.inference_support == {"gpus": sorted(set(table["gpu"])),
+                                   "precisions": sorted({classes[p] for p in table["precision"]})}
+    # held-out Blackwell FP4 rows miss by more than the fitted throughput rows (report.md)
+    assert u.residual_sd[UNSEEN_INFERENCE] > 1.2 * u.residual_sd["throughput"]
+
+
+def test_held_out_intervals_widen_outside_the_fit_and_cover_the_table(capsys):
+    """`predict --interval` on the held-out TensorRT-LLM 1.0 table: the Blackwell FP4 rows
+    (outside the fit's inference data) get the unseen error, the Hopper FP8 rows their
+    throughput error; most measured values fall inside (94 of 100 with the shipped fit)."""
+    assert main(["predict", "--data", str(HOLDOUT), "--interval", "--json"]) == 0
+    preds = {r["id"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    u = load_uncertainty()
+    inside = 0
+    for _, r in pd.read_csv(HOLDOUT).iterrows():
+        p = preds[r["id"]]
+        half = math.log(p["interval_high_s"] / p["interval_low_s"]) / 2.0
+        if r["precision"] == "fp4":
+            assert half >= Z90 * u.residual_sd[UNSEEN_INFERENCE] - 1e-9, r["id"]
+        else:
+            assert Z90 * u.residual_sd["throughput"] - 1e-9 <= half, r["id"]
+            assert half < Z90 * u.residual_sd[UNSEEN_INFERENCE], r["id"]
+        # throughput = batch * output / latency: its interval is the latency's, inverted
+        scale = p["output_tok_s_per_gpu"] * p["e2e_latency_s"]
+        inside += scale / p["interval_high_s"] <= r["output_tok_s_per_gpu"] <= (
+            scale / p["interval_low_s"])
+    assert inside >= 85
+
+
+def test_infer_cli_notes_an_unseen_gpu_or_precision(capsys):
+    base = ["infer", "--model", "llama3-70b", "--batch", "64", "--input", "512",
+            "--output", "256", "--interval", "--json"]
+    assert main(base + ["--gpu", "b200", "--precision", "fp4"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    iv = s["e2e_latency_interval_s"]
+    assert "on b200 or at fp4 GEMM precision" in iv["note"]
+    u = load_uncertainty()
+    assert math.log(iv["high"] / iv["low"]) / 2 >= Z90 * u.residual_sd[UNSEEN_INFERENCE] - 1e-9
+    assert main(base + ["--gpu", "h100-sxm5-80gb", "--tp", "2", "--precision", "fp8"]) == 0
+    iv = json.loads(capsys.readouterr().out)["e2e_latency_interval_s"]
+    assert "note" not in iv
+
+
+def _calibrate(capsys, tmp_path, data, *extra):
+    fitted = tmp_path / "fitted.json"
+    argv = ["calibrate", "--out", str(fitted), "--steps", "0", "--lbfgs-steps", "0", "--quiet",
+            "--moe-holdout", "none", "--json", *extra, "--data", str(data)]
+    code = main(argv)
+    cap = capsys.readouterr()
+    return code, json.loads(fitted.read_text()) if code == 0 else None, cap.err
+
+
+def test_calibrate_measures_the_unseen_error_on_held_out_rows(capsys, tmp_path):
+    """`diffperf calibrate` records its inference data and measures the unseen error on the
+    held-out rows outside it, predicted with its own saved fit; `--infer-holdout none` and a
+    training-only fit record none."""
+    from diffperf.presets import efficiency_from_json
+    from diffperf.validate import validate
+    table = pd.read_csv(default_data_paths()[1])
+    latency = tmp_path / "latency.csv"
+    table[table["id"].str.startswith("imec-inf")].to_csv(latency, index=False)
+    code, saved, err = _calibrate(capsys, tmp_path, latency)
+    assert code == 0, err
+    unc = saved["uncertainty"]
+    assert unc["inference_support"] == {"gpus": ["a100-sxm4-80gb", "h100-sxm5-80gb"],
+                                        "precisions": [1]}
+    # every held-out row is outside (fp8 / fp4, or H200 / B200 / GB200): all 100 count
+    rows = validate([HOLDOUT], efficiency_from_json(tmp_path / "fitted.json"))["rows"]
+    logs = [math.log(r["predicted"] / r["measured"]) for r in rows]
+    assert len(logs) == 100
+    assert unc["residual_sd"][UNSEEN_INFERENCE] == pytest.approx(
+        math.sqrt(np.mean(np.square(logs))), rel=1e-9)
+    assert saved["metadata"]["unseen_inference_error_basis"].startswith("100 held-out")
+
+    code, saved, _ = _calibrate(capsys, tmp_path, latency, "--infer-holdout", "none")
+    assert code == 0 and UNSEEN_INFERENCE not in saved["uncertainty"]["residual_sd"]
+
+    train = tmp_path / "train.csv"
+    pd.read_csv(default_data_paths()[0]).head(3).to_csv(train, index=False)
+    code, saved, _ = _calibrate(capsys, tmp_path, train)
+    assert code == 0 and "inference_support" not in saved["uncertainty"]
+    assert UNSEEN_INFERENCE not in saved["uncertainty"]["residual_sd"]
+
+
+def test_calibrate_rejects_a_missing_infer_holdout_before_fitting(capsys, tmp_path):
+    code, saved, err = _calibrate(capsys, tmp_path, default_data_paths()[1],
+                                  "--infer-holdout", str(tmp_path / "absent.csv"))
+    assert code == 2 and saved is None
+    assert "--infer-holdout" in err and "absent.csv: file not found" in err
+
+
+@pytest.mark.parametrize("bad", [["b200"], {"gpus": "b200", "precisions": [3]},
+                                 {"gpus": ["b200"], "precisions": [7]},
+                                 {"gpus": ["b200"], "precisions": [True]}])
+def test_malformed_inference_support_is_named(tmp_path, bad):
+    from importlib import resources
+    data = json.loads(resources.files("diffperf.presets").joinpath("efficiency.json").read_text())
+    data["uncertainty"]["inference_support"] = bad
+    path = tmp_path / "eff.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"eff\.json: 'uncertainty\.inference_support'"):
+        load_uncertainty(str(path))
