@@ -1,5 +1,6 @@
-"""Write `infer_trtllm10_holdout.csv`: TensorRT-LLM 1.0's published maximum-throughput table
-for the dense Llama 3 models, as infer rows that are held out of the calibration.
+"""Write `infer_trtllm10_holdout.csv`: TensorRT-LLM 1.0's published maximum-throughput tables
+for the dense Llama 3 models and the single-GPU Qwen3-30B-A3B (MoE) runs, as infer rows that
+are held out of the calibration.
 
 Source: github NVIDIA/TensorRT-LLM `docs/source/performance/perf-overview.md` at commit
 00f37686aa854010d68bcbd0f4ab000221541ca6 (the version that introduces the RTX 6000 Pro data
@@ -29,6 +30,14 @@ Caveat: the Llama 3.1 405B FP8 model card (ModelOpt 0.15.1, 2024) says only the 
 operators' weights and activations are quantised; with a 16-bit KV cache those rows would run
 fewer requests at once.
 
+MoE: the page's MoE tables ran with attention data parallelism (`enable_attention_dp`) and an
+unprinted expert-parallel size, which diffperf cannot express, except where one GPU runs the
+whole model: Qwen3-30B-A3B on one B200 / GB200 (FP4). Those 20 rows are included, with the
+architecture of Qwen/Qwen3-30B-A3B's config.json (48 layers, hidden 2048, 32 query heads of
+128, 4 KV heads, 128 experts of width 768, top 8, vocabulary 151,936, untied embeddings) and
+its Hugging Face parameter count, 30.53 B, for trtllm-bench's estimate (which takes the KV
+width from `head_dim`, 128). At these sizes most rows reach trtllm-bench's 4,096-request cap.
+
     python benchmarks_data/make_infer_trtllm10_holdout.py     # rewrites the CSV
 """
 
@@ -47,9 +56,14 @@ SEQUENCES = ["128/128", "128/2048", "128/4096", "500/2000", "1000/1000", "1000/2
              "2048/128", "2048/2048", "5000/500", "20000/2000"]
 
 #: Hugging Face parameter counts (trtllm-bench's engine-size estimate uses them).
-PARAMS = {"llama3-8b": 8.03e9, "llama3-70b": 70.55e9, "llama3-405b": 405.85e9}
+PARAMS = {"llama3-8b": 8.03e9, "llama3-70b": 70.55e9, "llama3-405b": 405.85e9,
+          "qwen3-30b-a3b": 30.53e9}
 LABEL = {"llama3-8b": "Llama-3.1-8B", "llama3-70b": "Llama-3.3-70B",
-         "llama3-405b": "Llama-3.1-405B"}
+         "llama3-405b": "Llama-3.1-405B", "qwen3-30b-a3b": "Qwen3-30B-A3B"}
+#: Architectures that are not diffperf presets (config.json of Qwen/Qwen3-30B-A3B).
+EXTRA_MODELS = {"qwen3-30b-a3b": {"layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4,
+                                  "head_dim": 128, "ffn_hidden": 768, "vocab": 151936,
+                                  "num_experts": 128, "experts_per_token": 8}}
 
 #: (model preset, gpu preset, tp, precision, printed total output tokens/s per SEQUENCES row)
 TABLES = [
@@ -73,6 +87,10 @@ TABLES = [
      [27911, 26221, 18027, 20770, 17744, 16828, 3538, 12194, 3902, 1804]),
     ("llama3-8b", "h100-sxm5-80gb", 1, "fp8",
      [28312, 22714, 14325, 17660, 15220, 13899, 3450, 9305, 3459, 1351]),
+    ("qwen3-30b-a3b", "b200", 1, "fp4",
+     [39827, 37844, 24953, 27817, 25828, 22051, 6251, 17554, 6142, 2944]),
+    ("qwen3-30b-a3b", "gb200", 1, "fp4",
+     [24107, 31311, 26337, 20604, 17481, 17177, 6595, 14719, 5908, 3203]),
 ]
 BYTES = {"fp8": 1.0, "fp4": 0.5}
 #: NVML's total memory per GPU (nvidia-smi), MiB.
@@ -90,7 +108,7 @@ def concurrency(m: dict, params: float, total_mib: float, tp: int, precision: st
     gib = 1024.0 ** 3
     total = total_mib / 1024.0 * tp
     engine = params * BYTES[precision] / gib
-    head_dim = m["hidden"] / m["heads"]
+    head_dim = m.get("head_dim") or m["hidden"] / m["heads"]
     per_token = 2 * m["layers"] * max(tp, m["kv_heads"]) * head_dim * KV_BYTES / gib
     requests = MEMORY_FRACTION * (total - engine) / (per_token * (isl + osl))
     return int(math.floor(min(requests, MAX_REQUESTS)))
@@ -98,7 +116,7 @@ def concurrency(m: dict, params: float, total_mib: float, tp: int, precision: st
 
 def rows() -> list[dict]:
     presets = HERE.parent / "diffperf" / "presets"
-    models = json.loads((presets / "models.json").read_text())
+    models = json.loads((presets / "models.json").read_text()) | EXTRA_MODELS
     out = []
     for name, gpu, tp, precision, values in TABLES:
         m = models[name]
@@ -110,11 +128,12 @@ def rows() -> list[dict]:
                 "kind": "infer", "source": SOURCE, "model": LABEL[name],
                 "layers": m["layers"], "hidden": m["hidden"], "heads": m["heads"],
                 "kv_heads": m["kv_heads"], "ffn_hidden": m["ffn_hidden"], "vocab": m["vocab"],
-                "gated_mlp": 1, "num_experts": 1, "experts_per_token": 1, "gpu": gpu,
+                "gated_mlp": 1, "num_experts": m.get("num_experts", 1),
+                "experts_per_token": m.get("experts_per_token", 1), "gpu": gpu,
                 "num_gpus": tp, "gpus_per_node": 72 if gpu == "gb200" else 8, "tp": tp, "pp": 1,
                 "precision": precision, "kv_precision": "fp8", "batch": b,
                 "input_len": isl, "output_len": osl,
-                "output_tok_s_per_gpu": round(total / tp, 2),
+                "output_tok_s_per_gpu": round(total / tp, 2), "head_dim": m.get("head_dim", 0),
                 "notes": (f"printed total output throughput {total:,} tokens/s on {tp} GPU(s), "
                           f"per GPU = total / tp; batch = {b} requests in flight "
                           f"(trtllm-bench's KV-cache estimate at 95 % of the memory left "

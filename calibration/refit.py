@@ -193,6 +193,30 @@ def _unseen_error_lines(fit, unseen):
         ""]
 
 
+def _moe_inference_lines(fit, moe):
+    """The MoE-inference model error and how the throughput error would cover."""
+    import numpy as np
+    from statistics import NormalDist
+    from diffperf.calibrate_uncertainty import MOE_INFERENCE
+    if moe is None or not moe["residuals"].size:
+        return []
+    r, z = moe["residuals"], NormalDist().inv_cdf(0.95)
+    sd, seen = fit.residual_sd[MOE_INFERENCE], fit.residual_sd["throughput"]
+    most = fit.inference_support["max_experts"]
+    factor = np.exp(z * sd)
+    return [
+        f"Inference of MoE models with more experts per layer than any fitted inference row "
+        f"({most}, Mixtral's) gets its own model error too, `{MOE_INFERENCE}`, applied as the "
+        f"larger of it and the quantity's own: the RMS log residual of the {r.size} held-out "
+        f"Qwen3-30B-A3B rows above (predicted too fast in {int((r > 0).sum())} of {r.size}), "
+        f"{sd * 100:.1f} % against {seen * 100:.1f} % for batched throughput: a 90 % interval "
+        f"from 1/{factor:.1f} to {factor:.1f} times the prediction. With the throughput error "
+        f"only {np.mean(np.abs(r) <= z * seen) * 100:.0f} % of these {r.size} measurements "
+        f"would fall inside their interval; with their own, "
+        f"{np.mean(np.abs(r) <= z * sd) * 100:.0f} % (own scale, parameter part left out).",
+        ""]
+
+
 def _coverage_lines(fit, cov):
     from diffperf.calibrate_uncertainty import QUANTITIES
     t = cov["table"]
@@ -297,14 +321,21 @@ def _infer_holdout_lines(result) -> list[str]:
     for r in result["rows"]:
         groups.setdefault(key[r["id"]], []).append(r)
     lines = [f"`{INFER_HOLDOUT.relative_to(ROOT)}` predicted with this fit: TensorRT-LLM 1.0's "
-             "maximum-throughput table for the dense Llama 3 models (output tokens/s per GPU, "
-             "in-flight batching, 10 prompt / output lengths each; batch = the requests "
-             "trtllm-bench's KV-cache estimate lets in flight; `benchmarks_data/SOURCES.md`). "
-             "Its software release, in-flight batching and FP4 inference are not in the fit "
-             "(B200 / GB200 are, through training rows).", "",
+             "maximum-throughput tables for the dense Llama 3 models and for Qwen3-30B-A3B "
+             "(MoE, 128 experts, top 8) on one GPU (output tokens/s per GPU, in-flight "
+             "batching, 10 prompt / output lengths each; batch = the requests trtllm-bench's "
+             "KV-cache estimate lets in flight; `benchmarks_data/SOURCES.md`). Its software "
+             "release, in-flight batching and FP4 inference are not in the fit (B200 / GB200 "
+             "are, through training rows).", "",
              "| GPU, model, plan | values | MAPE | mean error | predicted too fast |",
              "|---|---:|---:|---:|---:|"]
-    for name, rows in [*groups.items(), ("all", result["rows"])]:
+    moe = set(table["id"][table["num_experts"] > 1])
+    dense_rows = [r for r in result["rows"] if r["id"] not in moe]
+    moe_rows = [r for r in result["rows"] if r["id"] in moe]
+    for name, rows in [*groups.items(), ("dense models", dense_rows), ("MoE", moe_rows),
+                       ("all", result["rows"])]:
+        if not rows:
+            continue
         err = np.array([100 * (r["predicted"] / r["measured"] - 1) for r in rows])
         lines.append(f"| {name} | {err.size} | {np.abs(err).mean():.1f} % | {err.mean():+.1f} % "
                      f"| {int((err > 0).sum())} of {err.size} |")
@@ -349,16 +380,17 @@ def main(argv=None) -> int:
     fit.save(args.out)
     holdout = _validate_holdout(args.out)  # the held-out rows predicted with the saved fit
     infer_holdout = _validate_holdout(args.out, INFER_HOLDOUT)
-    moe = unseen = None
+    moe = unseen = moe_infer = None
     if coverage:
         from diffperf.calibrate_uncertainty import moe_step_error
         moe = moe_step_error(fit, cv_preds["source"], holdout["rows"] if holdout else [])
     if infer_holdout is not None:
-        from diffperf.calibrate_uncertainty import unseen_inference_error
+        from diffperf.calibrate_uncertainty import moe_inference_error, unseen_inference_error
         from diffperf.data import read_benchmark_files
-        unseen = unseen_inference_error(fit, infer_holdout["rows"],
-                                        read_benchmark_files([INFER_HOLDOUT]))
-    fit.save(args.out)  # with the MoE and unseen-inference errors
+        parsed = read_benchmark_files([INFER_HOLDOUT])
+        unseen = unseen_inference_error(fit, infer_holdout["rows"], parsed)
+        moe_infer = moe_inference_error(fit, infer_holdout["rows"], parsed)
+    fit.save(args.out)  # with the MoE, unseen-inference and MoE-inference errors
     print(f"wrote {args.out}", file=sys.stderr)
     report = Path(args.report)
     lines = [
@@ -396,6 +428,7 @@ def main(argv=None) -> int:
     lines += _holdout_lines(holdout)
     lines += _infer_holdout_lines(infer_holdout)
     lines += _unseen_error_lines(fit, unseen)
+    lines += _moe_inference_lines(fit, moe_infer)
     lines += [
         "## Fitted factors",
         "",

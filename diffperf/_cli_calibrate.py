@@ -44,9 +44,10 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
                         "training steps (their prediction intervals) is measured (default: the "
                         "shipped benchmarks_data/train_moe_holdout.csv; 'none' to skip)")
     p.add_argument("--infer-holdout", default=None, metavar="CSV",
-                   help="inference rows kept out of the fit, on which the model error of "
+                   help="inference rows kept out of the fit, on which the model errors of "
                         "inference outside the fit's data (a GPU or GEMM precision no fitted "
-                        "inference row ran) is measured (default: the shipped "
+                        "inference row ran; a MoE model with more experts than any fitted one) "
+                        "are measured (default: the shipped "
                         "benchmarks_data/infer_trtllm10_holdout.csv; 'none' to skip)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print the fit summary as JSON")
@@ -159,10 +160,10 @@ def run_calibrate(args) -> int:
     if holdout is not None:
         moe_line = _measure_moe_error(fit, holdout, holdout_rows, out, fitted_predictions,
                                       basis)
-    unseen_line = None
+    infer_lines = []
     if infer_holdout is not None and fit.inference_support is not None:
-        unseen_line = _measure_unseen_error(fit, infer_holdout, infer_rows, out)
-    if moe_line or unseen_line:
+        infer_lines = _measure_inference_errors(fit, infer_holdout, infer_rows, out)
+    if moe_line or infer_lines:
         fit.save(out)
     ins = summaries(fit.predictions)
     if args.json:
@@ -173,7 +174,7 @@ def run_calibrate(args) -> int:
         return 0
     print(f"wrote {out} (loss {fit.loss:.5g}; use: diffperf validate --efficiency {out})")
     print(format_table(ins, fit.cv.get(args.cv) if args.cv != "none" else None, args.cv))
-    for line in (moe_line, unseen_line):
+    for line in [moe_line, *infer_lines]:
         if line:
             print(line)
     if fit.excluded:
@@ -198,27 +199,38 @@ def _holdout_path(arg: str | None, shipped: str, option: str, what: str) -> Path
     return Path(arg)
 
 
-def _measure_unseen_error(fit, holdout: Path, holdout_rows, fitted_path: Path) -> str | None:
-    """Set `fit`'s unseen-inference error (`unseen_inference_error`) from the inference rows of
-    `holdout` (parsed: `holdout_rows`) it was not fitted to, predicted with the saved fit at
-    `fitted_path`; records how in the metadata. **Returns:** the line to print (None when no
-    held-out row lies outside the fit's inference data)."""
-    from .calibrate_uncertainty import UNSEEN_INFERENCE, unseen_inference_error
+def _measure_inference_errors(fit, holdout: Path, holdout_rows, fitted_path: Path) -> list[str]:
+    """Set `fit`'s unseen-inference and MoE-inference errors (`unseen_inference_error`,
+    `moe_inference_error`) from the inference rows of `holdout` (parsed: `holdout_rows`) it was
+    not fitted to, predicted with the saved fit at `fitted_path`; records how in the metadata.
+    **Returns:** the lines to print."""
+    from .calibrate_uncertainty import (MOE_INFERENCE, UNSEEN_INFERENCE, moe_inference_error,
+                                        unseen_inference_error)
     from .presets import efficiency_from_json
     from .validate import validate
     fitted_ids = {r.id for r in fit.problem.ds.infer_rows}
     rows = [r for r in holdout_rows if r.kind == "infer" and r.id not in fitted_ids]
-    if not rows:
-        return None
-    result = validate([holdout], efficiency_from_json(fitted_path))
-    unseen = unseen_inference_error(fit, result["rows"], rows)
-    if UNSEEN_INFERENCE not in fit.residual_sd:
-        return None
-    basis = f"{unseen['unseen']} held-out inference rows of {holdout.name}"
-    fit.metadata["unseen_inference_error_basis"] = basis
-    return (f"inference outside the fitted data (GPUs {', '.join(fit.inference_support['gpus'])}"
-            f"): model error {fit.residual_sd[UNSEEN_INFERENCE] * 100:.1f} %, from {basis}; "
-            f"`diffperf infer --interval` uses it there")
+    result = (validate([holdout], efficiency_from_json(fitted_path))["rows"] if rows else [])
+    unseen = unseen_inference_error(fit, result, rows)
+    moe = moe_inference_error(fit, result, rows)
+    lines = []
+    if UNSEEN_INFERENCE in fit.residual_sd:
+        how = (f"{unseen['unseen']} held-out inference rows of {holdout.name} on other GPUs "
+               f"or GEMM precisions")
+        fit.metadata["unseen_inference_error_basis"] = how
+        lines.append(f"inference outside the fitted data (GPUs "
+                     f"{', '.join(fit.inference_support['gpus'])}): model error "
+                     f"{fit.residual_sd[UNSEEN_INFERENCE] * 100:.1f} %, from {how}; "
+                     f"`diffperf infer --interval` uses it there")
+    if MOE_INFERENCE in fit.residual_sd:
+        most = fit.inference_support["max_experts"]
+        how = (f"{moe['held_out']} held-out inference rows of {holdout.name} of MoE models "
+               f"with more than {most} experts")
+        fit.metadata["moe_inference_error_basis"] = how
+        lines.append(f"inference of MoE models with more experts than the fitted ones ({most}): "
+                     f"model error {fit.residual_sd[MOE_INFERENCE] * 100:.1f} %, from {how}; "
+                     f"`diffperf infer --interval` uses it there")
+    return lines
 
 
 def _measure_moe_error(fit, holdout: Path, holdout_rows, fitted_path: Path,

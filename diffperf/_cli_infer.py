@@ -180,10 +180,10 @@ def _caveats(mdl, args, s: dict) -> list[str]:
                      f"launches, at the per-kernel cost of the 2023-24 TensorRT-LLM / NeMo "
                      f"measurements in the fit; --set launch_overhead=0 removes the host launch "
                      f"cost, as CUDA graphs do (the fitted kernel_overhead stays)")
-    if args.interval and (float(mdl.kv_lora_rank) > 0 or float(mdl.num_experts) > 8):
-        notes.append("the intervals' model error comes from dense and Mixtral (8-expert) "
-                     "inference rows; no MLA or fine-grained-MoE inference measurement is in "
-                     "the calibration, so the real error may be larger")
+    if args.interval and float(mdl.kv_lora_rank) > 0:
+        notes.append("no inference measurement of multi-head latent attention (MLA) is in the "
+                     "calibration, so the real error may be larger than the intervals' model "
+                     "error")
     return notes
 
 
@@ -286,7 +286,8 @@ def run_infer(args) -> int:
                 ("e2e_latency", decode_quantity(args.batch, args.output), "s", 1.0)):
             summary[f"{field}_interval_s"] = interval_summary(
                 lambda e, f=field: getattr(infer(mdl, sys_, plan, e), f), args.efficiency,
-                args.gpu, "infer", quantity, unit, scale, precision=int(plan.math_precision))
+                args.gpu, "infer", quantity, unit, scale, precision=int(plan.math_precision),
+                num_experts=float(mdl.num_experts))
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
     for note in _caveats(mdl, args, summary):

@@ -114,5 +114,7 @@ def _intervals(kind: str, stacked, fit) -> dict:
                       for r in stacked.rows]
     gpus = [r.values["gpu"] for r in stacked.rows]
     precisions = None if kind == "train" else [r.values["precision"] for r in stacked.rows]
-    _, low, high = row_intervals(predict, gpus, quantities, kind, fit, precisions=precisions)
+    experts = [r.values["num_experts"] for r in stacked.rows]
+    _, low, high = row_intervals(predict, gpus, quantities, kind, fit, precisions=precisions,
+                                 num_experts=experts)
     return {r.id: (lo, hi) for r, lo, hi in zip(stacked.rows, low, high)}

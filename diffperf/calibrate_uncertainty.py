@@ -25,7 +25,8 @@ the fit never saw, which is what a new configuration faces) and measures how man
 values fall inside their interval (`interval_coverage`). Both it and `diffperf calibrate` add
 the MoE training error measured on MoE runs the fit never saw (`moe_step_error`), and the
 error of inference outside the fit's inference data (a GPU or GEMM precision no fitted inference
-row ran), measured on held-out inference rows of that kind (`unseen_inference_error`).
+row ran), measured on held-out inference rows of that kind (`unseen_inference_error`), and that of
+MoE inference (`moe_inference_error`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def training_quantity(num_experts) -> str:
     """The model-error key of a training prediction for a model with `num_experts` experts per
     MoE layer (`Transformer.num_experts`, a benchmark row's column): `MOE_STEP_TIME` for a MoE
     model (> 1), else `"step_time"`."""
-    return MOE_STEP_TIME if float(np.max(np.asarray(num_experts))) > 1 else "step_time"
+    return MOE_STEP_TIME if is_moe(num_experts) else "step_time"
 
 
 #: File name of the held-out MoE training runs in `benchmarks_data/` (never fitted): the rows
@@ -107,8 +108,15 @@ def moe_step_error(fit, fitted_predictions: list[dict], held_out_rows: list[dict
 #: (`unseen_inference_error`).
 UNSEEN_INFERENCE = "infer_unseen"
 
+#: The model error of inference of a MoE model with more experts per layer than any fitted
+#: inference row (`inference_support`'s "max_experts"; the shipped fit's are Mixtral's 8),
+#: applied as the larger of it and the prediction's own quantity error: fine-grained MoE layers
+#: cost far more than their GEMMs (router, permutation, small grouped GEMMs), which the model
+#: does not represent. Measured on held-out rows of such models (`moe_inference_error`).
+MOE_INFERENCE = "infer_moe"
+
 #: File name of the held-out inference rows in `benchmarks_data/` (never fitted): the rows
-#: `unseen_inference_error` measures a fit's unseen-inference error on.
+#: `unseen_inference_error` and `moe_inference_error` measure a fit's errors on.
 INFER_HOLDOUT = "infer_trtllm10_holdout.csv"
 
 
@@ -126,12 +134,21 @@ def _precision_class(precision) -> int:
 
 
 def inference_support(infer_rows) -> dict:
-    """The GPUs and GEMM precisions of fitted inference rows (`BenchmarkRow`s with
-    `values["gpu"]` and `values["precision"]`, the GEMM input precision) as
-    `{"gpus": [ids], "precisions": [codes]}`: what `is_unseen_inference` compares against."""
+    """The GPUs, GEMM precisions and largest expert count of fitted inference rows
+    (`BenchmarkRow`s with `values["gpu"]`, `values["precision"]`, the GEMM input precision,
+    and `values["num_experts"]`) as `{"gpus": [ids], "precisions": [codes], "max_experts": n}`:
+    what `inference_floors` compares against."""
     rows = list(infer_rows)
     return {"gpus": sorted({r.values["gpu"] for r in rows}),
-            "precisions": sorted({_precision_class(r.values["precision"]) for r in rows})}
+            "precisions": sorted({_precision_class(r.values["precision"]) for r in rows}),
+            "max_experts": int(max(float(r.values["num_experts"]) for r in rows))}
+
+
+def beyond_fitted_experts(support: dict | None, num_experts) -> bool:
+    """Whether a model with `num_experts` experts per MoE layer has more than any fitted
+    inference row (`support["max_experts"]`; any MoE model when the support does not say)."""
+    limit = (support or {}).get("max_experts", 1)
+    return float(np.max(np.asarray(num_experts))) > limit
 
 
 def is_unseen_inference(support: dict | None, gpu: str | None, precision) -> bool:
@@ -147,30 +164,74 @@ def is_unseen_inference(support: dict | None, gpu: str | None, precision) -> boo
     return not seen_gpu or _precision_class(precision) not in support.get("precisions", [])
 
 
-def unseen_inference_error(fit, held_out_rows: list[dict], held_out_data) -> dict:
-    """Set `fit.residual_sd[UNSEEN_INFERENCE]`: the RMS log residual log(predicted / measured)
-    of the held-out inference rows outside the fit's inference support (`fit.inference_support`),
-    one residual per row (its columns averaged).
+def is_moe(num_experts) -> bool:
+    """Whether a model with `num_experts` experts per MoE layer is a MoE model (> 1)."""
+    return float(np.max(np.asarray(num_experts))) > 1
 
-    - `held_out_rows`: `validate(...)["rows"]` of held-out inference rows predicted with this fit.
-    - `held_out_data`: the parsed rows of the same file (`BenchmarkRow`s, for their GPU and
-      GEMM precision).
 
-    Leaves `fit` unchanged when no held-out row lies outside the support. **Returns:**
-    `{"unseen": n, "seen": n, "residuals": array of the unseen rows}`.
-    """
-    support = fit.inference_support
+def inference_floors(support: dict | None, gpu: str | None, precision,
+                     num_experts=1) -> tuple[str, ...]:
+    """The model errors an inference prediction's interval is at least as wide as, beyond its
+    quantity's: `UNSEEN_INFERENCE` on a GPU or at a GEMM precision outside the fit's inference
+    data (`is_unseen_inference`), `MOE_INFERENCE` for a MoE model with more experts than any
+    fitted inference row (`beyond_fitted_experts`)."""
+    floors = (UNSEEN_INFERENCE,) if is_unseen_inference(support, gpu, precision) else ()
+    return floors + ((MOE_INFERENCE,) if beyond_fitted_experts(support, num_experts) else ())
+
+
+def _held_out_log_ratios(held_out_rows: list[dict], held_out_data) -> tuple[dict, dict]:
+    """`({id: parsed row}, {id: mean log(predicted / measured)})` of the held-out inference
+    rows (`validate(...)["rows"]`) whose parsed rows (`BenchmarkRow`s) are in `held_out_data`."""
     by_id = {r.id: r for r in held_out_data if r.kind == "infer"}
     res: dict[str, list[float]] = {}
     for row in held_out_rows:
         if row["id"] in by_id:
             res.setdefault(row["id"], []).append(math.log(row["predicted"] / row["measured"]))
-    unseen = [i for i in res if is_unseen_inference(support, by_id[i].values["gpu"],
-                                                    by_id[i].values["precision"])]
-    residuals = np.array([float(np.mean(res[i])) for i in unseen])
+    return by_id, {i: float(np.mean(v)) for i, v in res.items()}
+
+
+def unseen_inference_error(fit, held_out_rows: list[dict], held_out_data) -> dict:
+    """Set `fit.residual_sd[UNSEEN_INFERENCE]`: the RMS log residual log(predicted / measured)
+    of the held-out inference rows on a GPU or at a GEMM precision outside the fit's inference
+    support (`fit.inference_support`), one residual per row (its columns averaged). Rows of
+    models with more experts than any fitted row have their own error
+    (`moe_inference_error`) and are left out.
+
+    - `held_out_rows`: `validate(...)["rows"]` of held-out inference rows predicted with this fit.
+    - `held_out_data`: the parsed rows of the same file (`BenchmarkRow`s, for their GPU, GEMM
+      precision and experts).
+
+    Leaves `fit` unchanged when no such row exists. **Returns:** `{"unseen": n, "seen": n,
+    "residuals": array of the unseen rows}` (within the fitted expert counts).
+    """
+    by_id, ratio = _held_out_log_ratios(held_out_rows, held_out_data)
+    dense = [i for i in ratio if not beyond_fitted_experts(fit.inference_support,
+                                                           by_id[i].values["num_experts"])]
+    unseen = [i for i in dense if is_unseen_inference(fit.inference_support,
+                                                      by_id[i].values["gpu"],
+                                                      by_id[i].values["precision"])]
+    residuals = np.array([ratio[i] for i in unseen])
     if residuals.size:
         fit.residual_sd[UNSEEN_INFERENCE] = float(np.sqrt(np.mean(residuals ** 2)))
-    return {"unseen": len(unseen), "seen": len(res) - len(unseen), "residuals": residuals}
+    return {"unseen": len(unseen), "seen": len(dense) - len(unseen), "residuals": residuals}
+
+
+def moe_inference_error(fit, held_out_rows: list[dict], held_out_data) -> dict:
+    """Set `fit.residual_sd[MOE_INFERENCE]`: the RMS log residual of the held-out inference
+    rows of MoE models with more experts per layer than any fitted inference row
+    (`beyond_fitted_experts`), one per row (`held_out_rows` / `held_out_data` as in
+    `unseen_inference_error`).
+
+    Leaves `fit` unchanged when there is no such row. **Returns:** `{"held_out": n,
+    "residuals": array}`.
+    """
+    by_id, ratio = _held_out_log_ratios(held_out_rows, held_out_data)
+    held = [ratio[i] for i in ratio
+            if beyond_fitted_experts(fit.inference_support, by_id[i].values["num_experts"])]
+    residuals = np.array(held)
+    if residuals.size:
+        fit.residual_sd[MOE_INFERENCE] = float(np.sqrt(np.mean(residuals ** 2)))
+    return {"held_out": len(held), "residuals": residuals}
 
 
 def quantity_of(metric: str, batch: float | None = None) -> str:
@@ -222,16 +283,14 @@ def residual_sds(preds: list[dict]) -> dict:
 
 
 def model_error_sd(residual_sd: dict, quantity: str | None = None,
-                   kind: str | None = None, unseen: bool = False) -> float:
+                   kind: str | None = None, floors: tuple[str, ...] = ()) -> float:
     """The model error that applies to a prediction: that of its quantity (`MOE_STEP_TIME`
     falls back to `"step_time"`), else of its kind, else the overall one (0 when the fit
-    recorded none); for an inference prediction outside the fit's inference data (`unseen`,
-    see `is_unseen_inference`), at least the `UNSEEN_INFERENCE` error where the fit has one."""
+    recorded none); at least each error named in `floors` that the fit has (an inference
+    prediction's `inference_floors`)."""
     key = _error_key(residual_sd, quantity, kind)
     error = 0.0 if key is None else float(residual_sd[key])
-    if unseen and UNSEEN_INFERENCE in residual_sd:
-        error = max(error, float(residual_sd[UNSEEN_INFERENCE]))
-    return error
+    return max([error] + [float(residual_sd[f]) for f in floors if f in residual_sd])
 
 
 def _error_key(residual_sd: dict, quantity: str | None, kind: str | None) -> str | None:
@@ -245,9 +304,9 @@ def require_measured_kind(residual_sd: dict, kind: str | None) -> None:
     """Raise a ValueError when the fit recorded model errors but none of `kind` ("train" /
     "infer"): it saw no measurement of that kind, so an interval would borrow the other kind's
     error (e.g. a training-only fit's ~1 % for an inference latency)."""
-    # The MoE step error (`MOE_STEP_TIME`) and the unseen-inference error (`UNSEEN_INFERENCE`)
-    # are measured on held-out rows, not fitted ones, so they do not show that the fit saw rows
-    # of their kind.
+    # The MoE step error (`MOE_STEP_TIME`) and the unseen-inference and MoE-inference errors
+    # are measured on held-out rows, not only fitted ones, so they do not show that the fit saw
+    # rows of their kind.
     of_kind = {"train": ("train", "step_time"),
                "infer": ("infer", "latency", "throughput", "ttft")}.get(kind, (kind,))
     if kind is not None and residual_sd and not any(k in residual_sd for k in of_kind):
@@ -484,23 +543,26 @@ def _checked_support(support, where: str) -> dict | None:
     naming the file and the bad key: GPU id strings and precision codes 0-3."""
     if support is None:
         return None
+    count = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
     ok = (isinstance(support, dict)
           and isinstance(support.get("gpus"), list)
           and all(isinstance(g, str) for g in support["gpus"])
           and isinstance(support.get("precisions"), list)
-          and all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 3
-                  for p in support["precisions"]))
+          and all(count(p) and 0 <= p <= 3 for p in support["precisions"])
+          and count(support.get("max_experts", 1)) and support.get("max_experts", 1) >= 1)
     if not ok:
         raise ValueError(f"{where}: 'uncertainty.inference_support' must be "
-                         f"{{\"gpus\": [GPU ids], \"precisions\": [codes 0-3]}}, got {support!r}")
-    return {"gpus": list(support["gpus"]), "precisions": list(support["precisions"])}
+                         f"{{\"gpus\": [GPU ids], \"precisions\": [codes 0-3], "
+                         f"\"max_experts\": n >= 1}}, got {support!r}")
+    return {"gpus": list(support["gpus"]), "precisions": list(support["precisions"]),
+            "max_experts": support.get("max_experts", 1)}
 
 
 def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9,
                         gpu: str | None = None, kind: str | None = None,
                         model_error: bool = True,
                         quantity: str | None = None,
-                        unseen: bool = False) -> PredictionInterval:
+                        floors: tuple[str, ...] = ()) -> PredictionInterval:
     """Delta-method interval of a positive prediction `fn_of_efficiency(eff)`.
 
     **Arguments:**
@@ -518,8 +580,8 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
       `"latency"` (batch 1), `"throughput"` (batched runs; see `decode_quantity`), `"ttft"`;
       or `MOE_STEP_TIME`, a MoE model's step: see `training_quantity`), which selects the
       model error of that quantity.
-    - `unseen`: an inference prediction outside the fit's inference data
-      (`is_unseen_inference`): the model error is at least the fit's `UNSEEN_INFERENCE` one.
+    - `floors`: model errors the interval is at least as wide as (an inference prediction's
+      `inference_floors`: outside the fit's inference data, a MoE model).
 
     **Returns:** a `PredictionInterval` (`str()` gives "12.9 s (90% interval 12.1 to 13.8 s)").
     """
@@ -542,7 +604,7 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     var = float(g @ u.covariance @ g)
     if not (math.isfinite(value) and math.isfinite(var)):
         raise ValueError("the prediction or its variance is not finite; no interval")
-    error = model_error_sd(u.residual_sd, quantity, kind, unseen) if model_error else 0.0
+    error = model_error_sd(u.residual_sd, quantity, kind, floors) if model_error else 0.0
     low, high, sd = _bounds(np.array([value]), np.array([var]), np.array([error]), level)
     if not np.isfinite(low[0]):
         z = NormalDist().inv_cdf(0.5 + level / 2.0)
@@ -567,8 +629,8 @@ def _bounds(log_value: np.ndarray, parameter_var: np.ndarray, model_error: np.nd
 
 
 def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str], kind: str,
-                  fit=None, level: float = 0.9,
-                  precisions: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  fit=None, level: float = 0.9, precisions: list | None = None,
+                  num_experts: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`prediction_interval` for many configurations at once: one forward-mode Jacobian of a
     batched prediction instead of one compiled gradient per configuration.
 
@@ -577,9 +639,8 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
       `train_step(...).step_time`.
     - `gpus`, `quantities`: each row's GPU id and `QUANTITIES` key (its model error).
     - `kind`, `fit`, `level`: as in `prediction_interval`.
-    - `precisions`: each inference row's GEMM input precision (name or code): a row outside
-      the fit's inference data (`is_unseen_inference`) gets at least its `UNSEEN_INFERENCE`
-      error. None: no row is treated as unseen.
+    - `precisions`, `num_experts`: each inference row's GEMM input precision (name or code)
+      and experts per MoE layer, which set its `inference_floors`. None: no floors (training).
 
     **Returns:** `(value, low, high)` arrays; low / high are NaN for a row whose interval would
     be wider than `MAX_LOG_HALF_WIDTH` or not finite (no interval, never a silent one).
@@ -599,44 +660,45 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
     value, jac = jax.jit(lambda th: (logf(th), jax.jacfwd(logf)(th)))(theta)
     value, jac = np.asarray(value, dtype=np.float64), np.asarray(jac, dtype=np.float64)
     var = np.einsum("rp,pq,rq->r", jac, u.covariance, jac)
-    unseen = ([False] * len(gpus) if precisions is None else
-              [is_unseen_inference(u.inference_support, g, p) for g, p in zip(gpus, precisions)])
-    error = np.array([model_error_sd(u.residual_sd, q, kind, n)
-                      for q, n in zip(quantities, unseen)])
+    floors = ([()] * len(gpus) if precisions is None else
+              [inference_floors(u.inference_support, g, p, e)
+               for g, p, e in zip(gpus, precisions, num_experts or [1] * len(gpus))])
+    error = np.array([model_error_sd(u.residual_sd, q, kind, f)
+                      for q, f in zip(quantities, floors)])
     low, high, _ = _bounds(value, var, error, level)
     return np.exp(value), low, high
 
 
 def interval_summary(fn_of_efficiency: Callable, efficiency_path, gpu: str | None, kind: str,
                      quantity: str, unit: str = "s", scale: float = 1.0,
-                     precision=None) -> dict:
+                     precision=None, num_experts=1) -> dict:
     """The CLIs' `--interval` entry: `prediction_interval` at 90 % of `fn_of_efficiency` (in
     s) as `{"level", "low", "high", "quantity", "text"}` (text in `unit` = s / `scale`), or
     `{"error"}` when the efficiency file carries no usable uncertainty (none, malformed, or so
-    wide that no interval is meaningful). `precision`: an inference prediction's GEMM input
-    precision (checked against the fit's inference data, `is_unseen_inference`)."""
+    wide that no interval is meaningful). `precision`, `num_experts`: an inference
+    prediction's GEMM input precision and experts per MoE layer (its `inference_floors`)."""
     try:
         u = load_uncertainty(efficiency_path)
-        unseen = (kind == "infer" and precision is not None
-                  and is_unseen_inference(u.inference_support, gpu, precision))
+        floors = (inference_floors(u.inference_support, gpu, precision, num_experts)
+                  if kind == "infer" and precision is not None else ())
         iv = prediction_interval(lambda e: fn_of_efficiency(e) * scale, u, 0.9,
-                                 gpu, kind, quantity=quantity, unseen=unseen)
+                                 gpu, kind, quantity=quantity, floors=floors)
     except ValueError as e:
         return {"error": str(e)}
     out = {"level": iv.level, "low": iv.low / scale, "high": iv.high / scale,
            "quantity": quantity, "text": iv.format(unit, 3)}
-    caveats = interval_caveats(u, gpu, kind, quantity, unseen, precision)
+    caveats = interval_caveats(u, gpu, kind, quantity, floors, precision)
     if caveats:
         out["note"] = "; ".join(caveats)
     return out
 
 
 def interval_caveats(u: FitUncertainty, gpu: str | None, kind: str | None,
-                     quantity: str | None, unseen: bool = False,
+                     quantity: str | None, floors: tuple[str, ...] = (),
                      precision=None) -> list[str]:
     """What an interval rests on beyond its fit's data: a GPU the fit had no measurements of
     (shared factors, and the calibrated GPUs' model error, are assumed to carry over), an
-    inference prediction outside the fit's inference data (`unseen`: the wider unseen-inference
+    inference prediction outside the fit's inference data or of a MoE model (`floors`: a wider
     error applies), or a quantity whose own model error the fit did not record (a broader one
     is used)."""
     from .presets import fitted_gpu
@@ -644,7 +706,13 @@ def interval_caveats(u: FitUncertainty, gpu: str | None, kind: str | None,
     if gpu is not None and u.par.groups and fitted_gpu(gpu, u.par.groups) is None:
         notes.append(f"no calibration data for {gpu}: the shared factors and the model "
                      f"error on {', '.join(u.par.groups)} are assumed to carry over")
-    if unseen and UNSEEN_INFERENCE in u.residual_sd:
+    if MOE_INFERENCE in floors and MOE_INFERENCE in u.residual_sd:
+        most = (u.inference_support or {}).get("max_experts", 1)
+        notes.append(f"a MoE model with more experts than any fitted inference row ({most}): "
+                     f"the interval uses at least the model error of held-out fine-grained MoE "
+                     f"inference runs ({u.residual_sd[MOE_INFERENCE]:.1%}, RMS log), whose "
+                     f"router, permutation and small expert GEMMs cost more than modelled")
+    if UNSEEN_INFERENCE in floors and UNSEEN_INFERENCE in u.residual_sd:
         notes.append(f"the fit has no inference measurement {_unseen_reason(u, gpu, precision)}:"
                      f" the interval uses at least the model error of held-out inference rows "
                      f"outside the fit's data ({u.residual_sd[UNSEEN_INFERENCE]:.1%}, RMS log)")

@@ -44,7 +44,10 @@ def test_notes_on_launch_share_and_mla_intervals(capsys):
     assert code == 0
     share = s["decode_s"]["launch"] / s["decode_s"]["total"]
     assert share > 0.25 and "launch_overhead=0" in err
-    assert "no MLA or fine-grained-MoE inference measurement" in err
+    assert "no inference measurement of multi-head latent attention (MLA)" in err
+    # 256 experts, more than any fitted inference row: the fine-grained MoE error applies
+    assert "more experts than any fitted inference row" in s["e2e_latency_interval_s"]["note"]
     code, s, err = _json(capsys, "--model", "llama3-70b", "--gpu", "h100-sxm5-80gb", "--tp", "8",
                          "--batch", "256", "--interval")
-    assert code == 0 and "fine-grained" not in err
+    assert code == 0 and "MLA" not in err
+    assert "note" not in s["e2e_latency_interval_s"]

@@ -31,7 +31,7 @@ def test_the_csv_is_what_its_generator_writes():
     with CSV.open(newline="") as f:
         shipped = list(csv.DictReader(f))
     made = _generator().rows()
-    assert len(shipped) == len(made) == 100
+    assert len(shipped) == len(made) == 120
     for a, b in zip(shipped, made):
         assert a == {k: str(v) for k, v in b.items()}
 
@@ -48,6 +48,12 @@ def test_batch_follows_trtllm_bench_kv_estimate_by_hand():
     # the cap: Llama 3.1 405B FP4 on 4 B200 at 128 / 128 fits far more than 4,096 requests
     m405 = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8}
     assert gen.concurrency(m405, 405.85e9, 183359, 4, "fp4", 128, 128) == 4096
+    # the KV width is config.json's head_dim where it differs from hidden / heads: Qwen3-30B-A3B
+    # (32 heads of 128 on hidden 2048) at 1000 / 1000 on one B200: 2 x 48 x 4 x 128 x 1 B =
+    # 48 KiB per token, 2000 x 48 KiB = 0.09155 GiB per request; weights 30.53e9 x 0.5 B =
+    # 14.22 GiB; 0.95 x (179.06 - 14.22) / 0.09155 = 1710.5
+    qwen = {"layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128}
+    assert gen.concurrency(qwen, 30.53e9, 183359, 1, "fp4", 1000, 1000) == 1710
 
 
 def test_kv_precision_column_halves_the_kv_cache_and_names_bad_values(tmp_path):
@@ -72,12 +78,20 @@ def test_kv_precision_column_halves_the_kv_cache_and_names_bad_values(tmp_path):
 
 
 def test_shipped_fit_predicts_the_held_out_table_within_bounds():
-    """Never fitted: MAPE 13.7 % on 100 rows at the shipped fit (README, Accuracy). The bound
-    leaves room for refits; a model change that breaks the in-flight-batching equivalence or
-    the fp4 / fp8 paths would exceed it."""
+    """Never fitted: MAPE 13.7 % on the 100 dense-model rows at the shipped fit (README,
+    Accuracy). The bound leaves room for refits; a model change that breaks the
+    in-flight-batching equivalence or the fp4 / fp8 paths would exceed it. The 20
+    Qwen3-30B-A3B rows (fine-grained MoE) are predicted far too fast (MAPE 124 %): only
+    their finiteness is pinned here; their error sets the MoE inference intervals
+    (`tests/test_unseen_inference_error.py`)."""
     result = validate([CSV])
-    assert not result["failed"] and len(result["rows"]) == 100
-    ape = np.array([r["ape"] for r in result["rows"]])
+    assert not result["failed"] and len(result["rows"]) == 120
+    moe = set(pd.read_csv(CSV).query("num_experts > 1")["id"])
+    assert len(moe) == 20
+    dense = [r for r in result["rows"] if r["id"] not in moe]
+    ape = np.array([r["ape"] for r in dense])
     assert np.all(np.isfinite(ape))
     assert ape.mean() < 18.0
     assert np.median(ape) < 15.0
+    assert all(np.isfinite(r["predicted"]) and r["predicted"] > 0
+               for r in result["rows"] if r["id"] in moe)

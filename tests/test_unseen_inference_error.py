@@ -1,6 +1,7 @@
-"""The model error of inference outside the fit's inference data: a GPU no fitted inference row
-ran on, or a GEMM precision none used (`calibrate_uncertainty.UNSEEN_INFERENCE`), measured on
-held-out inference rows of that kind (`benchmarks_data/infer_trtllm10_holdout.csv`)."""
+"""The model errors of inference outside the fit's inference data, measured on held-out
+inference rows of that kind (`benchmarks_data/infer_trtllm10_holdout.csv`): a GPU no fitted
+inference row ran on, or a GEMM precision none used (`calibrate_uncertainty.UNSEEN_INFERENCE`),
+and a MoE model with more experts than any fitted inference row (`MOE_INFERENCE`)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import pandas as pd
 import pytest
 
 from diffperf.calibrate import Parameterisation, default_data_paths
-from diffperf.calibrate_uncertainty import (UNSEEN_INFERENCE, FitUncertainty, inference_support,
+from diffperf.calibrate_uncertainty import (MOE_INFERENCE, UNSEEN_INFERENCE, FitUncertainty,
+                                            inference_floors, inference_support,
                                             is_unseen_inference, load_uncertainty,
-                                            model_error_sd, prediction_interval,
-                                            unseen_inference_error)
+                                            model_error_sd, moe_inference_error,
+                                            prediction_interval, unseen_inference_error)
 from diffperf.cli import main
 
 Z90 = NormalDist().inv_cdf(0.95)
@@ -26,15 +28,17 @@ DATA = Path(__file__).resolve().parent.parent / "benchmarks_data"
 HOLDOUT = DATA / "infer_trtllm10_holdout.csv"
 
 
-def _row(id_, gpu, precision, kind="infer"):
-    return SimpleNamespace(id=id_, kind=kind, values={"gpu": gpu, "precision": precision})
+def _row(id_, gpu, precision, kind="infer", experts=1):
+    return SimpleNamespace(id=id_, kind=kind, values={"gpu": gpu, "precision": precision,
+                                                      "num_experts": experts})
 
 
 def test_support_and_unseen_configurations():
     support = inference_support([_row("a", "a100-sxm4-80gb", "fp16"),
-                                 _row("b", "h100-sxm5-80gb", "bf16"),
+                                 _row("b", "h100-sxm5-80gb", "bf16", experts=8),
                                  _row("c", "h100-sxm5-80gb", "fp8")])
-    assert support == {"gpus": ["a100-sxm4-80gb", "h100-sxm5-80gb"], "precisions": [1, 2]}
+    assert support == {"gpus": ["a100-sxm4-80gb", "h100-sxm5-80gb"], "precisions": [1, 2],
+                       "max_experts": 8}
     assert not is_unseen_inference(support, "h100-sxm5-80gb", "fp8")
     assert not is_unseen_inference(support, "a100-sxm4-80gb", "bf16")  # 16-bit is one class
     assert not is_unseen_inference(support, "a100-sxm4-80gb", 1)  # a precision code
@@ -46,42 +50,61 @@ def test_support_and_unseen_configurations():
     # no recorded support (a training-only fit, an older file): nothing is unseen
     assert not is_unseen_inference(None, "b200", "fp4")
     assert not is_unseen_inference(support, None, "fp4")
+    # the floors an interval takes: unseen GPU / precision, more experts than fitted
+    assert inference_floors(support, "h100-sxm5-80gb", "fp8", 8) == ()
+    assert inference_floors(support, "b200", "fp8", 1) == (UNSEEN_INFERENCE,)
+    assert inference_floors(support, "h100-sxm5-80gb", "fp8", 128) == (MOE_INFERENCE,)
+    assert inference_floors(support, "b200", "fp4", 16) == (UNSEEN_INFERENCE, MOE_INFERENCE)
+    assert inference_floors({"gpus": ["b200"], "precisions": [3]}, "b200", "fp4", 8) == (
+        MOE_INFERENCE,)  # a support without max_experts: every MoE model is beyond it
 
 
-def test_unseen_error_is_at_least_the_quantity_error():
-    sd = {"latency": 0.05, "ttft": 0.25, "throughput": 0.12, UNSEEN_INFERENCE: 0.2}
-    assert model_error_sd(sd, "latency", "infer", unseen=True) == 0.2
-    assert model_error_sd(sd, "ttft", "infer", unseen=True) == 0.25  # the larger one
-    assert model_error_sd(sd, "throughput", "infer", unseen=False) == 0.12
-    assert model_error_sd({"throughput": 0.12}, "throughput", "infer", unseen=True) == 0.12
+def test_floor_errors_are_at_least_the_quantity_error():
+    sd = {"latency": 0.05, "ttft": 0.25, "throughput": 0.12, UNSEEN_INFERENCE: 0.2,
+          MOE_INFERENCE: 0.6}
+    assert model_error_sd(sd, "latency", "infer", (UNSEEN_INFERENCE,)) == 0.2
+    assert model_error_sd(sd, "ttft", "infer", (UNSEEN_INFERENCE,)) == 0.25  # the larger
+    assert model_error_sd(sd, "ttft", "infer", (UNSEEN_INFERENCE, MOE_INFERENCE)) == 0.6
+    assert model_error_sd(sd, "throughput", "infer") == 0.12
+    assert model_error_sd({"throughput": 0.12}, "throughput", "infer", (MOE_INFERENCE,)) == 0.12
     par = Parameterisation.build(groups=())
     theta = np.asarray(par.theta_from())
     u = FitUncertainty(par, theta, np.zeros((theta.size, theta.size)), sd,
-                       {"gpus": ["h100-sxm5-80gb"], "precisions": [2]})
-    for unseen, error in ((False, 0.12), (True, 0.2)):
+                       {"gpus": ["h100-sxm5-80gb"], "precisions": [2], "max_experts": 8})
+    for floors, error in (((), 0.12), ((UNSEEN_INFERENCE,), 0.2), ((MOE_INFERENCE,), 0.6)):
         iv = prediction_interval(lambda e: 2.0 * e.hbm, u, 0.9, kind="infer",
-                                 quantity="throughput", unseen=unseen)
+                                 quantity="throughput", floors=floors)
         assert iv.high / iv.value == pytest.approx(math.exp(Z90 * error), rel=1e-9)
 
 
-def test_unseen_error_is_the_rms_log_residual_of_the_unseen_held_out_rows():
-    fit = SimpleNamespace(inference_support={"gpus": ["h100-sxm5-80gb"], "precisions": [2]},
-                          residual_sd={"throughput": 0.1})
+def test_floor_errors_are_rms_log_residuals_of_their_held_out_rows():
+    support = {"gpus": ["h100-sxm5-80gb"], "precisions": [2], "max_experts": 8}
+    fit = SimpleNamespace(inference_support=support, residual_sd={"throughput": 0.1})
     data = [_row("seen", "h100-sxm5-80gb", "fp8"), _row("gpu", "b200", "fp8"),
-            _row("prec", "h100-sxm5-80gb", "fp4"), _row("train", "b200", "fp8", kind="train")]
+            _row("prec", "h100-sxm5-80gb", "fp4"), _row("train", "b200", "fp8", kind="train"),
+            _row("moe", "b200", "fp4", experts=128), _row("moe8", "b200", "fp4", experts=8)]
     rows = [{"id": "seen", "predicted": 3.0, "measured": 1.0},
             {"id": "gpu", "predicted": 1.2, "measured": 1.0},
             {"id": "gpu", "predicted": 1.0, "measured": 1.2},  # two columns: mean log 0
             {"id": "prec", "predicted": 0.5, "measured": 1.0},
-            {"id": "train", "predicted": 9.0, "measured": 1.0}]
+            {"id": "train", "predicted": 9.0, "measured": 1.0},
+            {"id": "moe", "predicted": 4.0, "measured": 1.0},
+            {"id": "moe8", "predicted": 1.0, "measured": 2.0}]
     out = unseen_inference_error(fit, rows, data)
-    assert out["unseen"] == 2 and out["seen"] == 1
-    assert fit.residual_sd[UNSEEN_INFERENCE] == pytest.approx(math.sqrt(math.log(2) ** 2 / 2))
+    # "moe" (128 experts) is not an unseen-GPU residual; "moe8" (8, as fitted) is
+    assert out["unseen"] == 3 and out["seen"] == 1
+    assert fit.residual_sd[UNSEEN_INFERENCE] == pytest.approx(
+        math.sqrt(2 * math.log(2) ** 2 / 3))
+    moe = moe_inference_error(fit, rows, data)
+    assert moe["held_out"] == 1
+    assert fit.residual_sd[MOE_INFERENCE] == pytest.approx(math.log(4))
     # no held-out row outside the support: unchanged
     fit = SimpleNamespace(inference_support={"gpus": ["b200", "h100-sxm5-80gb"],
-                                             "precisions": [2, 3]}, residual_sd={})
+                                             "precisions": [2, 3], "max_experts": 128},
+                          residual_sd={})
     assert unseen_inference_error(fit, rows, data)["unseen"] == 0
-    assert UNSEEN_INFERENCE not in fit.residual_sd
+    assert moe_inference_error(fit, rows, data)["held_out"] == 0
+    assert not fit.residual_sd
 
 
 def test_shipped_fit_records_its_inference_data_and_a_wider_error_outside_it():
@@ -89,15 +112,19 @@ def test_shipped_fit_records_its_inference_data_and_a_wider_error_outside_it():
     table = pd.read_csv(default_data_paths()[1])
     classes = {"fp32": 0, "tf32": 0, "bf16": 1, "fp16": 1, "fp8": 2, "fp4": 3}
     assert u.inference_support == {"gpus": sorted(set(table["gpu"])),
-                                   "precisions": sorted({classes[p] for p in table["precision"]})}
-    # held-out Blackwell FP4 rows miss by more than the fitted throughput rows (report.md)
+                                   "precisions": sorted({classes[p] for p in table["precision"]}),
+                                   "max_experts": int(table["num_experts"].max())}
+    # held-out Blackwell FP4 rows miss by more than the fitted throughput rows, and the
+    # fine-grained MoE rows by far more (report.md)
     assert u.residual_sd[UNSEEN_INFERENCE] > 1.2 * u.residual_sd["throughput"]
+    assert u.residual_sd[MOE_INFERENCE] > 2 * u.residual_sd[UNSEEN_INFERENCE]
 
 
 def test_held_out_intervals_widen_outside_the_fit_and_cover_the_table(capsys):
-    """`predict --interval` on the held-out TensorRT-LLM 1.0 table: the Blackwell FP4 rows
-    (outside the fit's inference data) get the unseen error, the Hopper FP8 rows their
-    throughput error; most measured values fall inside (94 of 100 with the shipped fit)."""
+    """`predict --interval` on the held-out TensorRT-LLM 1.0 table: the Qwen3-30B-A3B rows
+    (128 experts) get the MoE error, the other Blackwell FP4 rows (outside the fit's
+    inference data) the unseen error, the Hopper FP8 rows their throughput error; most
+    measured values fall inside (113 of 120 with the shipped fit)."""
     assert main(["predict", "--data", str(HOLDOUT), "--interval", "--json"]) == 0
     preds = {r["id"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     u = load_uncertainty()
@@ -105,8 +132,11 @@ def test_held_out_intervals_widen_outside_the_fit_and_cover_the_table(capsys):
     for _, r in pd.read_csv(HOLDOUT).iterrows():
         p = preds[r["id"]]
         half = math.log(p["interval_high_s"] / p["interval_low_s"]) / 2.0
-        if r["precision"] == "fp4":
-            assert half >= Z90 * u.residual_sd[UNSEEN_INFERENCE] - 1e-9, r["id"]
+        if r["num_experts"] > 8:
+            assert half >= Z90 * u.residual_sd[MOE_INFERENCE] - 1e-9, r["id"]
+        elif r["precision"] == "fp4":
+            assert Z90 * u.residual_sd[UNSEEN_INFERENCE] - 1e-9 <= half, r["id"]
+            assert half < Z90 * u.residual_sd[MOE_INFERENCE], r["id"]
         else:
             assert Z90 * u.residual_sd["throughput"] - 1e-9 <= half, r["id"]
             assert half < Z90 * u.residual_sd[UNSEEN_INFERENCE], r["id"]
@@ -114,7 +144,7 @@ def test_held_out_intervals_widen_outside_the_fit_and_cover_the_table(capsys):
         scale = p["output_tok_s_per_gpu"] * p["e2e_latency_s"]
         inside += scale / p["interval_high_s"] <= r["output_tok_s_per_gpu"] <= (
             scale / p["interval_low_s"])
-    assert inside >= 85
+    assert inside >= 100
 
 
 def test_infer_cli_notes_an_unseen_gpu_or_precision(capsys):
@@ -153,17 +183,24 @@ def test_calibrate_measures_the_unseen_error_on_held_out_rows(capsys, tmp_path):
     assert code == 0, err
     unc = saved["uncertainty"]
     assert unc["inference_support"] == {"gpus": ["a100-sxm4-80gb", "h100-sxm5-80gb"],
-                                        "precisions": [1]}
-    # every held-out row is outside (fp8 / fp4, or H200 / B200 / GB200): all 100 count
+                                        "precisions": [1], "max_experts": 1}
+    # every dense held-out row is outside (fp8 / fp4, or H200 / B200 / GB200): all 100 count;
+    # the 20 MoE rows (dense fit: any MoE model is beyond it) set the MoE error
     rows = validate([HOLDOUT], efficiency_from_json(tmp_path / "fitted.json"))["rows"]
-    logs = [math.log(r["predicted"] / r["measured"]) for r in rows]
-    assert len(logs) == 100
-    assert unc["residual_sd"][UNSEEN_INFERENCE] == pytest.approx(
-        math.sqrt(np.mean(np.square(logs))), rel=1e-9)
+    moe = set(pd.read_csv(HOLDOUT).query("num_experts > 1")["id"])
+    rms = lambda rs: math.sqrt(np.mean([math.log(r["predicted"] / r["measured"]) ** 2  # noqa
+                                        for r in rs]))
+    dense = [r for r in rows if r["id"] not in moe]
+    assert len(dense) == 100 and len(rows) == 120
+    assert unc["residual_sd"][UNSEEN_INFERENCE] == pytest.approx(rms(dense), rel=1e-9)
+    assert unc["residual_sd"][MOE_INFERENCE] == pytest.approx(
+        rms([r for r in rows if r["id"] in moe]), rel=1e-9)
     assert saved["metadata"]["unseen_inference_error_basis"].startswith("100 held-out")
+    assert saved["metadata"]["moe_inference_error_basis"].startswith("20 held-out")
 
     code, saved, _ = _calibrate(capsys, tmp_path, latency, "--infer-holdout", "none")
     assert code == 0 and UNSEEN_INFERENCE not in saved["uncertainty"]["residual_sd"]
+    assert MOE_INFERENCE not in saved["uncertainty"]["residual_sd"]
 
     train = tmp_path / "train.csv"
     pd.read_csv(default_data_paths()[0]).head(3).to_csv(train, index=False)
@@ -181,7 +218,8 @@ def test_calibrate_rejects_a_missing_infer_holdout_before_fitting(capsys, tmp_pa
 
 @pytest.mark.parametrize("bad", [["b200"], {"gpus": "b200", "precisions": [3]},
                                  {"gpus": ["b200"], "precisions": [7]},
-                                 {"gpus": ["b200"], "precisions": [True]}])
+                                 {"gpus": ["b200"], "precisions": [True]},
+                                 {"gpus": ["b200"], "precisions": [3], "max_experts": 0}])
 def test_malformed_inference_support_is_named(tmp_path, bad):
     from importlib import resources
     data = json.loads(resources.files("diffperf.presets").joinpath("efficiency.json").read_text())
