@@ -16,7 +16,10 @@ in 95 % of the memory left after the weights, at most 4,096, with the weights at
 `param_count` x bytes per element and the KV cache at 2 x layers x max(tp, kv_heads) x
 head_dim x bytes x (ISL + OSL) per request. Under an infinite request rate that many requests
 are in flight at once, so that count is the `batch` of each row; the in-flight schedule does
-the same prefill and decode work per request as a static batch of that size. The GPU memory
+the same prefill and decode work per request as a static batch of that size. trtllm-bench also
+caps the tokens of one forward pass (`max_num_tokens`, 2,048-32,768 here), so prompts are
+prefilled in chunks: the rows' `prefill_tokens` (it bounds the prefill activations that diffperf's
+memory estimate counts). The GPU memory
 is what trtllm-bench reads, NVML's total (`get_device_memory` in
 `tensorrt_llm/bench/build/utils.py`), in GiB: nvidia-smi's totals, 81,559 MiB (H100 SXM),
 143,771 MiB (H200), 183,359 MiB (B200), 189,471 MiB (GB200).
@@ -101,17 +104,38 @@ MEMORY_FRACTION = 0.95  # --kv_cache_free_gpu_mem_fraction 0.95
 MAX_REQUESTS = 4096  # trtllm-bench's cap on the batch
 
 
-def concurrency(m: dict, params: float, total_mib: float, tp: int, precision: str,
-                isl: int, osl: int) -> int:
-    """Requests in flight: trtllm-bench's KV-cache estimate (see the module docstring), with
-    `total_mib` the GPU's NVML total memory."""
+def _kv_requests(m: dict, params: float, total_mib: float, tp: int, precision: str,
+                 isl: int, osl: int) -> float:
+    """trtllm-bench's `kv_cache_max_requests` (see the module docstring), with `total_mib` the
+    GPU's NVML total memory."""
     gib = 1024.0 ** 3
     total = total_mib / 1024.0 * tp
     engine = params * BYTES[precision] / gib
     head_dim = m.get("head_dim") or m["hidden"] / m["heads"]
     per_token = 2 * m["layers"] * max(tp, m["kv_heads"]) * head_dim * KV_BYTES / gib
-    requests = MEMORY_FRACTION * (total - engine) / (per_token * (isl + osl))
+    return MEMORY_FRACTION * (total - engine) / (per_token * (isl + osl))
+
+
+def concurrency(m: dict, params: float, total_mib: float, tp: int, precision: str,
+                isl: int, osl: int) -> int:
+    """Requests in flight: trtllm-bench's KV-cache estimate, at most 4,096."""
+    requests = _kv_requests(m, params, total_mib, tp, precision, isl, osl)
     return int(math.floor(min(requests, MAX_REQUESTS)))
+
+
+def max_num_tokens(m: dict, params: float, total_mib: float, tp: int, precision: str,
+                   isl: int, osl: int) -> int:
+    """The most tokens one forward pass takes, as trtllm-bench sets it (`finetune_setting`):
+    the requests' prompt and output tokens per output step, min(requests, 4096) x (1 + ISL /
+    OSL), at most 32,768, rounded up to a multiple of 256 (at least 2,048) below 4,096 tokens,
+    of 512 below 8,192, else of 1,024. It caps each prefill pass (chunked prefill)."""
+    requests = min(_kv_requests(m, params, total_mib, tp, precision, isl, osl), MAX_REQUESTS)
+    raw = min(requests * (1 + isl / osl), 32768)
+    if raw < 4096:
+        return max(2048, 256 * math.ceil(raw / 256))
+    if raw < 8192:
+        return 512 * math.ceil(raw / 512)
+    return 1024 * math.ceil(raw / 1024)
 
 
 def rows() -> list[dict]:
@@ -122,7 +146,8 @@ def rows() -> list[dict]:
         m = models[name]
         for seq, total in zip(SEQUENCES, values):
             isl, osl = (int(x) for x in seq.split("/"))
-            b = concurrency(m, PARAMS[name], NVML_TOTAL_MIB[gpu], tp, precision, isl, osl)
+            args = (m, PARAMS[name], NVML_TOTAL_MIB[gpu], tp, precision, isl, osl)
+            b, chunk = concurrency(*args), max_num_tokens(*args)
             out.append({
                 "id": f"trtllm10-tput-{gpu.split('-')[0]}-{name}-tp{tp}-{isl}x{osl}",
                 "kind": "infer", "source": SOURCE, "model": LABEL[name],
@@ -134,11 +159,13 @@ def rows() -> list[dict]:
                 "precision": precision, "kv_precision": "fp8", "batch": b,
                 "input_len": isl, "output_len": osl,
                 "output_tok_s_per_gpu": round(total / tp, 2), "head_dim": m.get("head_dim", 0),
+                "prefill_tokens": chunk,
                 "notes": (f"printed total output throughput {total:,} tokens/s on {tp} GPU(s), "
                           f"per GPU = total / tp; batch = {b} requests in flight "
                           f"(trtllm-bench's KV-cache estimate at 95 % of the memory left "
-                          f"after the weights, capped at 4,096); {precision.upper()} weights "
-                          f"and GEMM inputs, fp8 KV cache (ModelOpt default)"),
+                          f"after the weights, capped at 4,096); at most {chunk:,} tokens per "
+                          f"forward pass (trtllm-bench's max_num_tokens); {precision.upper()} "
+                          f"weights and GEMM inputs, fp8 KV cache (ModelOpt default)"),
             })
     return out
 

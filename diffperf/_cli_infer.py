@@ -34,6 +34,15 @@ def add_per_head_decode(parser) -> None:
                              "(TensorRT-LLM masked MHA) instead of a grouped GQA kernel")
 
 
+def add_prefill_tokens(parser) -> None:
+    """The `--prefill-tokens` option (shared by `infer` and `search infer`)."""
+    parser.add_argument("--prefill-tokens", type=int, default=0,
+                        help="chunked prefill: the most prompt tokens one forward pass "
+                             "processes (TensorRT-LLM max_num_tokens, vLLM "
+                             "max_num_batched_tokens); bounds the prefill activations in the "
+                             "memory estimate and max batch (default 0: all prompts at once)")
+
+
 def add_precision_arguments(parser) -> None:
     """`--precision`, `--activation-precision`, `--kv-precision` and `--gemm-peak-fraction`
     (shared by `infer` and `search infer`; read back with `precisions_of`)."""
@@ -72,6 +81,7 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
     add_precision_arguments(p)
+    add_prefill_tokens(p)
     p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
     add_per_head_decode(p)
     add_set_argument(p)
@@ -137,7 +147,8 @@ def _specs(args):
                          activation_precision=act, kv_precision=kv,
                          flash_attention=0 if args.no_flash else 1,
                          grouped_decode_attention=0 if args.per_head_decode else 1,
-                         gemm_peak_fraction=args.gemm_peak_fraction)
+                         gemm_peak_fraction=args.gemm_peak_fraction,
+                         prefill_tokens=args.prefill_tokens)
     return mdl, sys_, plan, _load_efficiency(args.efficiency, args.gpu)
 
 

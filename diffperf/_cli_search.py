@@ -12,8 +12,8 @@ import pandas as pd
 
 from . import presets
 from ._cli_checks import CliError
-from ._cli_infer import (add_per_head_decode, add_precision_arguments, precisions_of,
-                         precisions_text)
+from ._cli_infer import (add_per_head_decode, add_precision_arguments, add_prefill_tokens,
+                         precisions_of, precisions_text)
 from .hardware import precision_code
 from .what_if import add_set_argument, parse_overrides, system_with_overrides, tag
 
@@ -77,6 +77,7 @@ def add_search_parser(sub) -> None:
     i.add_argument("--max-gpus", type=int, default=8,
                    help="largest tp * pp (default 8; tp and pp are each at most 64)")
     add_precision_arguments(i)
+    add_prefill_tokens(i)
     add_per_head_decode(i)
     i.add_argument("--efficiency", default=None)
     add_set_argument(i)
@@ -247,7 +248,8 @@ def run_search_infer(args) -> int:
                           weights, _load_efficiency(args.efficiency, args.gpu),
                           grouped_decode_attention=0 if args.per_head_decode else 1,
                           activation_precision=act, kv_precision=kv,
-                          gemm_peak_fraction=args.gemm_peak_fraction)
+                          gemm_peak_fraction=args.gemm_peak_fraction,
+                          prefill_tokens=args.prefill_tokens)
     finite = np.isfinite(df[["e2e_latency_s", "ttft_s", "tpot_s"]].to_numpy()).all(axis=1)
     ok = df[df["feasible"] & finite]
     gemm = float(InferencePlan(weight_precision=weights, activation_precision=act).math_precision)

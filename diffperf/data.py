@@ -63,6 +63,10 @@ INFER_OPTIONAL_FLAGS = {"grouped_decode_attention": 1.0}
 #: diffperf extension column of infer rows: the share of the tensor-core peak the weight GEMMs
 #: can issue, in (0, 1] (empty or absent = 1); see `InferencePlan.gemm_peak_fraction`.
 INFER_OPTIONAL_FRACTIONS = {"gemm_peak_fraction": 1.0}
+#: diffperf extension column of infer rows: the most prompt tokens one prefill pass processes
+#: (chunked prefill; empty or absent = 0, the whole batch at once); see
+#: `InferencePlan.prefill_tokens`.
+INFER_OPTIONAL_COUNTS = {"prefill_tokens": 0.0}
 TRAIN_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb")
 INFER_METRICS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 #: Documented defaults for empty plan cells (docs/benchmark-format.md).
@@ -323,6 +327,7 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
                 raise _err(path, i, "ep", f"must be a whole number >= 1, got {rec['ep']}")
             values.update(_flags(path, i, rec, INFER_OPTIONAL_FLAGS))
             values.update(_fractions(path, i, rec, INFER_OPTIONAL_FRACTIONS))
+            values.update(_optional_counts(path, i, rec, INFER_OPTIONAL_COUNTS))
             values["weight_precision"] = _weight_precision(path, i, rec, values["precision"])
             values["kv_precision"] = _kv_precision(path, i, rec, values["precision"])
             metrics = INFER_METRICS

@@ -500,13 +500,16 @@ def kv_cache_bytes_per_gpu(model: Transformer, plan: InferencePlan, batch=None) 
     return model.layers / plan.pp * x.cache * x.kb * context * b
 
 
-def _activation_bytes_per_seq(model: Transformer, plan: InferencePlan) -> jax.Array:
-    """Peak transient activations per sequence during prefill (they scale with the batch), B.
+def _prefill_activation_bytes(model: Transformer, plan: InferencePlan) -> tuple:
+    """`(per prompt token, per sequence in the pass, per sequence held)` transient activation
+    bytes, B: one prefill pass holds the first two for each of its tokens / sequences, and the
+    fp32 logits of a decode step (the third) are held for every sequence.
 
     The residual stream and the normalised input stay live through a layer; on top of them the
     attention part holds Q, K, V and the attention output, the MLP part its first GEMM's
     output(s) and the activation output. The two parts are never live at once (the engine
-    reuses their buffers), so the peak takes the larger one."""
+    reuses their buffers), so the peak takes the larger one. Unfused attention also holds a
+    sequence's s x s scores per head."""
     x = _dims(model, plan)
     s = plan.input_len
     attention = (x.heads * x.qk + x.kv * (x.qk + x.v) + x.heads * x.v + x.latents) * x.ab
@@ -514,7 +517,22 @@ def _activation_bytes_per_seq(model: Transformer, plan: InferencePlan) -> jax.Ar
         model.experts_per_token * x.f + x.f_shared, jnp.where(x.dense > 0, x.f_dense, 0.0))
     per_token = 2.0 * x.h * x.sb + jnp.maximum(attention, mlp)
     scores = jnp.where(plan.flash_attention > 0, 0.0, x.heads * s * s * x.sb)
-    return s * per_token + scores + x.vocab * 4.0
+    return per_token, scores, x.vocab * 4.0
+
+
+def prefill_pass_tokens(plan: InferencePlan, batch=None) -> jax.Array:
+    """Prompt tokens one prefill pass processes: the whole batch's, or at most
+    `plan.prefill_tokens` with chunked prefill, count."""
+    tokens = (plan.batch if batch is None else batch) * plan.input_len
+    return jnp.where(plan.prefill_tokens > 0, jnp.minimum(tokens, plan.prefill_tokens), tokens)
+
+
+def _activation_bytes(model: Transformer, plan: InferencePlan, batch=None) -> jax.Array:
+    """Peak transient activations of `batch` sequences (default the plan's), B."""
+    b = plan.batch if batch is None else batch
+    per_token, scores, logits = _prefill_activation_bytes(model, plan)
+    tokens = prefill_pass_tokens(plan, b)
+    return tokens * per_token + tokens / plan.input_len * scores + b * logits
 
 
 def inference_memory(model: Transformer, plan: InferencePlan,
@@ -523,7 +541,7 @@ def inference_memory(model: Transformer, plan: InferencePlan,
     eff = _default(efficiency)
     w = weight_bytes_per_gpu(model, plan)
     kv = kv_cache_bytes_per_gpu(model, plan)
-    act = plan.batch * _activation_bytes_per_seq(model, plan)
+    act = _activation_bytes(model, plan)
     return InferenceMemory(weights=w, kv_cache=kv, activations=act,
                            workspace=eff.memory_reserve + 0.0 * w,
                            total=w + kv + act + eff.memory_reserve)
@@ -532,12 +550,21 @@ def inference_memory(model: Transformer, plan: InferencePlan,
 def max_batch(model: Transformer, system: System, plan: InferencePlan,
               efficiency: Efficiency | None = None) -> jax.Array:
     """Largest batch whose weights, KV cache, activations and workspace fit in HBM (0 if even
-    the weights do not fit). Exact floor: its gradient is zero."""
+    the weights do not fit). Exact floor: its gradient is zero.
+
+    Memory grows with the batch b as b (KV + logits) + min(b s, C) (prompt-token activations),
+    C = `plan.prefill_tokens` (no cap when 0): the largest b either with every prompt in one
+    pass (b s <= C) or with the pass full (b s >= C)."""
     eff = _default(efficiency)
     free = (system.accelerator.hbm_capacity - weight_bytes_per_gpu(model, plan)
             - eff.memory_reserve)
-    per_seq = kv_cache_bytes_per_gpu(model, plan, 1.0) + _activation_bytes_per_seq(model, plan)
-    return jnp.maximum(jnp.floor(free / per_seq), 0.0)
+    per_token, scores, logits = _prefill_activation_bytes(model, plan)
+    kv = kv_cache_bytes_per_gpu(model, plan, 1.0)
+    s, cap = plan.input_len, plan.prefill_tokens
+    whole = jnp.floor(free / (kv + logits + s * per_token + scores))
+    chunked = jnp.floor((free - cap * (per_token + scores / s)) / (kv + logits))
+    b = jnp.where((cap > 0) & (chunked * s >= cap), jnp.maximum(chunked, whole), whole)
+    return jnp.maximum(b, 0.0)
 
 
 def inference_reason(model: Transformer, plan: InferencePlan, system: System,

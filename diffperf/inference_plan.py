@@ -65,6 +65,11 @@ class InferencePlan(eqx.Module):
       Luo et al., arXiv:2402.13499): TensorRT-LLM <= 0.9's weight-only and MoE GEMMs, Marlin.
       Applies to the attention projections and the MLP / expert GEMMs, not to the router,
       the LM head or attention itself.
+    - `prefill_tokens`: the most prompt tokens one forward pass processes, count (chunked
+      prefill: TensorRT-LLM's `max_num_tokens`, vLLM's `max_num_batched_tokens`); 0 = the whole
+      batch's prompts at once. It bounds the prefill activations in `inference.inference_memory`
+      (and so `max_batch`); the time model keeps one pass over all prompt tokens (the FLOPs
+      and bytes are the same; the smaller GEMMs of a chunk are not costed).
     """
 
     tp: jax.Array = _F(default=1)
@@ -82,11 +87,13 @@ class InferencePlan(eqx.Module):
     flash_attention: jax.Array = _F(default=1)
     grouped_decode_attention: jax.Array = _F(default=1)
     gemm_peak_fraction: jax.Array = _F(default=1)
-    ep: jax.Array = _F(default=1)  # last, so that positional arguments keep their meaning
+    ep: jax.Array = _F(default=1)  # after the others, so positional arguments keep their meaning
+    prefill_tokens: jax.Array = _F(default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "ep", "batch", "input_len", "output_len"):
             check_integer("InferencePlan", name, getattr(self, name))
+        check_integer("InferencePlan", "prefill_tokens", self.prefill_tokens, minimum=0)
         for name in ("weight_precision", "activation_precision", "kv_precision"):
             check_choice("InferencePlan", name, getattr(self, name), PRECISIONS)
         check_choice("InferencePlan", "flash_attention", self.flash_attention, {0: "off", 1: "on"})

@@ -35,7 +35,8 @@ def infer_specs(row: BenchmarkRow) -> tuple[Transformer, object, InferencePlan]:
                          weight_precision=v.get("weight_precision", p),
                          gemm_peak_fraction=v.get("gemm_peak_fraction", 1.0),
                          activation_precision=p, kv_precision=v.get("kv_precision", p),
-                         grouped_decode_attention=v.get("grouped_decode_attention", 1))
+                         grouped_decode_attention=v.get("grouped_decode_attention", 1),
+                         prefill_tokens=v.get("prefill_tokens", 0))
     return model, sys_, plan
 
 

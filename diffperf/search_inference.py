@@ -29,13 +29,13 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
                      precision: str = "bf16", efficiency=None,
                      grouped_decode_attention: int = 1, activation_precision: str | None = None,
                      kv_precision: str | None = None,
-                     gemm_peak_fraction: float = 1.0) -> pd.DataFrame:
+                     gemm_peak_fraction: float = 1.0, prefill_tokens: int = 0) -> pd.DataFrame:
     """Every (tp, pp, ep, batch) of `inference_candidates` evaluated with vmap: a DataFrame
     with latency, TPOT, throughput per GPU, memory and feasibility (only tp * pp <= max_gpus
     and ep dividing tp). `precision` is that of the weights, `activation_precision` (default:
     `precision`) that of the GEMM inputs, `kv_precision` (default: the GEMM inputs') that of
-    the KV cache; `grouped_decode_attention` and `gemm_peak_fraction` are as in
-    `InferencePlan`."""
+    the KV cache; `grouped_decode_attention`, `gemm_peak_fraction` and `prefill_tokens` are
+    as in `InferencePlan`."""
     eff = presets.default_efficiency() if efficiency is None else efficiency
     grid = Grid(inference_candidates(max_gpus, int(float(model.num_experts))))
     code = float(precision_code(precision))
@@ -47,7 +47,8 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
                              input_len=input_len, output_len=output_len, weight_precision=code,
                              activation_precision=act, kv_precision=kv,
                              grouped_decode_attention=grouped_decode_attention,
-                             gemm_peak_fraction=gemm_peak_fraction)
+                             gemm_peak_fraction=gemm_peak_fraction,
+                             prefill_tokens=prefill_tokens)
         r = infer(model, system, plan, eff)
         return {"e2e_latency_s": r.e2e_latency, "ttft_s": r.ttft, "tpot_s": r.tpot,
                 "output_tok_s_per_gpu": r.output_tok_s_per_gpu,
