@@ -446,7 +446,8 @@ def test_benchmark_format_doc_example_validates_and_lists_every_extension_column
             documented[cells[0].strip("`")] = float(cells[2])
     known = {**data.TRAIN_OPTIONAL_FLAGS, **data.MODEL_OPTIONAL_FLAGS,
              **data.TRAIN_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FLAGS,
-             **data.MODEL_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FRACTIONS}
+             **data.MODEL_OPTIONAL_COUNTS, **data.INFER_OPTIONAL_FRACTIONS,
+             **data.INFER_OPTIONAL_COUNTS}
     assert documented == known
     assert "`weight_precision`" in section and "`kv_precision`" in section  # named precisions
     from diffperf.hardware import INTEGER_WEIGHTS
