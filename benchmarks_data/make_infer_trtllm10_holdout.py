@@ -39,7 +39,8 @@ whole model: Qwen3-30B-A3B on one B200 / GB200 (FP4). Those 20 rows are included
 architecture of Qwen/Qwen3-30B-A3B's config.json (48 layers, hidden 2048, 32 query heads of
 128, 4 KV heads, 128 experts of width 768, top 8, vocabulary 151,936, untied embeddings) and
 its Hugging Face parameter count, 30.53 B, for trtllm-bench's estimate (which takes the KV
-width from `head_dim`, 128). At these sizes most rows reach trtllm-bench's 4,096-request cap.
+width from `head_dim`, 128). Its 128/128 rows reach trtllm-bench's 4,096-request cap; the others
+hold 155-1,772 requests.
 
     python benchmarks_data/make_infer_trtllm10_holdout.py     # rewrites the CSV
 """

@@ -162,7 +162,10 @@ def run_calibrate(args) -> int:
                                       basis)
     infer_lines = []
     if infer_holdout is not None and fit.inference_support is not None:
-        infer_lines = _measure_inference_errors(fit, infer_holdout, infer_rows, out)
+        infer_lines = measure_inference_errors(fit, infer_holdout, infer_rows, out)["lines"]
+    elif args.infer_holdout not in (None, "none") and fit.inference_support is None:
+        print(f"note: --infer-holdout {args.infer_holdout} not used: the fit has no inference "
+              f"rows, so no inference interval is made from it", file=sys.stderr)
     if moe_line or infer_lines:
         fit.save(out)
     ins = summaries(fit.predictions)
@@ -199,11 +202,12 @@ def _holdout_path(arg: str | None, shipped: str, option: str, what: str) -> Path
     return Path(arg)
 
 
-def _measure_inference_errors(fit, holdout: Path, holdout_rows, fitted_path: Path) -> list[str]:
+def measure_inference_errors(fit, holdout: Path, holdout_rows, fitted_path: Path) -> dict:
     """Set `fit`'s unseen-inference and MoE-inference errors (`unseen_inference_error`,
     `moe_inference_error`) from the inference rows of `holdout` (parsed: `holdout_rows`) it was
-    not fitted to, predicted with the saved fit at `fitted_path`; records how in the metadata.
-    **Returns:** the lines to print."""
+    not fitted to, predicted with the saved fit at `fitted_path`; records how in the metadata
+    (also used by `calibration/refit.py`). **Returns:** `{"lines": lines to print, "unseen":
+    ..., "moe": ...}` (the two functions' results)."""
     from .calibrate_uncertainty import (MOE_INFERENCE, UNSEEN_INFERENCE, moe_inference_error,
                                         unseen_inference_error)
     from .presets import efficiency_from_json
@@ -224,13 +228,14 @@ def _measure_inference_errors(fit, holdout: Path, holdout_rows, fitted_path: Pat
                      f"`diffperf infer --interval` uses it there")
     if MOE_INFERENCE in fit.residual_sd:
         most = fit.inference_support["max_experts"]
-        how = (f"{moe['held_out']} held-out inference rows of {holdout.name} of MoE models "
-               f"with more than {most} experts")
+        which = (f"MoE models with more than {most} experts per layer" if most > 1 else
+                 "MoE models (no fitted inference row is of one)")
+        how = f"{moe['held_out']} held-out inference rows of {holdout.name} of {which}"
         fit.metadata["moe_inference_error_basis"] = how
-        lines.append(f"inference of MoE models with more experts than the fitted ones ({most}): "
-                     f"model error {fit.residual_sd[MOE_INFERENCE] * 100:.1f} %, from {how}; "
+        lines.append(f"inference of {which}: model error "
+                     f"{fit.residual_sd[MOE_INFERENCE] * 100:.1f} %, from {how}; "
                      f"`diffperf infer --interval` uses it there")
-    return lines
+    return {"lines": lines, "unseen": unseen, "moe": moe}
 
 
 def _measure_moe_error(fit, holdout: Path, holdout_rows, fitted_path: Path,

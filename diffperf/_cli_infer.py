@@ -88,7 +88,10 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
     p.add_argument("--interval", action="store_true",
                    help="also print the 90%% prediction intervals of TTFT and end-to-end latency "
-                        "(parameter uncertainty + the model's held-out error on that quantity)")
+                        "(parameter uncertainty + the model's held-out error on that quantity; "
+                        "at least the held-out error of inference outside the fitted data on "
+                        "an unfitted GPU, GEMM precision or --set hardware, or of a MoE model "
+                        "with more experts than any fitted one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", default=None, help="save a roofline plot to this file (matplotlib)")
     p.set_defaults(func=run_infer)
@@ -205,13 +208,16 @@ def _print(args, s: dict, table, capacity: float) -> None:
     print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}"
           f"{ep}), batch {args.batch}, {args.input} in / {args.output} out, "
           f"{precisions_text(args)}")
+    shown = set()  # a note is printed once, under the first interval it applies to
+
     def interval(field):
         if field in s:
             iv = s[field]
             print(f"    prediction    {iv['text']}" if "text" in iv else
                   f"    (no interval: {iv['error']})")
-            if "note" in iv:
+            if "note" in iv and iv["note"] not in shown:
                 print(f"    note: {iv['note']}")
+                shown.add(iv["note"])
 
     print(f"  TTFT            {s['ttft_s'] * 1e3:10.2f} ms")
     interval("ttft_interval_s")
@@ -298,7 +304,7 @@ def run_infer(args) -> int:
             summary[f"{field}_interval_s"] = interval_summary(
                 lambda e, f=field: getattr(infer(mdl, sys_, plan, e), f), args.efficiency,
                 args.gpu, "infer", quantity, unit, scale, precision=int(plan.math_precision),
-                num_experts=float(mdl.num_experts))
+                num_experts=float(mdl.num_experts), hypothetical=bool(args.set))
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
     for note in _caveats(mdl, args, summary):

@@ -607,7 +607,10 @@ class Fit:
                "convention": "Laplace: cov = 2 s^2 / N * H^-1 of the loss in theta; s^2 = "
                              "sum of squared log residuals / (N - P); residual_sd = RMS log "
                              "residual (model error) per quantity, kind and overall, from the "
-                             "residuals named by metadata.residual_sd_basis"}
+                             "residuals named by metadata.residual_sd_basis, except "
+                             "step_time_moe, infer_unseen and infer_moe, from the rows named by "
+                             "metadata.moe_error_basis, unseen_inference_error_basis and "
+                             "moe_inference_error_basis"}
         if self.covariance is not None:
             unc["covariance"] = np.asarray(self.covariance).tolist()
         if self.inference_support is not None:

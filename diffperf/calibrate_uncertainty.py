@@ -69,7 +69,7 @@ def training_quantity(num_experts) -> str:
     """The model-error key of a training prediction for a model with `num_experts` experts per
     MoE layer (`Transformer.num_experts`, a benchmark row's column): `MOE_STEP_TIME` for a MoE
     model (> 1), else `"step_time"`."""
-    return MOE_STEP_TIME if is_moe(num_experts) else "step_time"
+    return MOE_STEP_TIME if float(np.max(np.asarray(num_experts))) > 1 else "step_time"
 
 
 #: File name of the held-out MoE training runs in `benchmarks_data/` (never fitted): the rows
@@ -126,11 +126,24 @@ PRECISION_CLASS_NAMES = {0: "fp32", 1: "16-bit", 2: "fp8", 3: "fp4"}
 
 def _precision_class(precision) -> int:
     """The precision code (`hardware.PRECISION_CODES`: 0 fp32 / tf32, 1 bf16 / fp16, 2 fp8,
-    3 fp4) of a precision name or code."""
+    3 fp4) of a GEMM precision name or code; a ValueError names anything else (int8 / int4
+    are weight storage, not a GEMM precision)."""
     from .hardware import PRECISION_CODES
-    if isinstance(precision, str):
+    if isinstance(precision, str) and precision.strip().lower() in PRECISION_CODES:
         return PRECISION_CODES[precision.strip().lower()]
-    return int(precision)
+    if not isinstance(precision, (str, bool)) and precision in (0, 1, 2, 3):
+        return int(precision)
+    raise ValueError(f"GEMM precision must be one of {sorted(PRECISION_CODES)} or a code 0-3, "
+                     f"got {precision!r} (int8 / int4 weights run their GEMMs at the "
+                     f"activation precision)")
+
+
+def _chip(gpu: str) -> str:
+    """The GPU whose fitted factors a GPU or system id uses (`presets.fitted_gpu`'s mapping:
+    a system stands for its GPU, the H800 for the H100)."""
+    from .presets import _table, system_gpu
+    key = system_gpu(gpu)
+    return _table("gpus").get(key, {}).get("efficiency_of", key)
 
 
 def inference_support(infer_rows) -> dict:
@@ -139,34 +152,32 @@ def inference_support(infer_rows) -> dict:
     and `values["num_experts"]`) as `{"gpus": [ids], "precisions": [codes], "max_experts": n}`:
     what `inference_floors` compares against."""
     rows = list(infer_rows)
-    return {"gpus": sorted({r.values["gpu"] for r in rows}),
+    return {"gpus": sorted({_chip(r.values["gpu"]) for r in rows}),
             "precisions": sorted({_precision_class(r.values["precision"]) for r in rows}),
             "max_experts": int(max(float(r.values["num_experts"]) for r in rows))}
 
 
 def beyond_fitted_experts(support: dict | None, num_experts) -> bool:
-    """Whether a model with `num_experts` experts per MoE layer has more than any fitted
-    inference row (`support["max_experts"]`; any MoE model when the support does not say)."""
-    limit = (support or {}).get("max_experts", 1)
-    return float(np.max(np.asarray(num_experts))) > limit
+    """Whether a MoE model with `num_experts` experts per layer has more than any fitted
+    inference row (`support["max_experts"]`; False when the fit recorded no support)."""
+    if not support:
+        return False
+    return float(np.max(np.asarray(num_experts))) > support.get("max_experts", 1)
 
 
 def is_unseen_inference(support: dict | None, gpu: str | None, precision) -> bool:
-    """Whether an inference prediction on `gpu` with GEMM inputs at `precision` (name or code)
-    lies outside `support` (`inference_support`): a GPU none of whose fitted inference rows
-    ran (a system id stands for its GPU; the H800 for the H100, as for the fitted factors),
-    or a GEMM precision no fitted inference row used. False when the fit recorded no support
-    (a training-only fit, or one saved before the support was recorded) or `gpu` is None."""
-    if not support or gpu is None:
+    """Whether an inference prediction on `gpu` with GEMM inputs at `precision` (name or code;
+    None: not checked) lies outside `support` (`inference_support`): a GPU none of whose
+    fitted inference rows ran (compared as the chips whose factors apply: a system id stands
+    for its GPU, the H800 for the H100), or a GEMM precision no fitted inference row used.
+    False when the fit recorded no support (a training-only fit, or one saved before the
+    support was recorded)."""
+    if not support:
         return False
-    from .presets import fitted_gpu
-    seen_gpu = fitted_gpu(gpu, support.get("gpus", [])) is not None
-    return not seen_gpu or _precision_class(precision) not in support.get("precisions", [])
-
-
-def is_moe(num_experts) -> bool:
-    """Whether a model with `num_experts` experts per MoE layer is a MoE model (> 1)."""
-    return float(np.max(np.asarray(num_experts))) > 1
+    new_gpu = gpu is not None and _chip(gpu) not in {_chip(g) for g in support.get("gpus", [])}
+    new_precision = (precision is not None
+                     and _precision_class(precision) not in support.get("precisions", []))
+    return new_gpu or new_precision
 
 
 def inference_floors(support: dict | None, gpu: str | None, precision,
@@ -201,7 +212,9 @@ def unseen_inference_error(fit, held_out_rows: list[dict], held_out_data) -> dic
     - `held_out_data`: the parsed rows of the same file (`BenchmarkRow`s, for their GPU, GEMM
       precision and experts).
 
-    Leaves `fit` unchanged when no such row exists. **Returns:** `{"unseen": n, "seen": n,
+    Also records their mean log residual in `fit.metadata["floor_bias"]` (the interval notes
+    say which way such predictions err). Leaves `fit` unchanged when no such row exists.
+    **Returns:** `{"unseen": n, "seen": n,
     "residuals": array of the unseen rows}` (within the fitted expert counts).
     """
     by_id, ratio = _held_out_log_ratios(held_out_rows, held_out_data)
@@ -213,6 +226,7 @@ def unseen_inference_error(fit, held_out_rows: list[dict], held_out_data) -> dic
     residuals = np.array([ratio[i] for i in unseen])
     if residuals.size:
         fit.residual_sd[UNSEEN_INFERENCE] = float(np.sqrt(np.mean(residuals ** 2)))
+        fit.metadata.setdefault("floor_bias", {})[UNSEEN_INFERENCE] = float(residuals.mean())
     return {"unseen": len(unseen), "seen": len(dense) - len(unseen), "residuals": residuals}
 
 
@@ -222,7 +236,8 @@ def moe_inference_error(fit, held_out_rows: list[dict], held_out_data) -> dict:
     (`beyond_fitted_experts`), one per row (`held_out_rows` / `held_out_data` as in
     `unseen_inference_error`).
 
-    Leaves `fit` unchanged when there is no such row. **Returns:** `{"held_out": n,
+    Also records their mean log residual in `fit.metadata["floor_bias"]`. Leaves `fit`
+    unchanged when there is no such row. **Returns:** `{"held_out": n,
     "residuals": array}`.
     """
     by_id, ratio = _held_out_log_ratios(held_out_rows, held_out_data)
@@ -231,6 +246,7 @@ def moe_inference_error(fit, held_out_rows: list[dict], held_out_data) -> dict:
     residuals = np.array(held)
     if residuals.size:
         fit.residual_sd[MOE_INFERENCE] = float(np.sqrt(np.mean(residuals ** 2)))
+        fit.metadata.setdefault("floor_bias", {})[MOE_INFERENCE] = float(residuals.mean())
     return {"held_out": len(held), "residuals": residuals}
 
 
@@ -462,9 +478,12 @@ class FitUncertainty:
     theta: np.ndarray
     covariance: np.ndarray
     residual_sd: dict
-    #: GPUs and GEMM precisions of the fitted inference rows (`inference_support`; None when
-    #: the fit did not record them).
+    #: GPUs, GEMM precisions and largest expert count of the fitted inference rows
+    #: (`inference_support`; None when the fit did not record them).
     inference_support: dict | None = None
+    #: Mean log residual log(predicted / measured) of the held-out rows behind each floor
+    #: error (`metadata.floor_bias`; > 0: those runs were predicted too fast).
+    floor_bias: dict | None = None
 
 
 def load_uncertainty(fit=None) -> FitUncertainty:
@@ -476,7 +495,8 @@ def load_uncertainty(fit=None) -> FitUncertainty:
         if fit.covariance is None:
             raise ValueError("this fit has no covariance (calibrate(..., uncertainty=True))")
         return FitUncertainty(fit.par, np.asarray(fit.theta), np.asarray(fit.covariance),
-                              dict(fit.residual_sd), fit.inference_support)
+                              dict(fit.residual_sd), fit.inference_support,
+                              _checked_bias(fit.metadata.get("floor_bias")))
     if fit is None:
         from .presets import _default_efficiency_data
         data, where = _default_efficiency_data(), "diffperf/presets/efficiency.json"
@@ -487,7 +507,19 @@ def load_uncertainty(fit=None) -> FitUncertainty:
     if unc is None or (isinstance(unc, dict) and not unc):
         raise ValueError(f"{where} has no uncertainty section (refit it with diffperf "
                          f"calibrate, without --no-uncertainty)")
-    return _checked_uncertainty(unc, where)
+    u = _checked_uncertainty(unc, where)
+    meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    u.floor_bias = _checked_bias(meta.get("floor_bias"))
+    return u
+
+
+def _checked_bias(bias) -> dict | None:
+    """`metadata.floor_bias` as {key: finite float}; anything else is ignored (it only words
+    the interval notes)."""
+    if not isinstance(bias, dict):
+        return None
+    return {k: float(v) for k, v in bias.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def _checked_uncertainty(unc, where: str) -> FitUncertainty:
@@ -543,7 +575,8 @@ def _checked_support(support, where: str) -> dict | None:
     naming the file and the bad key: GPU id strings and precision codes 0-3."""
     if support is None:
         return None
-    count = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+    count = lambda x: (isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+                       and math.isfinite(x) and x == round(x))
     ok = (isinstance(support, dict)
           and isinstance(support.get("gpus"), list)
           and all(isinstance(g, str) for g in support["gpus"])
@@ -554,8 +587,8 @@ def _checked_support(support, where: str) -> dict | None:
         raise ValueError(f"{where}: 'uncertainty.inference_support' must be "
                          f"{{\"gpus\": [GPU ids], \"precisions\": [codes 0-3], "
                          f"\"max_experts\": n >= 1}}, got {support!r}")
-    return {"gpus": list(support["gpus"]), "precisions": list(support["precisions"]),
-            "max_experts": support.get("max_experts", 1)}
+    return {"gpus": list(support["gpus"]), "precisions": [int(p) for p in support["precisions"]],
+            "max_experts": int(support.get("max_experts", 1))}
 
 
 def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9,
@@ -671,23 +704,28 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
 
 def interval_summary(fn_of_efficiency: Callable, efficiency_path, gpu: str | None, kind: str,
                      quantity: str, unit: str = "s", scale: float = 1.0,
-                     precision=None, num_experts=1) -> dict:
+                     precision=None, num_experts=1, hypothetical: bool = False) -> dict:
     """The CLIs' `--interval` entry: `prediction_interval` at 90 % of `fn_of_efficiency` (in
     s) as `{"level", "low", "high", "quantity", "text"}` (text in `unit` = s / `scale`), or
     `{"error"}` when the efficiency file carries no usable uncertainty (none, malformed, or so
     wide that no interval is meaningful). `precision`, `num_experts`: an inference
-    prediction's GEMM input precision and experts per MoE layer (its `inference_floors`)."""
+    prediction's GEMM input precision and experts per MoE layer (its `inference_floors`);
+    `hypothetical`: what-if hardware (`--set`), outside every fitted measurement, so an
+    inference prediction also takes the `UNSEEN_INFERENCE` floor."""
     try:
         u = load_uncertainty(efficiency_path)
         floors = (inference_floors(u.inference_support, gpu, precision, num_experts)
-                  if kind == "infer" and precision is not None else ())
+                  if kind == "infer" else ())
+        if kind == "infer" and hypothetical and UNSEEN_INFERENCE not in floors:
+            floors = (UNSEEN_INFERENCE,) + floors
         iv = prediction_interval(lambda e: fn_of_efficiency(e) * scale, u, 0.9,
                                  gpu, kind, quantity=quantity, floors=floors)
     except ValueError as e:
         return {"error": str(e)}
     out = {"level": iv.level, "low": iv.low / scale, "high": iv.high / scale,
            "quantity": quantity, "text": iv.format(unit, 3)}
-    caveats = interval_caveats(u, gpu, kind, quantity, floors, precision)
+    caveats = interval_caveats(u, gpu, kind, quantity, floors, precision, num_experts,
+                               hypothetical)
     if caveats:
         out["note"] = "; ".join(caveats)
     return out
@@ -695,43 +733,72 @@ def interval_summary(fn_of_efficiency: Callable, efficiency_path, gpu: str | Non
 
 def interval_caveats(u: FitUncertainty, gpu: str | None, kind: str | None,
                      quantity: str | None, floors: tuple[str, ...] = (),
-                     precision=None) -> list[str]:
+                     precision=None, num_experts=1, hypothetical: bool = False) -> list[str]:
     """What an interval rests on beyond its fit's data: a GPU the fit had no measurements of
     (shared factors, and the calibrated GPUs' model error, are assumed to carry over), an
-    inference prediction outside the fit's inference data or of a MoE model (`floors`: a wider
-    error applies), or a quantity whose own model error the fit did not record (a broader one
-    is used)."""
-    from .presets import fitted_gpu
+    inference prediction outside the fit's inference data (`floors`: the wider error that sets
+    the interval, and why), a MoE model beyond the fitted ones whose error the fit did not
+    measure, or a quantity whose own model error the fit did not record (a broader one is
+    used)."""
+    from .presets import fitted_gpu, system_gpu
     notes = []
+    sd = u.residual_sd
     if gpu is not None and u.par.groups and fitted_gpu(gpu, u.par.groups) is None:
-        notes.append(f"no calibration data for {gpu}: the shared factors and the model "
-                     f"error on {', '.join(u.par.groups)} are assumed to carry over")
-    if MOE_INFERENCE in floors and MOE_INFERENCE in u.residual_sd:
-        most = (u.inference_support or {}).get("max_experts", 1)
-        notes.append(f"a MoE model with more experts than any fitted inference row ({most}): "
-                     f"the interval uses at least the model error of held-out fine-grained MoE "
-                     f"inference runs ({u.residual_sd[MOE_INFERENCE]:.1%}, RMS log), whose "
-                     f"router, permutation and small expert GEMMs cost more than modelled")
-    if UNSEEN_INFERENCE in floors and UNSEEN_INFERENCE in u.residual_sd:
-        notes.append(f"the fit has no inference measurement {_unseen_reason(u, gpu, precision)}:"
-                     f" the interval uses at least the model error of held-out inference rows "
-                     f"outside the fit's data ({u.residual_sd[UNSEEN_INFERENCE]:.1%}, RMS log)")
-    key = _error_key(u.residual_sd, quantity, kind)
+        notes.append(f"no calibration data for {system_gpu(gpu)}: the shared factors and the "
+                     f"model error on {', '.join(u.par.groups)} are assumed to carry over")
+    own = model_error_sd(sd, quantity, kind)
+    measured = [f for f in floors if f in sd and sd[f] > own]
+    if measured:  # the one floor that sets the interval
+        floor = max(measured, key=lambda f: sd[f])
+        bias = (u.floor_bias or {}).get(floor)
+        direction = ("" if bias is None else
+                     f"; those runs were predicted {bias_text(bias)} on average (geometric "
+                     f"mean)")
+        if floor == MOE_INFERENCE:
+            most = (u.inference_support or {}).get("max_experts", 1)
+            fitted = (f"more experts per layer than any fitted inference row ({most})"
+                      if most > 1 else "experts, and no fitted inference row is of a MoE model")
+            notes.append(f"a MoE model with {fitted}: the interval uses the model error of "
+                         f"held-out fine-grained MoE inference runs ({sd[floor]:.1%}, RMS log)"
+                         f"{direction}; router, token permutation and small expert GEMMs "
+                         f"cost more than modelled")
+        else:
+            why = _unseen_reason(u, gpu, precision, hypothetical)
+            notes.append(f"{why}: the interval uses the model error of held-out inference rows "
+                         f"outside the fit's data ({sd[floor]:.1%}, RMS log){direction}")
+    moe_beyond = (MOE_INFERENCE in floors if u.inference_support
+                  else float(np.max(np.asarray(num_experts))) > 8)
+    if kind == "infer" and moe_beyond and MOE_INFERENCE not in sd:
+        notes.append("no inference measurement of a MoE model with this many experts is in the "
+                     "calibration, so the real error may be larger than the interval's")
+    key = _error_key(sd, quantity, kind)
     fallback = "step_time" if quantity == MOE_STEP_TIME else None
     if quantity is not None and key is not None and key not in (quantity, fallback):
         notes.append(f"this fit has no model error for {quantity}: the {key} one "
-                     f"({u.residual_sd[key]:.1%}) is used")
+                     f"({sd[key]:.1%}) is used")
     return notes
 
 
-def _unseen_reason(u: FitUncertainty, gpu: str | None, precision) -> str:
-    """"on b200", "at fp4 GEMM precision" or both: why `is_unseen_inference` holds."""
-    from .presets import fitted_gpu
+def bias_text(mean_log: float) -> str:
+    """A mean log residual log(predicted / measured) in words: "18% too fast", "2.0x too
+    fast", "10% too slow"."""
+    ratio = math.exp(abs(mean_log))
+    size = f"{ratio:.1f}x" if ratio >= 1.5 else f"{ratio - 1:.0%}"
+    return f"{size} too {'fast' if mean_log > 0 else 'slow'}"
+
+
+def _unseen_reason(u: FitUncertainty, gpu: str | None, precision,
+                   hypothetical: bool = False) -> str:
+    """Why an inference prediction lies outside the fit's inference data, e.g. "the fit has no
+    inference measurement on b200 or at fp4 GEMM precision"."""
+    if hypothetical:
+        return "what-if hardware (--set) lies outside every fitted measurement"
     support = u.inference_support or {}
     reasons = []
-    if gpu is not None and fitted_gpu(gpu, support.get("gpus", [])) is None:
-        reasons.append(f"on {gpu}")
+    if gpu is not None and _chip(gpu) not in {_chip(g) for g in support.get("gpus", [])}:
+        from .presets import system_gpu
+        reasons.append(f"on {system_gpu(gpu)}")
     if precision is not None and _precision_class(precision) not in support.get("precisions", []):
         reasons.append(f"at {PRECISION_CLASS_NAMES[_precision_class(precision)]} GEMM "
                        f"precision")
-    return " or ".join(reasons) or "of this configuration"
+    return f"the fit has no inference measurement {' or '.join(reasons) or 'like this one'}"

@@ -46,7 +46,8 @@ def test_notes_on_launch_share_and_mla_intervals(capsys):
     assert share > 0.25 and "launch_overhead=0" in err
     assert "no inference measurement of multi-head latent attention (MLA)" in err
     # 256 experts, more than any fitted inference row: the fine-grained MoE error applies
-    assert "more experts than any fitted inference row" in s["e2e_latency_interval_s"]["note"]
+    note = s["e2e_latency_interval_s"]["note"]
+    assert "more experts per layer than any fitted inference row" in note
     code, s, err = _json(capsys, "--model", "llama3-70b", "--gpu", "h100-sxm5-80gb", "--tp", "8",
                          "--batch", "256", "--interval")
     assert code == 0 and "MLA" not in err

@@ -44,12 +44,18 @@ def test_support_and_unseen_configurations():
     assert not is_unseen_inference(support, "a100-sxm4-80gb", 1)  # a precision code
     assert not is_unseen_inference(support, "dgx-h100", "fp8")  # a system stands for its GPU
     assert not is_unseen_inference(support, "h800-sxm5-80gb", "fp8")  # H100 silicon
+    # and the other way round: a fit of H800 rows covers the H100 (the support names chips)
+    assert inference_support([_row("x", "h800-sxm5-80gb", "fp8")])["gpus"] == ["h100-sxm5-80gb"]
     assert is_unseen_inference(support, "b200", "fp8")  # a GPU no inference row ran on
+    assert is_unseen_inference(support, "dgx-b200", "fp8")
     assert is_unseen_inference(support, "h100-sxm5-80gb", "fp4")  # a precision none used
     assert is_unseen_inference(support, "h100-sxm5-80gb", "fp32")
+    assert is_unseen_inference(support, None, "fp4")  # no GPU given: the precision decides
+    assert not is_unseen_inference(support, "h100-sxm5-80gb", None)
+    with pytest.raises(ValueError, match="int8 / int4 weights run their GEMMs"):
+        is_unseen_inference(support, "h100-sxm5-80gb", "int8")
     # no recorded support (a training-only fit, an older file): nothing is unseen
     assert not is_unseen_inference(None, "b200", "fp4")
-    assert not is_unseen_inference(support, None, "fp4")
     # the floors an interval takes: unseen GPU / precision, more experts than fitted
     assert inference_floors(support, "h100-sxm5-80gb", "fp8", 8) == ()
     assert inference_floors(support, "b200", "fp8", 1) == (UNSEEN_INFERENCE,)
@@ -57,6 +63,7 @@ def test_support_and_unseen_configurations():
     assert inference_floors(support, "b200", "fp4", 16) == (UNSEEN_INFERENCE, MOE_INFERENCE)
     assert inference_floors({"gpus": ["b200"], "precisions": [3]}, "b200", "fp4", 8) == (
         MOE_INFERENCE,)  # a support without max_experts: every MoE model is beyond it
+    assert inference_floors(None, "b200", "fp4", 256) == ()  # no support, no floors
 
 
 def test_floor_errors_are_at_least_the_quantity_error():
@@ -79,7 +86,8 @@ def test_floor_errors_are_at_least_the_quantity_error():
 
 def test_floor_errors_are_rms_log_residuals_of_their_held_out_rows():
     support = {"gpus": ["h100-sxm5-80gb"], "precisions": [2], "max_experts": 8}
-    fit = SimpleNamespace(inference_support=support, residual_sd={"throughput": 0.1})
+    fit = SimpleNamespace(inference_support=support, residual_sd={"throughput": 0.1},
+                          metadata={})
     data = [_row("seen", "h100-sxm5-80gb", "fp8"), _row("gpu", "b200", "fp8"),
             _row("prec", "h100-sxm5-80gb", "fp4"), _row("train", "b200", "fp8", kind="train"),
             _row("moe", "b200", "fp4", experts=128), _row("moe8", "b200", "fp4", experts=8)]
@@ -95,13 +103,16 @@ def test_floor_errors_are_rms_log_residuals_of_their_held_out_rows():
     assert out["unseen"] == 3 and out["seen"] == 1
     assert fit.residual_sd[UNSEEN_INFERENCE] == pytest.approx(
         math.sqrt(2 * math.log(2) ** 2 / 3))
+    # their mean log residual: (0 - log 2 - log 2) / 3, predicted too slow
+    assert fit.metadata["floor_bias"][UNSEEN_INFERENCE] == pytest.approx(-2 * math.log(2) / 3)
     moe = moe_inference_error(fit, rows, data)
     assert moe["held_out"] == 1
     assert fit.residual_sd[MOE_INFERENCE] == pytest.approx(math.log(4))
+    assert fit.metadata["floor_bias"][MOE_INFERENCE] == pytest.approx(math.log(4))
     # no held-out row outside the support: unchanged
     fit = SimpleNamespace(inference_support={"gpus": ["b200", "h100-sxm5-80gb"],
                                              "precisions": [2, 3], "max_experts": 128},
-                          residual_sd={})
+                          residual_sd={}, metadata={})
     assert unseen_inference_error(fit, rows, data)["unseen"] == 0
     assert moe_inference_error(fit, rows, data)["held_out"] == 0
     assert not fit.residual_sd
@@ -124,11 +135,12 @@ def test_held_out_intervals_widen_outside_the_fit_and_cover_the_table(capsys):
     """`predict --interval` on the held-out TensorRT-LLM 1.0 table: the Qwen3-30B-A3B rows
     (128 experts) get the MoE error, the other Blackwell FP4 rows (outside the fit's
     inference data) the unseen error, the Hopper FP8 rows their throughput error; most
-    measured values fall inside (113 of 120 with the shipped fit)."""
+    measured values fall inside (113 of 120 with the shipped fit; of the 60 Hopper rows, which
+    set no error, 57)."""
     assert main(["predict", "--data", str(HOLDOUT), "--interval", "--json"]) == 0
     preds = {r["id"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     u = load_uncertainty()
-    inside = 0
+    inside = hopper_inside = 0
     for _, r in pd.read_csv(HOLDOUT).iterrows():
         p = preds[r["id"]]
         half = math.log(p["interval_high_s"] / p["interval_low_s"]) / 2.0
@@ -142,23 +154,58 @@ def test_held_out_intervals_widen_outside_the_fit_and_cover_the_table(capsys):
             assert half < Z90 * u.residual_sd[UNSEEN_INFERENCE], r["id"]
         # throughput = batch * output / latency: its interval is the latency's, inverted
         scale = p["output_tok_s_per_gpu"] * p["e2e_latency_s"]
-        inside += scale / p["interval_high_s"] <= r["output_tok_s_per_gpu"] <= (
+        hit = scale / p["interval_high_s"] <= r["output_tok_s_per_gpu"] <= (
             scale / p["interval_low_s"])
+        inside += hit
+        hopper_inside += hit and r["precision"] == "fp8"
     assert inside >= 100
+    assert hopper_inside >= 54  # out of sample: 90 % of 60
 
 
 def test_infer_cli_notes_an_unseen_gpu_or_precision(capsys):
     base = ["infer", "--model", "llama3-70b", "--batch", "64", "--input", "512",
             "--output", "256", "--interval", "--json"]
-    assert main(base + ["--gpu", "b200", "--precision", "fp4"]) == 0
-    s = json.loads(capsys.readouterr().out)
-    iv = s["e2e_latency_interval_s"]
-    assert "on b200 or at fp4 GEMM precision" in iv["note"]
     u = load_uncertainty()
+    assert main(base + ["--gpu", "dgx-b200", "--precision", "fp4"]) == 0
+    iv = json.loads(capsys.readouterr().out)["e2e_latency_interval_s"]
+    assert "no inference measurement on b200 or at fp4 GEMM precision" in iv["note"]
+    assert "too fast on average" in iv["note"]  # the held-out rows' bias is named
     assert math.log(iv["high"] / iv["low"]) / 2 >= Z90 * u.residual_sd[UNSEEN_INFERENCE] - 1e-9
-    assert main(base + ["--gpu", "h100-sxm5-80gb", "--tp", "2", "--precision", "fp8"]) == 0
+    h100 = base + ["--gpu", "h100-sxm5-80gb", "--tp", "2", "--precision", "fp8"]
+    assert main(h100) == 0
     iv = json.loads(capsys.readouterr().out)["e2e_latency_interval_s"]
     assert "note" not in iv
+    narrow = math.log(iv["high"] / iv["low"]) / 2
+    # what-if hardware is outside every fitted measurement: the unseen floor and a note
+    assert main(h100 + ["--set", "hbm_bandwidth=x2"]) == 0
+    iv = json.loads(capsys.readouterr().out)["e2e_latency_interval_s"]
+    assert "what-if hardware (--set)" in iv["note"]
+    assert math.log(iv["high"] / iv["low"]) / 2 >= Z90 * u.residual_sd[UNSEEN_INFERENCE] > narrow
+
+
+def test_moe_notes_name_the_floor_that_applies_and_old_fits_still_warn(capsys, tmp_path):
+    args = ["infer", "--model", "deepseek-v3", "--gpu", "b200", "--tp", "8", "--precision",
+            "fp8", "--interval", "--json"]
+    assert main(args) == 0
+    note = json.loads(capsys.readouterr().out)["e2e_latency_interval_s"]["note"]
+    # both floors hold; only the larger (MoE) one sets the interval and is named
+    assert "held-out fine-grained MoE inference runs" in note
+    assert "outside the fit's data" not in note
+    # a fit saved without the inference support or its floor errors still warns
+    from importlib import resources
+    data = json.loads(resources.files("diffperf.presets").joinpath("efficiency.json").read_text())
+    del data["uncertainty"]["inference_support"]
+    for key in (UNSEEN_INFERENCE, MOE_INFERENCE):
+        del data["uncertainty"]["residual_sd"][key]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    assert main(args + ["--efficiency", str(old)]) == 0
+    note = json.loads(capsys.readouterr().out)["e2e_latency_interval_s"]["note"]
+    assert "no inference measurement of a MoE model with this many experts" in note
+    # the text output prints a note once, not under both intervals
+    assert main(args[:-1]) == 0
+    out = capsys.readouterr().out
+    assert out.count("held-out fine-grained MoE inference runs") == 1
 
 
 def _calibrate(capsys, tmp_path, data, *extra):
@@ -216,9 +263,21 @@ def test_calibrate_rejects_a_missing_infer_holdout_before_fitting(capsys, tmp_pa
     assert "--infer-holdout" in err and "absent.csv: file not found" in err
 
 
+def test_integral_floats_in_the_support_are_accepted(tmp_path):
+    from importlib import resources
+    data = json.loads(resources.files("diffperf.presets").joinpath("efficiency.json").read_text())
+    data["uncertainty"]["inference_support"] = {"gpus": ["b200"], "precisions": [3.0],
+                                                "max_experts": 8.0}
+    path = tmp_path / "eff.json"
+    path.write_text(json.dumps(data))
+    assert load_uncertainty(str(path)).inference_support == {"gpus": ["b200"],
+                                                             "precisions": [3], "max_experts": 8}
+
+
 @pytest.mark.parametrize("bad", [["b200"], {"gpus": "b200", "precisions": [3]},
                                  {"gpus": ["b200"], "precisions": [7]},
                                  {"gpus": ["b200"], "precisions": [True]},
+                                 {"gpus": ["b200"], "precisions": [2.5]},
                                  {"gpus": ["b200"], "precisions": [3], "max_experts": 0}])
 def test_malformed_inference_support_is_named(tmp_path, bad):
     from importlib import resources
