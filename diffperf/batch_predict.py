@@ -22,8 +22,10 @@ TRAIN_COLUMNS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
 INFER_COLUMNS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 COLUMNS = ROW_COLUMNS + TRAIN_COLUMNS + INFER_COLUMNS + ("peak_memory_gb", "fits", "status")
 #: With intervals: the 90 % prediction interval of the row's headline time (step_time_s of a
-#: train row, e2e_latency_s of an infer row), s.
-INTERVAL_COLUMNS = ("interval_low_s", "interval_high_s")
+#: train row, e2e_latency_s of an infer row), s, and the model error that set its width (a
+#: `residual_sd` key of the fit: the quantity's, e.g. "throughput", or a wider one that applies
+#: to the row, e.g. "infer_unseen", "infer_moe", "step_time_moe").
+INTERVAL_COLUMNS = ("interval_low_s", "interval_high_s", "interval_model_error")
 
 
 def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = False,
@@ -86,9 +88,10 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
             rec["status"] = "ok" if warning is None else warning
             rec["status"] += "".join(f"; note: {n}" for n in notes.get(r.id, ()))
             if intervals:
-                low, high = bounds.get(r.id, (np.nan, np.nan))
+                low, high, key = bounds.get(r.id, (np.nan, np.nan, None))
                 if np.isfinite(low) and np.isfinite(high):
-                    rec.update(interval_low_s=float(low), interval_high_s=float(high))
+                    rec.update(interval_low_s=float(low), interval_high_s=float(high),
+                               interval_model_error=key)
                 else:
                     rec["status"] += f"; no interval ({no_interval[r.kind]})"
         else:
@@ -99,9 +102,11 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
 
 
 def _intervals(kind: str, stacked, fit) -> dict:
-    """`{row id: (low, high)}`: 90 % intervals of the headline time of `stacked`'s rows."""
+    """`{row id: (low, high, model error key)}`: 90 % intervals of the headline time of
+    `stacked`'s rows."""
     import jax
-    from .calibrate_uncertainty import decode_quantity, row_intervals, training_quantity
+    from .calibrate_uncertainty import (decode_quantity, governing_error, inference_floors,
+                                        load_uncertainty, row_intervals, training_quantity)
     from .inference import infer
     from .training import train_step
     ms, ss, ps = stacked.models, stacked.systems, stacked.plans
@@ -117,4 +122,9 @@ def _intervals(kind: str, stacked, fit) -> dict:
     experts = [r.values["num_experts"] for r in stacked.rows]
     _, low, high = row_intervals(predict, gpus, quantities, kind, fit, precisions=precisions,
                                  num_experts=experts)
-    return {r.id: (lo, hi) for r, lo, hi in zip(stacked.rows, low, high)}
+    u = load_uncertainty(fit)
+    floors = ([()] * len(gpus) if precisions is None else
+              [inference_floors(u.inference_support, g, p, e)
+               for g, p, e in zip(gpus, precisions, experts)])
+    keys = [governing_error(u.residual_sd, q, kind, f) for q, f in zip(quantities, floors)]
+    return {r.id: (lo, hi, k) for r, lo, hi, k in zip(stacked.rows, low, high, keys)}

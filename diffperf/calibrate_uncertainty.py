@@ -309,6 +309,15 @@ def model_error_sd(residual_sd: dict, quantity: str | None = None,
     return max([error] + [float(residual_sd[f]) for f in floors if f in residual_sd])
 
 
+def governing_error(residual_sd: dict, quantity: str | None = None, kind: str | None = None,
+                    floors: tuple[str, ...] = ()) -> str | None:
+    """The key of `residual_sd` whose error `model_error_sd` returns: the largest of the
+    quantity's (or its fallback's) and the floors' present in the fit (None: no error)."""
+    keys = [k for k in (_error_key(residual_sd, quantity, kind), *floors)
+            if k is not None and k in residual_sd]
+    return max(keys, key=lambda k: residual_sd[k]) if keys else None
+
+
 def _error_key(residual_sd: dict, quantity: str | None, kind: str | None) -> str | None:
     """The key of `residual_sd` whose model error applies (see `model_error_sd`), or None."""
     fallback = "step_time" if quantity == MOE_STEP_TIME else None

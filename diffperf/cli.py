@@ -500,8 +500,8 @@ def run_predict(args) -> int:
                      if r.fits is not None else f"{'-':>10s} {'-':>10s} {'-':>7s}")
             if args.interval:
                 low, high = r.interval_low_s, r.interval_high_s
-                cells += (f"  {low:8.4g} to {high:<8.4g}" if pd.notna(low)
-                          else f"  {'-':>8s}    {'-':<8s}")
+                cells += (f"  {low:8.4g} to {high:<8.4g} ({r.interval_model_error})"
+                          if pd.notna(low) else f"  {'-':>8s}    {'-':<8s}")
             print(f"{r.id[:40]:40s} {r.kind:5s} {cells}  {r.status}")
         print("time = step time (train) or end-to-end latency (infer); --out F.csv or --json "
               "for every column (TTFT, TPOT, TFLOP/s)")

@@ -144,6 +144,9 @@ def test_held_out_intervals_widen_outside_the_fit_and_cover_the_table(capsys):
     for _, r in pd.read_csv(HOLDOUT).iterrows():
         p = preds[r["id"]]
         half = math.log(p["interval_high_s"] / p["interval_low_s"]) / 2.0
+        expected = ("infer_moe" if r["num_experts"] > 8 else
+                    "infer_unseen" if r["precision"] == "fp4" else "throughput")
+        assert p["interval_model_error"] == expected, r["id"]  # which error set the width
         if r["num_experts"] > 8:
             assert half >= Z90 * u.residual_sd[MOE_INFERENCE] - 1e-9, r["id"]
         elif r["precision"] == "fp4":
