@@ -386,7 +386,8 @@ def main(argv=None) -> int:
         from diffperf._cli_calibrate import measure_inference_errors
         from diffperf.data import read_benchmark_files
         measured = measure_inference_errors(fit, INFER_HOLDOUT,
-                                            read_benchmark_files([INFER_HOLDOUT]), args.out)
+                                            read_benchmark_files([INFER_HOLDOUT]), args.out,
+                                            validated=infer_holdout["rows"])
         unseen, moe_infer = measured["unseen"], measured["moe"]
     fit.save(args.out)  # with the MoE, unseen-inference and MoE-inference errors
     print(f"wrote {args.out}", file=sys.stderr)

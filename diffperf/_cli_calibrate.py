@@ -202,19 +202,23 @@ def _holdout_path(arg: str | None, shipped: str, option: str, what: str) -> Path
     return Path(arg)
 
 
-def measure_inference_errors(fit, holdout: Path, holdout_rows, fitted_path: Path) -> dict:
+def measure_inference_errors(fit, holdout: Path, holdout_rows, fitted_path: Path,
+                             validated: list[dict] | None = None) -> dict:
     """Set `fit`'s unseen-inference and MoE-inference errors (`unseen_inference_error`,
     `moe_inference_error`) from the inference rows of `holdout` (parsed: `holdout_rows`) it was
-    not fitted to, predicted with the saved fit at `fitted_path`; records how in the metadata
-    (also used by `calibration/refit.py`). **Returns:** `{"lines": lines to print, "unseen":
-    ..., "moe": ...}` (the two functions' results)."""
+    not fitted to, predicted with the saved fit at `fitted_path` (or given: `validated`, the
+    `validate(...)["rows"]` of that file with that fit); records how in the metadata (also
+    used by `calibration/refit.py`). **Returns:** `{"lines": lines to print, "unseen": ...,
+    "moe": ...}` (the two functions' results)."""
     from .calibrate_uncertainty import (MOE_INFERENCE, UNSEEN_INFERENCE, moe_inference_error,
                                         unseen_inference_error)
     from .presets import efficiency_from_json
     from .validate import validate
     fitted_ids = {r.id for r in fit.problem.ds.infer_rows}
     rows = [r for r in holdout_rows if r.kind == "infer" and r.id not in fitted_ids]
-    result = (validate([holdout], efficiency_from_json(fitted_path))["rows"] if rows else [])
+    if validated is None and rows:
+        validated = validate([holdout], efficiency_from_json(fitted_path))["rows"]
+    result = validated if rows else []
     unseen = unseen_inference_error(fit, result, rows)
     moe = moe_inference_error(fit, result, rows)
     lines = []

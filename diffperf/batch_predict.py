@@ -105,8 +105,7 @@ def _intervals(kind: str, stacked, fit) -> dict:
     """`{row id: (low, high, model error key)}`: 90 % intervals of the headline time of
     `stacked`'s rows."""
     import jax
-    from .calibrate_uncertainty import (decode_quantity, governing_error, inference_floors,
-                                        load_uncertainty, row_intervals, training_quantity)
+    from .calibrate_uncertainty import decode_quantity, row_intervals, training_quantity
     from .inference import infer
     from .training import train_step
     ms, ss, ps = stacked.models, stacked.systems, stacked.plans
@@ -120,11 +119,6 @@ def _intervals(kind: str, stacked, fit) -> dict:
     gpus = [r.values["gpu"] for r in stacked.rows]
     precisions = None if kind == "train" else [r.values["precision"] for r in stacked.rows]
     experts = [r.values["num_experts"] for r in stacked.rows]
-    _, low, high = row_intervals(predict, gpus, quantities, kind, fit, precisions=precisions,
-                                 num_experts=experts)
-    u = load_uncertainty(fit)
-    floors = ([()] * len(gpus) if precisions is None else
-              [inference_floors(u.inference_support, g, p, e)
-               for g, p, e in zip(gpus, precisions, experts)])
-    keys = [governing_error(u.residual_sd, q, kind, f) for q, f in zip(quantities, floors)]
+    _, low, high, keys = row_intervals(predict, gpus, quantities, kind, fit,
+                                       precisions=precisions, num_experts=experts)
     return {r.id: (lo, hi, k) for r, lo, hi, k in zip(stacked.rows, low, high, keys)}

@@ -138,21 +138,14 @@ def _precision_class(precision) -> int:
                      f"activation precision)")
 
 
-def _chip(gpu: str) -> str:
-    """The GPU whose fitted factors a GPU or system id uses (`presets.fitted_gpu`'s mapping:
-    a system stands for its GPU, the H800 for the H100)."""
-    from .presets import _table, system_gpu
-    key = system_gpu(gpu)
-    return _table("gpus").get(key, {}).get("efficiency_of", key)
-
-
 def inference_support(infer_rows) -> dict:
     """The GPUs, GEMM precisions and largest expert count of fitted inference rows
     (`BenchmarkRow`s with `values["gpu"]`, `values["precision"]`, the GEMM input precision,
     and `values["num_experts"]`) as `{"gpus": [ids], "precisions": [codes], "max_experts": n}`:
     what `inference_floors` compares against."""
+    from .presets import chip_of
     rows = list(infer_rows)
-    return {"gpus": sorted({_chip(r.values["gpu"]) for r in rows}),
+    return {"gpus": sorted({chip_of(r.values["gpu"]) for r in rows}),
             "precisions": sorted({_precision_class(r.values["precision"]) for r in rows}),
             "max_experts": int(max(float(r.values["num_experts"]) for r in rows))}
 
@@ -172,12 +165,18 @@ def is_unseen_inference(support: dict | None, gpu: str | None, precision) -> boo
     for its GPU, the H800 for the H100), or a GEMM precision no fitted inference row used.
     False when the fit recorded no support (a training-only fit, or one saved before the
     support was recorded)."""
+    return any(_unseen_axes(support, gpu, precision))
+
+
+def _unseen_axes(support: dict | None, gpu: str | None, precision) -> tuple[bool, bool]:
+    """(the GPU's chip, the GEMM precision) lies outside `support`; both False without one."""
     if not support:
-        return False
-    new_gpu = gpu is not None and _chip(gpu) not in {_chip(g) for g in support.get("gpus", [])}
+        return False, False
+    from .presets import chip_of
+    new_gpu = gpu is not None and chip_of(gpu) not in {chip_of(g) for g in support["gpus"]}
     new_precision = (precision is not None
-                     and _precision_class(precision) not in support.get("precisions", []))
-    return new_gpu or new_precision
+                     and _precision_class(precision) not in support["precisions"])
+    return new_gpu, new_precision
 
 
 def inference_floors(support: dict | None, gpu: str | None, precision,
@@ -304,9 +303,8 @@ def model_error_sd(residual_sd: dict, quantity: str | None = None,
     falls back to `"step_time"`), else of its kind, else the overall one (0 when the fit
     recorded none); at least each error named in `floors` that the fit has (an inference
     prediction's `inference_floors`)."""
-    key = _error_key(residual_sd, quantity, kind)
-    error = 0.0 if key is None else float(residual_sd[key])
-    return max([error] + [float(residual_sd[f]) for f in floors if f in residual_sd])
+    key = governing_error(residual_sd, quantity, kind, floors)
+    return 0.0 if key is None else float(residual_sd[key])
 
 
 def governing_error(residual_sd: dict, quantity: str | None = None, kind: str | None = None,
@@ -684,8 +682,9 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
     - `precisions`, `num_experts`: each inference row's GEMM input precision (name or code)
       and experts per MoE layer, which set its `inference_floors`. None: no floors (training).
 
-    **Returns:** `(value, low, high)` arrays; low / high are NaN for a row whose interval would
-    be wider than `MAX_LOG_HALF_WIDTH` or not finite (no interval, never a silent one).
+    **Returns:** `(value, low, high, keys)`: arrays, low / high NaN for a row whose interval
+    would be wider than `MAX_LOG_HALF_WIDTH` or not finite (no interval, never a silent one),
+    and each row's `governing_error` key (the model error that set its width).
     """
     import jax
     import jax.numpy as jnp
@@ -705,10 +704,10 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
     floors = ([()] * len(gpus) if precisions is None else
               [inference_floors(u.inference_support, g, p, e)
                for g, p, e in zip(gpus, precisions, num_experts or [1] * len(gpus))])
-    error = np.array([model_error_sd(u.residual_sd, q, kind, f)
-                      for q, f in zip(quantities, floors)])
+    keys = [governing_error(u.residual_sd, q, kind, f) for q, f in zip(quantities, floors)]
+    error = np.array([0.0 if k is None else u.residual_sd[k] for k in keys])
     low, high, _ = _bounds(value, var, error, level)
-    return np.exp(value), low, high
+    return np.exp(value), low, high, keys
 
 
 def interval_summary(fn_of_efficiency: Callable, efficiency_path, gpu: str | None, kind: str,
@@ -755,10 +754,8 @@ def interval_caveats(u: FitUncertainty, gpu: str | None, kind: str | None,
     if gpu is not None and u.par.groups and fitted_gpu(gpu, u.par.groups) is None:
         notes.append(f"no calibration data for {system_gpu(gpu)}: the shared factors and the "
                      f"model error on {', '.join(u.par.groups)} are assumed to carry over")
-    own = model_error_sd(sd, quantity, kind)
-    measured = [f for f in floors if f in sd and sd[f] > own]
-    if measured:  # the one floor that sets the interval
-        floor = max(measured, key=lambda f: sd[f])
+    floor = governing_error(sd, quantity, kind, floors)
+    if floor in floors and sd[floor] > model_error_sd(sd, quantity, kind):
         bias = (u.floor_bias or {}).get(floor)
         direction = ("" if bias is None else
                      f"; those runs were predicted {bias_text(bias)} on average (geometric "
@@ -802,12 +799,8 @@ def _unseen_reason(u: FitUncertainty, gpu: str | None, precision,
     inference measurement on b200 or at fp4 GEMM precision"."""
     if hypothetical:
         return "what-if hardware (--set) lies outside every fitted measurement"
-    support = u.inference_support or {}
-    reasons = []
-    if gpu is not None and _chip(gpu) not in {_chip(g) for g in support.get("gpus", [])}:
-        from .presets import system_gpu
-        reasons.append(f"on {system_gpu(gpu)}")
-    if precision is not None and _precision_class(precision) not in support.get("precisions", []):
-        reasons.append(f"at {PRECISION_CLASS_NAMES[_precision_class(precision)]} GEMM "
-                       f"precision")
+    from .presets import system_gpu
+    new_gpu, new_precision = _unseen_axes(u.inference_support, gpu, precision)
+    reasons = [f"on {system_gpu(gpu)}"] * new_gpu + [
+        f"at {PRECISION_CLASS_NAMES[_precision_class(precision)]} GEMM precision"] * new_precision
     return f"the fit has no inference measurement {' or '.join(reasons) or 'like this one'}"

@@ -520,19 +520,13 @@ def _prefill_activation_bytes(model: Transformer, plan: InferencePlan) -> tuple:
     return per_token, scores, x.vocab * 4.0
 
 
-def prefill_pass_tokens(plan: InferencePlan, batch=None) -> jax.Array:
-    """Prompt tokens one prefill pass processes: the whole batch's, or at most
-    `plan.prefill_tokens` with chunked prefill, count."""
-    tokens = (plan.batch if batch is None else batch) * plan.input_len
-    return jnp.where(plan.prefill_tokens > 0, jnp.minimum(tokens, plan.prefill_tokens), tokens)
-
-
-def _activation_bytes(model: Transformer, plan: InferencePlan, batch=None) -> jax.Array:
-    """Peak transient activations of `batch` sequences (default the plan's), B."""
-    b = plan.batch if batch is None else batch
+def _activation_bytes(model: Transformer, plan: InferencePlan) -> jax.Array:
+    """Peak transient activations of the plan's batch, B: one prefill pass over all prompt
+    tokens, or at most `plan.prefill_tokens` of them with chunked prefill."""
     per_token, scores, logits = _prefill_activation_bytes(model, plan)
-    tokens = prefill_pass_tokens(plan, b)
-    return tokens * per_token + tokens / plan.input_len * scores + b * logits
+    tokens = plan.batch * plan.input_len
+    tokens = jnp.where(plan.prefill_tokens > 0, jnp.minimum(tokens, plan.prefill_tokens), tokens)
+    return tokens * per_token + tokens / plan.input_len * scores + plan.batch * logits
 
 
 def inference_memory(model: Transformer, plan: InferencePlan,

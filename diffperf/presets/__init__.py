@@ -170,14 +170,20 @@ class GpuEfficiency(Efficiency):
         return [g for g, _ in self.per_gpu]
 
 
+def chip_of(gpu: str) -> str:
+    """The GPU whose chip and kernels `gpu` has: itself (a system id stands for its GPU), or
+    the GPU its preset names as `efficiency_of` (the H800 is an H100 with less NVLink)."""
+    key = system_gpu(gpu)
+    return _table("gpus").get(key, {}).get("efficiency_of", key)
+
+
 def fitted_gpu(gpu: str, fitted) -> str | None:
     """The GPU among `fitted` (ids with their own fitted factors) whose factors apply to `gpu`:
-    itself (a system id stands for its GPU), else the GPU its preset names as `efficiency_of`
-    (the H800 is an H100 with less NVLink: same chip, same kernels); None when neither was
+    itself (a system id stands for its GPU), else its `chip_of`; None when neither was
     fitted."""
     key = system_gpu(gpu)
-    if key not in fitted and key in _table("gpus"):
-        key = _table("gpus")[key].get("efficiency_of", key)
+    if key not in fitted:
+        key = chip_of(key)
     return key if key in fitted else None
 
 
