@@ -228,7 +228,7 @@ def _print(args, s: dict, table, capacity: float) -> None:
     interval("e2e_latency_interval_s")
     print(f"  throughput      {s['throughput_tok_s']:10.1f} output tok/s "
           f"({s['output_tok_s_per_gpu']:.1f} per GPU)")
-    print(f"  memory per GPU  {m['total']:10.1f} GB of {capacity / 1e9:.0f} GB (weights "
+    print(f"  memory per GPU  {m['total']:10.1f} GB of {capacity / 1e9:.1f} GB (weights "
           f"{m['weights']:.1f}, KV cache {m['kv_cache']:.2f}, activations {m['activations']:.2f}, "
           f"workspace {m['workspace']:.1f}); fits: {'yes' if s['fits'] else 'NO'}; "
           f"max batch {s['max_batch']} ({s['max_batch_kv_only']} if only the KV cache had "

@@ -155,7 +155,7 @@ def run_search_train(args) -> int:
                               for c in ("tp", "pp", "dp", "cp", "vp", "micro_batch",
                                         "recompute", "zero", "precision"))
             print(f"  least memory of any plan: {r['memory_gb']:.1f} GB per GPU, the GPU has "
-                  f"{float(system.accelerator.hbm_capacity) / 1e9:.0f} GB ({shown})")
+                  f"{float(system.accelerator.hbm_capacity) / 1e9:.1f} GB ({shown})")
         return NO_PLAN
     plan_cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
                  "sequence_parallel", "flash_attention", "ep", "overlap_tp", "overlap_dp",

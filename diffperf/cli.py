@@ -312,7 +312,7 @@ def _print_training(args, s: dict, plan, layers: float) -> None:
     print(f"  MFU / HFU            {s['mfu'] * 100:9.1f} % / {s['hfu'] * 100:.1f} %")
     print(f"  tokens/s             {s['tokens_per_s']:12.0f}  ({s['tokens_per_s_per_gpu']:.0f} per GPU)")
     m = s["memory_gb"]
-    print(f"  memory per GPU       {m['total']:9.1f} GB of {m['capacity']:.0f} GB  "
+    print(f"  memory per GPU       {m['total']:9.1f} GB of {m['capacity']:.1f} GB  "
           f"(weights {m['weights']:.1f}, grads {m['gradients']:.1f}, optimizer "
           f"{m['optimizer']:.1f}, activations {m['activations']:.1f}, reserved "
           f"{m['reserved']:.1f})")

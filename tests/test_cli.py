@@ -330,8 +330,9 @@ def test_search_train_without_a_feasible_plan_exits_1(capsys):
     code, out, _ = run(capsys, "search", "train", "--gpus", "8", "--global-batch", "8")
     assert code == 1 and "no feasible plan" in out and "does not fit in HBM" in out
     # ... and the least memory any plan needs: at least the 16-bit weights and gradients of
-    # 175 B parameters spread over 8 GPUs (175e9 * 4 B / 8 = 87.5 GB), more than 80 GB.
-    least = re.search(r"least memory of any plan: ([\d.]+) GB per GPU, the GPU has 80 GB", out)
+    # 175 B parameters spread over 8 GPUs (175e9 * 4 B / 8 = 87.5 GB), more than the 80 GiB
+    # (81,920 MiB = 85.9 GB) of an A100 80 GB.
+    least = re.search(r"least memory of any plan: ([\d.]+) GB per GPU, the GPU has 85.9 GB", out)
     assert least and float(least.group(1)) > 87.5
 
 

@@ -16,15 +16,15 @@ def _json(capsys, *argv):
 
 def test_kv_only_max_batch_by_hand(capsys):
     """Llama 3 70B, TP 8 on H100, 2,048 + 256 tokens: KV per sequence and GPU = 2 x 80 layers
-    x 1 KV head x 128 x 2 B x 2,304 = 94.37 MB; (80 - 17.64 weights - 2.0 workspace) GB / 94.37
-    MB = 639 sequences, more than `max_batch`, which also holds every prompt's prefill
-    activations."""
+    x 1 KV head x 128 x 2 B x 2,304 = 94.37 MB; the H100's 81,559 MiB = 85.52 GB, so (85.52 -
+    17.64 weights - 2.0 workspace) GB / 94.37 MB = 698 sequences, more than `max_batch`, which
+    also holds every prompt's prefill activations."""
     code, s, _ = _json(capsys, "--model", "llama3-70b", "--gpu", "h100-sxm5-80gb", "--tp", "8",
                        "--input", "2048", "--output", "256")
     assert code == 0
     kv = 2 * 80 * 1 * 128 * 2 * 2304
-    free = 80e9 - s["memory_gb"]["weights"] * 1e9 - s["memory_gb"]["workspace"] * 1e9
-    assert s["max_batch_kv_only"] == int(free // kv) == 639
+    free = 81559 * 2**20 - s["memory_gb"]["weights"] * 1e9 - s["memory_gb"]["workspace"] * 1e9
+    assert s["max_batch_kv_only"] == int(free // kv) == 698
     assert s["max_batch"] < s["max_batch_kv_only"]
 
 

@@ -166,8 +166,9 @@ def test_a_gpu_id_gives_that_gpu_in_its_default_system():
         s, g = dp.system(name), dp.gpu(name)
         for field in ("hbm_capacity", "hbm_bandwidth", "flops_bf16", "host_memory"):
             assert float(getattr(s.accelerator, field)) == float(getattr(g, field)), (name, field)
-    assert float(dp.system("a100-sxm4-40gb").accelerator.hbm_capacity) == 40e9
-    assert float(dp.system("dgx-a100").accelerator.hbm_capacity) == 80e9
+    # NVML's totals: 40,960 and 81,920 MiB (the "40 GB" and "80 GB" labels are GiB)
+    assert float(dp.system("a100-sxm4-40gb").accelerator.hbm_capacity) == 40960 * 2**20
+    assert float(dp.system("dgx-a100").accelerator.hbm_capacity) == 81920 * 2**20
 
 
 def test_specs_built_while_tracing_leak_no_tracers():

@@ -300,13 +300,14 @@ def test_published_runs_fit_in_their_gpus():
         use = pred["peak_memory_gb"] * 1e9 / float(gpu(row.values["gpu"]).hbm_capacity)
         if use > 1.0:
             over.append((row.id, round(use, 4)))
-        if use > 0.9:
+        if use > 0.85:
             tight.append(row.id)
     assert over == [], over
     # Nor do the offloading recipes overflow host memory (no HBM or host-memory warning).
     warnings = [(row.id, w) for row, _, w in predicted if w]
     assert warnings == [], warnings
-    # The FSDP + offloading recipes and Nemotron-4 340B on H100 use 90-100 % of HBM.
+    # The FSDP + offloading recipes and Nemotron-4 340B on H100 use 85-100 % of HBM (of NVML's
+    # totals: 87-92 %).
     assert {"mbridge25.09-gb200-llama-3-70b-64g-fp8-fsdp",
             "mbridge25.11-gb300-llama-3-70b-64g-fp8cs-fsdp",
             "nemo24.07-h100-nemotron-4-340b-128g-fp8"} <= set(tight), tight

@@ -126,4 +126,4 @@ def test_system_alone_means_its_own_gpu(capsys):
     mixed = _cli_json(capsys, "train", "--system", "gb200-nvl72", "--gpu", "h100-sxm5-80gb",
                       "--gpus", "72", "--tp", "8", "--pp", "1", "--vp", "1",
                       "--global-batch", "72", "--json")
-    assert mixed["memory_gb"]["capacity"] == pytest.approx(80.0)
+    assert mixed["memory_gb"]["capacity"] == pytest.approx(81559 * 2**20 / 1e9)  # H100's NVML total
