@@ -135,7 +135,7 @@ print(f"calibrated, parameters   {ci.format('s', 4)}")
 
 # %% [markdown]
 # **Finding.** Over 307 published values, calibration cuts the MAPE of training step time from
-# 6.9 % to 5.2 %, of model TFLOP/s from 20.7 % to 7.4 % and of the 22 NVIDIA Llama-2 latency
+# 6.9 % to 5.2 %, of model TFLOP/s from 20.6 % to 7.4 % and of the 22 NVIDIA Llama-2 latency
 # points from 7.1 % to 3.1 % (3.3 % leave-one-out); held out, errors are 0.1-1.4 points higher
 # (step time 5.9 % leaving whole sources out, 5.4 % 5-fold). The largest errors remain in
 # TensorRT-LLM throughput (8.6 %) and TTFT (11.4 %). Every one of the 245 runs is predicted to

@@ -4,7 +4,8 @@
 # Korthikanti et al. (2022) trained these models with tensor parallelism 8 and pipeline
 # parallelism (8, 35, 64 stages), micro-batch 1. This notebook shows the per-GPU memory of the
 # first pipeline stage under no / selective / full recomputation (with sequence parallelism),
-# against the 80 GB of HBM, and what each mode costs in step time.
+# against its HBM (80 GiB, which is 85.9 GB as the driver reports it), and what each mode costs
+# in step time.
 
 # %%
 import jax
@@ -59,7 +60,8 @@ for mode, want in formula.items():
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 pivot = df.pivot(index="model", columns="recompute", values="total GB")[["none", "selective", "full"]]
 pivot.loc[list(runs)].plot.bar(ax=axes[0], rot=0)
-axes[0].axhline(80, color="k", ls="--", lw=1, label="HBM 80 GB")
+hbm_gb = float(system.accelerator.hbm_capacity) / 1e9
+axes[0].axhline(hbm_gb, color="k", ls="--", lw=1, label=f"HBM {hbm_gb:.1f} GB")
 axes[0].set_ylabel("memory per GPU (GB)")
 axes[0].set_title("first-stage memory per GPU")
 axes[0].legend(loc="upper left", fontsize=8)
@@ -73,6 +75,7 @@ fig.tight_layout()
 fig.savefig("figures/02_memory_and_recompute.png", dpi=110)
 
 # %% [markdown]
-# **Finding.** Without recomputation none of the three models fits in 80 GB; selective
-# recomputation fits all three for a few percent of extra time (it only recomputes the
-# attention scores), while full recomputation adds about a third to the step time.
+# **Finding.** Without recomputation none of the three models fits in the A100's 85.9 GB (they
+# need 97-123 GB per GPU); selective recomputation fits all three for a few percent of extra
+# time (it only recomputes the attention scores), while full recomputation adds about a third to
+# the step time.

@@ -130,8 +130,8 @@ print(f"full at 1 nm: training compute {fu['train_compute']:.0%}, network "
 
 # %% [markdown]
 # **Finding.** From 12 nm to 1 nm, logic-only scaling multiplies the FLOP/s by 17.6x but
-# training only by 4.9x (28.1 s to 5.7 s), because the 12 nm-era HBM2 and NVLink2 take over
-# (45 % memory-bound, 39 % network-bound at 1 nm); full scaling gives 13.0x (2.16 s) and stays
+# training only by 5.1x (28.1 s to 5.5 s), because the 12 nm-era HBM2 and NVLink2 take over
+# (39 % memory-bound, 47 % network-bound at 1 nm); full scaling gives 13.0x (2.16 s) and stays
 # 92 % compute-bound. Batch-1 decode gains only 1.51x from memory-only scaling (28.5 to 18.9 ms)
 # and 2.8x from full scaling (10.1 ms; from 5 nm the network is NVLink4, whose all-reduces are
 # NCCL ring LL at 0.6 us per hop instead of 2 us), where 88 % of the time is fixed launch and

@@ -34,7 +34,7 @@ ax.step(front["memory_gb"], front["step_time_s"], where="post", marker="o", ms=3
 ax.set_xlabel("memory per GPU (GB)")
 ax.set_ylabel("predicted step time (s)")
 ax.set_yscale("log")
-ax.axvline(80, color="k", ls="--", lw=1)
+ax.axvline(float(system.accelerator.hbm_capacity) / 1e9, color="k", ls="--", lw=1)
 ax.set_title("GPT-3 175B on 1,024 A100: fastest plan per memory budget")
 fig.tight_layout()
 fig.savefig("figures/06_pareto.png", dpi=110)
@@ -45,5 +45,5 @@ front[["tp", "pp", "dp", "micro_batch", "recompute", "zero", "memory_gb", "step_
 # flash attention) needs ~70 GB per GPU; below ~10 GB per GPU every plan on the front needs
 # full recomputation, and the step time rises steeply: ZeRO-3 at TP 16 gives 25-26 s at
 # 8.0-9.5 GB, deeper pipelines (PP 8-32) 30-38 s at 6.2-7.5 GB and 45 s at 5.6 GB, against
-# 16.6 s for the fastest; the last 0.6 GB (5.0 GB per GPU) costs ZeRO-3 with TP 32 x CP 4 and
+# 16.7 s for the fastest; the last 0.6 GB (5.0 GB per GPU) costs ZeRO-3 with TP 32 x CP 4 and
 # 277 s.
