@@ -42,8 +42,8 @@ def test_gradient_within_one_percent_of_grid_with_100x_fewer_evaluations():
     # The plan is TP 4, PP 8, VP 6, micro-batch 1, ZeRO-1, no recompute (the fastest on DGX H100
     # with the 80e9 B capacity the H100 preset had before NVML's 81,559 MiB). With micro-batch
     # 2 (the fastest on today's preset) the step time jumps by up to 2 % between neighbouring
-    # designs (whole SMs, GEMM waves), and the gradient alone ends 1.8 % above the grid's best
-    # (docs/design/FINDINGS.md).
+    # designs (whole SMs, GEMM waves), and with physical efficiencies the gradient alone (3
+    # starts, 60 steps) ends 1.8 % above this grid's best (2.893 vs 2.840 s; measured 2026-11-26).
     import equinox as eqx
     prob = C.default_problem("train", node_nm=3.0, memory_index=3.0, network_index=3.0,
                              efficiency=dp.Efficiency())
