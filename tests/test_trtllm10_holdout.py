@@ -26,6 +26,14 @@ def _generator():
     return mod
 
 
+def test_the_generator_and_the_presets_hold_the_same_nvml_totals():
+    """trtllm-bench sizes its batches to NVML's memory total, and the GPU presets' hbm_capacity
+    is that same total: the two records of it (MiB here, bytes in gpus.json) must agree."""
+    from diffperf.presets import gpu
+    for name, mib in _generator().NVML_TOTAL_MIB.items():
+        assert float(gpu(name).hbm_capacity) == mib * 2**20, name
+
+
 def test_the_csv_is_what_its_generator_writes():
     """The shipped CSV is up to date with the script that documents how it was made."""
     with CSV.open(newline="") as f:
