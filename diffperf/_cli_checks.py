@@ -92,6 +92,28 @@ def _check_technology_ranges(args) -> None:
             raise CliError(f"{name} must lie in [0, {top}], got {v:g}")
 
 
+#: Options naming GPU or system presets (`targets` is a list).
+_HARDWARE = ("gpu", "system", "base", "targets")
+
+
+def resolve_hardware_names(args) -> None:
+    """Replace each GPU / system option's value by the preset id it stands for (`--gpu h100`
+    -> `h100-sxm5-80gb`), so every later lookup, the per-GPU calibration included, sees the
+    full id; raise CliError naming the option for an unknown or ambiguous name."""
+    from .presets import resolve_hardware_name
+    for dest in _HARDWARE:
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        try:
+            if isinstance(value, list):
+                setattr(args, dest, [resolve_hardware_name(v) for v in value])
+            else:
+                setattr(args, dest, resolve_hardware_name(value))
+        except ValueError as e:
+            raise CliError(f"{_opt(dest)}: {e}") from None
+
+
 #: Options naming files the command reads / writes.
 _INPUTS = ("efficiency", "data")
 _OUTPUTS = ("out", "plot", "csv")

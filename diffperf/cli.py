@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import presets
-from ._cli_checks import CliError, check_paths, check_values
+from ._cli_checks import CliError, check_paths, check_values, resolve_hardware_names
 from .data import BenchmarkError
 from .what_if import (add_set_argument, change, comparison, parse_overrides,
                       system_with_overrides, tag)
@@ -610,6 +610,7 @@ def main(argv=None) -> int:
     else:
         enable_compilation_cache()
     try:
+        resolve_hardware_names(args)
         check_values(args)
         check_paths(args)
         return args.func(args) or 0

@@ -125,6 +125,9 @@ def test_train_explains_zero_selective_recompute_only_with_flash(capsys, flash):
 @pytest.mark.parametrize("argv, needle", [
     (["train", "--gpus", "1000", "--tp", "8", "--pp", "8"], "not divisible by tp*pp*cp"),
     (["train", "--gpu", "tpu-v9"], "unknown gpu or system 'tpu-v9'"),
+    (["train", "--gpu", "a100"], "--gpu: ambiguous gpu or system 'a100': a100-sxm4-40gb, "
+                                 "a100-sxm4-80gb"),
+    (["attribution", "--targets", "dgx-h100", "h1"], "--targets: unknown gpu or system 'h1'"),
     (["train", "--model", "gpt-13b"], "unknown model 'gpt-13b'"),
     (["train", "--dp", "3", "--gpus", "64", "--tp", "8", "--pp", "8"], "does not equal --gpus"),
     (["validate", "--data", "no/such/file.csv"], "--data: no such file: no/such/file.csv"),
@@ -527,3 +530,15 @@ def test_small_cli_fixes_from_the_design_bug_bash(capsys):
     code, out, _ = run(capsys, "infer", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb",
                        "--set", "num_sms=x0.5")
     assert code == 0 and "the FLOP/s stay" in out
+
+
+def test_short_gpu_names_stand_for_their_one_preset(capsys):
+    """`--gpu H100` is the H100 preset under its full id, with the H100's own fitted factors:
+    the same prediction as `--gpu h100-sxm5-80gb` (the short name reaches no lookup)."""
+    base = ("train", "--model", "gpt-7.5b", "--gpus", "32", "--tp", "4", "--pp", "2", "--vp",
+            "1", "--global-batch", "64")
+    short = json.loads(run(capsys, *base, "--gpu", "H100", "--json")[1])
+    full = json.loads(run(capsys, *base, "--gpu", "h100-sxm5-80gb", "--json")[1])
+    assert short == full
+    code, out, _ = run(capsys, *base, "--gpu", "h100")
+    assert code == 0 and "on 32 x h100-sxm5-80gb" in out.splitlines()[0]

@@ -61,6 +61,26 @@ def model_names() -> list[str]:
     return sorted(_table("models"))
 
 
+def resolve_hardware_name(name: str) -> str:
+    """The preset id a GPU or system name stands for: the id itself (any case), else the one
+    GPU id, or failing that the one system id, that starts with `name` + "-" (`h100` ->
+    `h100-sxm5-80gb`, `nvl72` is not a prefix and stays unknown). Raises a ValueError listing
+    the candidates when the prefix is ambiguous (`a100`: the 40 GB and the 80 GB part) or
+    the known ids when nothing matches."""
+    key = str(name).strip().lower()
+    gpus, systems = gpu_names(), system_names()
+    if key in gpus or key in systems:
+        return key
+    for ids in (gpus, systems):
+        hits = [i for i in ids if i.startswith(key + "-")]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            raise ValueError(f"ambiguous gpu or system {name!r}: {', '.join(hits)}")
+    raise ValueError(f"unknown gpu or system {name!r}; known GPUs: {', '.join(gpus)}; "
+                     f"systems: {', '.join(systems)}")
+
+
 def gpu(name: str) -> Accelerator:
     """The `Accelerator` of a GPU preset, e.g. `gpu("h100-sxm5-80gb")`."""
     row = _lookup("gpus", name)
