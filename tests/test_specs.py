@@ -187,3 +187,23 @@ def test_specs_built_while_tracing_leak_no_tracers():
     a = as_float(987.654e9)  # first converted inside the trace above
     assert not isinstance(a, jax.core.Tracer)
     assert float(a + 1.0) == pytest.approx(987.654e9 + 1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("name, total_b, active_b, tol", [
+    ("deepseek-v3", 671, None, 0.005),
+    ("qwen3-30b-a3b", 30.5, 3.3, 0.02),       # model card: 30.5 B, 3.3 B activated
+    ("qwen3-235b-a22b", 235, 22, 0.02),       # 235 B, 22 B activated
+    ("gpt-oss-120b", 116.8, 5.1, 0.01),       # 116.8 B, 5.1 B active (unembedding only)
+    ("gpt-oss-20b", 20.9, 3.6, 0.01),         # 20.9 B, 3.6 B active
+])
+def test_moe_presets_match_published_parameter_counts(name, total_b, active_b, tol):
+    """Total parameters of the MoE presets as their model cards print them, and the active
+    ones: the routed top-k experts of every layer plus attention, norms and router, with both
+    embedding tables for Qwen3 and only the unembedding for gpt-oss (OpenAI's convention)."""
+    m = dp.model(name)
+    assert abs(float(m.num_params()) / 1e9 / total_b - 1) < tol
+    if active_b is not None:
+        embed = float(m.vocab * m.hidden) / 1e9
+        tables = 2 if name.startswith("qwen3") else 1
+        active = float(m.active_layer_params() * m.layers) / 1e9 + tables * embed
+        assert abs(active / active_b - 1) < 0.03, active
