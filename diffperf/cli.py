@@ -233,6 +233,8 @@ def training_summary(report, system) -> dict:
             "compute": float(r.compute_time) - float(r.recompute_time),
             "recompute": float(r.recompute_time),
             "tp_comm_exposed": float(r.tp_comm_time),
+            "cp_comm_exposed": float(r.cp_comm_time),
+            "ep_comm_exposed": float(r.ep_comm_time),
             "pp_comm_exposed": float(r.pp_comm_time),
             "dp_comm_exposed": float(r.dp_comm_time),
             "pipeline_bubble": float(r.bubble_time),
@@ -304,6 +306,9 @@ def _print_training(args, s: dict, plan, layers: float) -> None:
     for k, v in s["breakdown_s"].items():
         if k == "offload_exposed" and not args.offload_layers:
             continue  # no offloading: keep the table to the terms that apply
+        if v == 0.0 and ((k == "cp_comm_exposed" and (getattr(args, "cp", 1) or 1) == 1)
+                         or (k == "ep_comm_exposed" and (getattr(args, "ep", 1) or 1) == 1)):
+            continue  # no context / expert parallelism
         share = v / s["step_time_s"] * 100 if s["step_time_s"] > 0 else 0.0
         why = ""
         if k == "recompute" and v == 0.0 and rc.startswith("selective") and args.flash_attention:

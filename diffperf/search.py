@@ -240,7 +240,8 @@ def _report_function(model, system, gpus, global_batch, eff):
     return jax.jit(reports, compiler_options={"xla_llvm_disable_expensive_passes": True})
 
 
-_BREAKDOWN = {"compute_time": "compute", "tp_comm_time": "TP/CP/EP communication",
+_BREAKDOWN = {"compute_time": "compute", "tp_comm_time": "TP communication",
+              "cp_comm_time": "CP communication", "ep_comm_time": "EP all-to-all",
               "pp_comm_time": "pipeline send/recv", "dp_comm_time": "DP communication",
               "bubble_time": "pipeline bubble", "optimizer_time": "optimizer",
               "offload_time": "activation offload"}

@@ -30,14 +30,17 @@ from .training_memory import (TrainingMemory, expert_params_per_gpu, params_per_
 class TrainingReport(eqx.Module):
     """Prediction for one optimizer step. Times in s, memory in B, rates per second.
 
-    The step time is `compute + tp_comm + pp_comm + dp_comm + bubble + optimizer + offload`,
-    where the communication and offload terms are only the parts not hidden behind compute.
+    The step time is `compute + tp_comm + cp_comm + ep_comm + pp_comm + dp_comm + bubble +
+    optimizer + offload`, where the communication and offload terms are only the parts not
+    hidden behind compute.
     """
 
     step_time: jax.Array
     compute_time: jax.Array  # GEMMs, attention, element-wise kernels incl. recomputation
     recompute_time: jax.Array  # the part of compute_time spent recomputing activations
-    tp_comm_time: jax.Array  # exposed tensor + context + expert parallel communication
+    tp_comm_time: jax.Array  # exposed tensor-parallel all-reduces / all-gathers in the layers
+    cp_comm_time: jax.Array  # exposed context-parallel K / V exchanges
+    ep_comm_time: jax.Array  # exposed expert-parallel all-to-alls
     pp_comm_time: jax.Array  # exposed pipeline send/recv
     dp_comm_time: jax.Array  # exposed data-parallel gradient / parameter communication
     bubble_time: jax.Array  # pipeline fill and drain
@@ -112,6 +115,7 @@ class _Layer(eqx.Module):
     recompute: jax.Array
     comm: jax.Array  # exposed TP + CP + EP communication (forward, backward, recompute)
     hidden: jax.Array  # communication hidden behind this layer's compute (async TP + EP), s
+    comm_parts: tuple  # (TP, CP, EP) shares of `comm`, s
 
 
 def _tp_reduction(net, eff: Efficiency, msg, group, sp):
@@ -290,7 +294,7 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     ep_comm = jnp.where(plan.overlap_ep > 0, exposed_after_overlap(
         ep_all, forward + backward + recompute - tp_hidden), ep_all)
     return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm,
-                  tp_hidden + ep_all - ep_comm)
+                  tp_hidden + ep_all - ep_comm, (tp_comm, cp_comm, ep_comm))
 
 
 def _head_time(model: Transformer, plan: TrainingPlan, system: System,
@@ -355,6 +359,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     per_mb_compute = (layers_per_stage * per_layer
                       + jnp.maximum(extra * (per_layer + layer.comm), head))
     per_mb_comm = layers_per_stage * layer.comm
+    tp_part, cp_part, ep_part = (m * layers_per_stage * c for c in layer.comm_parts)
     compute = m * per_mb_compute
     recompute = m * layers_per_stage * layer.recompute
     tp_comm = m * per_mb_comm
@@ -469,7 +474,8 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     tokens = plan.global_batch * model.seq_len
     reason = training_reason(model, plan, acc, memory.total, memory.host)
     return TrainingReport(
-        step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_comm,
+        step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_part,
+        cp_comm_time=cp_part, ep_comm_time=ep_part,
         pp_comm_time=pp_comm, dp_comm_time=dp_comm, bubble_time=bubble,
         optimizer_time=optimizer, offload_time=offload, memory=memory, fits=fits, model_flops=mflops,
         hardware_flops=hflops, mfu=mflops / (step * n_gpus * peak),

@@ -111,7 +111,10 @@ def test_folding_keeps_the_flops_and_dispatches_each_ranks_own_tokens():
     b = STEP(MOE, H100, _plan(expert_tp=1), EFF)
     assert float(a.model_flops) == pytest.approx(float(b.model_flops), rel=1e-9)
     # the MoE layers' MLP reductions vanish (expert_tp 1) and the all-to-all halves
-    assert float(b.tp_comm_time) < 0.8 * float(a.tp_comm_time)
+    assert float(b.tp_comm_time + b.ep_comm_time) < 0.8 * float(a.tp_comm_time + a.ep_comm_time)
+    assert float(b.tp_comm_time) < float(a.tp_comm_time)
+    # half the all-to-all payload; each collective's fixed latency stays
+    assert 0.5 * float(a.ep_comm_time) < float(b.ep_comm_time) < 0.75 * float(a.ep_comm_time)
 
 
 def test_overlapping_the_all_to_all_never_costs_time_and_hides_at_most_it():
@@ -121,7 +124,8 @@ def test_overlapping_the_all_to_all_never_costs_time_and_hides_at_most_it():
         assert float(b.step_time) <= float(a.step_time)
         # the step saves at most the all-to-all time it hides (the DP reduction may lose some
         # of its window to it), and only communication changes
-        hidden = float(a.tp_comm_time) - float(b.tp_comm_time)
+        hidden = float(a.ep_comm_time) - float(b.ep_comm_time)
+        assert float(b.tp_comm_time) == pytest.approx(float(a.tp_comm_time), rel=1e-9)
         saved = float(a.step_time) - float(b.step_time)
         assert hidden > 0 and 0 < saved <= hidden * (1 + 1e-5)
         assert float(b.compute_time) == pytest.approx(float(a.compute_time), rel=1e-6)
@@ -144,3 +148,23 @@ def test_expert_fields_vmap_and_differentiate():
                                          EFF).step_time)(H100)
     assert np.isfinite(float(g.accelerator.hbm_bandwidth))
     assert float(g.accelerator.hbm_bandwidth) < 0  # more bandwidth, faster step
+
+
+def test_layer_communication_is_reported_by_parallelism():
+    """The layers' exposed communication splits into its TP reductions, CP K / V exchanges and
+    EP all-to-alls: each appears exactly when its degree exceeds 1, and the parts add up to the
+    step with the other terms."""
+    dense = eqx.tree_at(lambda m: (m.num_experts, m.experts_per_token), MOE, (1.0, 1.0))
+    for model, kw, present in (
+            (MOE, {"tp": 2, "cp": 2, "dp": 4, "ep": 4}, ("tp", "cp", "ep")),
+            (MOE, {"tp": 1, "dp": 16, "ep": 4}, ("ep",)),
+            (dense, {"tp": 2, "cp": 2, "dp": 4, "ep": 1}, ("tp", "cp")),
+            (dense, {"tp": 1, "dp": 16, "ep": 1}, ())):
+        r = STEP(model, H100, _plan(**kw), EFF)
+        for part in ("tp", "cp", "ep"):
+            t = float(getattr(r, f"{part}_comm_time"))
+            assert (t > 0) == (part in present), (kw, part, t)
+        total = sum(float(getattr(r, f)) for f in (
+            "compute_time", "tp_comm_time", "cp_comm_time", "ep_comm_time", "pp_comm_time",
+            "dp_comm_time", "bubble_time", "optimizer_time", "offload_time"))
+        assert float(r.step_time) == pytest.approx(total, rel=1e-6)

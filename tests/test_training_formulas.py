@@ -118,11 +118,11 @@ def test_step_time_is_sum_of_its_parts(step, gpt22b, dgx_a100, eff):
     plan = dp.TrainingPlan(tp=8, pp=2, dp=2, global_batch=32, vp=2, sequence_parallel=1,
                            recompute="selective")
     r = step(gpt22b, dgx_a100, plan, eff)
-    parts = (r.compute_time + r.tp_comm_time + r.pp_comm_time + r.dp_comm_time + r.bubble_time
-             + r.optimizer_time)
+    parts = (r.compute_time + r.tp_comm_time + r.cp_comm_time + r.ep_comm_time + r.pp_comm_time
+             + r.dp_comm_time + r.bubble_time + r.optimizer_time)
     np.testing.assert_allclose(float(r.step_time), float(parts), rtol=1e-6)
-    for f in ("compute_time", "tp_comm_time", "pp_comm_time", "dp_comm_time", "bubble_time",
-              "optimizer_time"):
+    for f in ("compute_time", "tp_comm_time", "cp_comm_time", "ep_comm_time", "pp_comm_time",
+              "dp_comm_time", "bubble_time", "optimizer_time"):
         assert float(getattr(r, f)) >= 0.0, f
 
 

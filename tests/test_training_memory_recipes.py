@@ -213,8 +213,9 @@ def test_offload_time_is_exposed_copy_time(step, gpt22b, dgx_a100, eff):
     np.testing.assert_allclose(float(slower.offload_time) - float(r_slow.offload_time), copies,
                                rtol=0.01)
     for r in (r_fast, r_slow):
-        parts = (r.compute_time + r.tp_comm_time + r.pp_comm_time + r.dp_comm_time
-                 + r.bubble_time + r.optimizer_time + r.offload_time)
+        parts = (r.compute_time + r.tp_comm_time + r.cp_comm_time + r.ep_comm_time
+                 + r.pp_comm_time + r.dp_comm_time + r.bubble_time + r.optimizer_time
+                 + r.offload_time)
         np.testing.assert_allclose(float(r.step_time), float(parts), rtol=1e-6)
     # Offloading never makes a step faster, and frees memory.
     none = step(gpt22b, dgx_a100, eqx.tree_at(lambda p: p.offload_layers, plan, 0.0), eff)
