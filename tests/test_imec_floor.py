@@ -43,8 +43,8 @@ def test_floor_fits_weigh_only_the_imec_runs_by_the_share():
 def test_floor_mape_is_the_mean_absolute_percentage_error_of_the_chosen_rows():
     mod = _script()
     ds = SimpleNamespace(train_rows=[SimpleNamespace(id=i) for i in ("a", "b", "c")],
-                         y_train=np.log([[10.0, 0, 0], [20.0, 0, 0], [5.0, 0, 0]]),
+                         y_train=np.log([[10.0, 1, 1], [20.0, 1, 1], [5.0, 1, 1]]),
                          m_train=np.array([[1.0, 0, 0], [1.0, 0, 0], [1.0, 0, 0]]))
-    lp = np.log([[11.0, 0, 0], [19.0, 0, 0], [50.0, 0, 0]])
+    lp = np.log([[11.0, 1, 1], [19.0, 1, 1], [50.0, 1, 1]])
     # (10 % + 5 %) / 2; row c is not among the scored ids
     assert abs(mod.mape_of(SimpleNamespace(ds=ds), lp, {"a", "b"}) - 7.5) < 1e-9
