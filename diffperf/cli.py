@@ -306,9 +306,9 @@ def _print_training(args, s: dict, plan, layers: float) -> None:
     for k, v in s["breakdown_s"].items():
         if k == "offload_exposed" and not args.offload_layers:
             continue  # no offloading: keep the table to the terms that apply
-        if v == 0.0 and ((k == "cp_comm_exposed" and (getattr(args, "cp", 1) or 1) == 1)
-                         or (k == "ep_comm_exposed" and (getattr(args, "ep", 1) or 1) == 1)):
-            continue  # no context / expert parallelism
+        degree = {"cp_comm_exposed": args.cp, "ep_comm_exposed": args.ep}.get(k)
+        if degree == 1:
+            continue  # no context / expert parallelism: no such communication
         share = v / s["step_time_s"] * 100 if s["step_time_s"] > 0 else 0.0
         why = ""
         if k == "recompute" and v == 0.0 and rc.startswith("selective") and args.flash_attention:

@@ -113,9 +113,16 @@ class _Layer(eqx.Module):
     forward: jax.Array  # GEMMs + attention + element-wise, one forward pass
     backward: jax.Array
     recompute: jax.Array
-    comm: jax.Array  # exposed TP + CP + EP communication (forward, backward, recompute)
+    # exposed communication (forward, backward, recompute), s
+    tp_comm: jax.Array  # tensor-parallel reductions
+    cp_comm: jax.Array  # context-parallel K / V exchanges
+    ep_comm: jax.Array  # expert-parallel all-to-alls
     hidden: jax.Array  # communication hidden behind this layer's compute (async TP + EP), s
-    comm_parts: tuple  # (TP, CP, EP) shares of `comm`, s
+
+    @property
+    def comm(self) -> jax.Array:
+        """All exposed communication of the layer, s."""
+        return self.tp_comm + self.cp_comm + self.ep_comm
 
 
 def _tp_reduction(net, eff: Efficiency, msg, group, sp):
@@ -293,8 +300,8 @@ def _layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     ep_all = jnp.where(moe, (1.0 - r) * per_block * a2a, 0.0)
     ep_comm = jnp.where(plan.overlap_ep > 0, exposed_after_overlap(
         ep_all, forward + backward + recompute - tp_hidden), ep_all)
-    return _Layer(forward, backward, recompute, tp_comm + cp_comm + ep_comm,
-                  tp_hidden + ep_all - ep_comm, (tp_comm, cp_comm, ep_comm))
+    return _Layer(forward, backward, recompute, tp_comm, cp_comm, ep_comm,
+                  tp_hidden + ep_all - ep_comm)
 
 
 def _head_time(model: Transformer, plan: TrainingPlan, system: System,
@@ -358,11 +365,10 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     # extra layer's communication is then counted as compute).
     per_mb_compute = (layers_per_stage * per_layer
                       + jnp.maximum(extra * (per_layer + layer.comm), head))
-    per_mb_comm = layers_per_stage * layer.comm
-    tp_part, cp_part, ep_part = (m * layers_per_stage * c for c in layer.comm_parts)
+    tp_comm, cp_comm, ep_comm = (m * layers_per_stage * c
+                                 for c in (layer.tp_comm, layer.cp_comm, layer.ep_comm))
     compute = m * per_mb_compute
     recompute = m * layers_per_stage * layer.recompute
-    tp_comm = m * per_mb_comm
     # Filling and draining the pipeline passes the other pp - 1 stages, which carry only their
     # layers.
     bubble = (plan.pp - 1.0) / plan.vp * model.layers / plan.pp * (per_layer + layer.comm)
@@ -464,7 +470,8 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     optimizer = op_time(acc, eff, 14.0 * shard,
                         (state + 2.0 * g + weight_bytes(plan)) * shard + g * n_params, kernels=6.0)
 
-    step = compute + tp_comm + bubble + pp_comm + dp_comm + optimizer + offload
+    step = (compute + tp_comm + cp_comm + ep_comm + bubble + pp_comm + dp_comm + optimizer
+            + offload)
     memory = training_memory(model, plan, eff)
     fits = memory.total <= acc.hbm_capacity
     n_gpus = plan.num_gpus
@@ -474,8 +481,8 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     tokens = plan.global_batch * model.seq_len
     reason = training_reason(model, plan, acc, memory.total, memory.host)
     return TrainingReport(
-        step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_part,
-        cp_comm_time=cp_part, ep_comm_time=ep_part,
+        step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_comm,
+        cp_comm_time=cp_comm, ep_comm_time=ep_comm,
         pp_comm_time=pp_comm, dp_comm_time=dp_comm, bubble_time=bubble,
         optimizer_time=optimizer, offload_time=offload, memory=memory, fits=fits, model_flops=mflops,
         hardware_flops=hflops, mfu=mflops / (step * n_gpus * peak),
