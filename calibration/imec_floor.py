@@ -87,7 +87,7 @@ def fit_shares(problem, shares, adam_steps=150, lbfgs_steps=600):
 
 
 def main() -> int:
-    from diffperf import calibrate as C
+    from diffperf.internal import calibration as C
     C.enable_x64()
     t0 = time.perf_counter()
     ds = C.build_dataset(C.default_data_paths())

@@ -112,9 +112,8 @@ def _plots(preds, cv_preds, outdir):
 def _coverage(fit, held_out):
     """Switch the fit's model error to the leave-one-source-out one and measure how often the
     90 % interval of a held-out prediction contains the measured value."""
-    from diffperf.calibrate_uncertainty import (cell_parameter_sd, interval_coverage,
-                                                use_cross_validated_error)
-    from diffperf.calibrate import INFER_COLUMNS, TRAIN_COLUMNS
+    from diffperf.internal import cell_parameter_sd, interval_coverage, use_cross_validated_error
+    from diffperf.internal import INFER_COLUMNS, TRAIN_COLUMNS
     import numpy as np
     use_cross_validated_error(fit, held_out, "source")
     sd_t, sd_i = cell_parameter_sd(fit.problem, fit.theta, fit.covariance)
@@ -141,7 +140,7 @@ def _validate_holdout(efficiency_path, path=HOLDOUT):
     if not path.exists():
         return None
     from diffperf.presets import efficiency_from_json
-    from diffperf.validate import validate
+    from diffperf.validation import validate
     return validate([path], efficiency_from_json(efficiency_path))
 
 
@@ -149,7 +148,7 @@ def _moe_error_lines(fit, moe):
     """The MoE model error's row of the interval table, and how the dense error would cover."""
     import numpy as np
     from statistics import NormalDist
-    from diffperf.calibrate_uncertainty import MOE_STEP_TIME
+    from diffperf.internal import MOE_STEP_TIME
     r = moe["residuals"]
     if not r.size:
         return []
@@ -173,7 +172,7 @@ def _floor_error_lines(fit, key, result, what):
     (`what`), its size, its bias and how the throughput error would have covered its rows."""
     import numpy as np
     from statistics import NormalDist
-    from diffperf.calibrate_uncertainty import bias_text
+    from diffperf.internal import bias_text
     if result is None or not result["residuals"].size:
         return []
     r, z = result["residuals"], NormalDist().inv_cdf(0.95)
@@ -194,8 +193,7 @@ def _floor_error_lines(fit, key, result, what):
 
 def _inference_floor_lines(fit, unseen, moe):
     """Both floor errors of the held-out inference table."""
-    from diffperf.calibrate_uncertainty import (MOE_INFERENCE, PRECISION_CLASS_NAMES,
-                                                UNSEEN_INFERENCE)
+    from diffperf.internal import MOE_INFERENCE, PRECISION_CLASS_NAMES, UNSEEN_INFERENCE
     support = fit.inference_support
     if support is None:
         return []
@@ -216,7 +214,7 @@ def _inference_floor_lines(fit, unseen, moe):
 
 
 def _coverage_lines(fit, cov):
-    from diffperf.calibrate_uncertainty import QUANTITIES
+    from diffperf.internal import QUANTITIES
     t = cov["table"]
     pct = lambda x: "n/a" if x is None else f"{x * 100:.0f} %"
 
@@ -260,7 +258,7 @@ def _coverage_lines(fit, cov):
 
 
 def _implausible_lines(fit):
-    from diffperf.plausibility import implausible_measurements
+    from diffperf.validation import implausible_measurements
     found = implausible_measurements(fit.problem.ds.train_rows + fit.problem.ds.infer_rows)
     lines = ["## Implausible measurements", "",
              "Measured values faster than ideal hardware (100 % of every datasheet peak, no "
@@ -346,8 +344,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "diffperf" / "presets" / "efficiency.json"))
     ap.add_argument("--report", default=str(ROOT / "calibration" / "report.md"))
     args = ap.parse_args(argv)
-    from diffperf import calibrate as C
-    from diffperf.calibrate_cv import cross_validate, summaries
+    from diffperf.internal import calibration as C
+    from diffperf.calibrate import cross_validate
+    from diffperf.internal import summaries
     C.enable_x64()
     paths = C.default_data_paths()
     t0 = time.perf_counter()
@@ -380,11 +379,11 @@ def main(argv=None) -> int:
     infer_holdout = _validate_holdout(args.out, INFER_HOLDOUT)
     moe = unseen = moe_infer = None
     if coverage:
-        from diffperf.calibrate_uncertainty import moe_step_error
+        from diffperf.internal import moe_step_error
         moe = moe_step_error(fit, cv_preds["source"], holdout["rows"] if holdout else [])
     if infer_holdout is not None:
-        from diffperf._cli_calibrate import measure_inference_errors
-        from diffperf.data import read_benchmark_files
+        from diffperf.internal import measure_inference_errors
+        from diffperf.validation import read_benchmark_files
         measured = measure_inference_errors(fit, INFER_HOLDOUT,
                                             read_benchmark_files([INFER_HOLDOUT]), args.out,
                                             validated=infer_holdout["rows"])

@@ -1,24 +1,68 @@
 """diffperf: a differentiable, JAX-accelerated performance model of distributed LLM training
-and inference, after Kundu et al., IISWC 2024 (arXiv:2407.14645)."""
+and inference, after Kundu et al., IISWC 2024 (arXiv:2407.14645).
 
-from .boundedness import HBM_GENERATIONS, boundedness, dram_scaling, roofline_plot
-from .efficiency import Efficiency, matmul_efficiency
+The names below are the stable API. The subpackages group the rest by what a user does:
+`specs` (what is modelled), `presets`, `costs` (kernels, GEMMs, collectives), `training`,
+`inference`, `explore` (sweeps, plan search, what-if), `design` (technology, attribution,
+sensitivity, co-design), `validation`, `calibrate`, `plots` and `cli`; `internal` holds helpers
+for the tests and the calibration scripts, with no stability promise.
+"""
+
+from .explore import (
+    Grid,
+    default_training_grid,
+    evaluate_all,
+    pareto_front,
+    run_sweep,
+    search_inference,
+    search_training,
+)
 from .feasibility import REASONS, explain
-from .hardware import Accelerator, Network, System, precision_code
-from .grid import Grid
-from .inference import (InferenceMemory, InferenceReport, experts_touched, infer,
-                        inference_memory, kv_cache_bytes_per_gpu, max_batch, weight_bytes_per_gpu)
-from .inference_plan import InferencePlan
-from .hf_config import transformer_from_hf_config
-from .model import Transformer
-from .plans import TrainingPlan
-from .presets import (default_efficiency, efficiency_from_json, gpu, gpu_names, model,
-                      model_names, system, system_names)
-from .search import default_training_grid, search_training
-from .search_inference import search_inference
-from .sweep import evaluate_all, pareto_front, run_sweep
-from .training import TrainingReport, model_flops_per_step, predict_training, train_step
-from .training_memory import TrainingMemory, activation_bytes_per_layer, training_memory
+from .inference import (
+    HBM_GENERATIONS,
+    InferenceMemory,
+    InferenceReport,
+    boundedness,
+    dram_scaling,
+    experts_touched,
+    infer,
+    inference_memory,
+    kv_cache_bytes_per_gpu,
+    max_batch,
+    weight_bytes_per_gpu,
+)
+from .plots import roofline_plot
+from .presets import (
+    default_efficiency,
+    efficiency_from_json,
+    gpu,
+    gpu_names,
+    model,
+    model_names,
+    system,
+    system_names,
+)
+from .specs import (
+    Accelerator,
+    Efficiency,
+    InferencePlan,
+    Network,
+    System,
+    TrainingPlan,
+    Transformer,
+    matmul_efficiency,
+    precision_code,
+    transformer_from_hf_config,
+)
+from .training import (
+    TrainingMemory,
+    TrainingReport,
+    activation_bytes_per_layer,
+    model_flops_per_step,
+    predict_training,
+    train_step,
+    training_memory,
+)
 
 __version__ = "0.1.0"
 

@@ -3,37 +3,70 @@ sweeps can mask infeasible rows, and turned into a readable message by `explain`
 
 from __future__ import annotations
 
+import enum
+
 import jax
 import jax.numpy as jnp
 
-from .hardware import PRECISIONS, Accelerator
-from .model import Transformer
+from .specs._hardware import PRECISIONS, Accelerator
+from .specs._transformer import Transformer
 
-#: Reason codes, in the order they are checked (the first failure is reported).
-REASONS = {
-    0: "feasible",
-    1: "tp does not divide heads",
-    2: "tp and kv_heads: neither divides the other",
-    3: "tp does not divide ffn_hidden (or dense_ffn_hidden / shared_ffn_hidden), or expert_tp "
-       "does not divide a MoE model's expert ffn_hidden",
-    4: "dp * micro_batch does not divide global_batch",
-    5: "pp * vp exceeds layers",
-    6: "interleaving (vp > 1) needs pp > 1 and a number of micro-batches divisible by pp",
-    7: "2 * cp does not divide seq_len (context parallelism splits each sequence into 2 * cp "
-       "chunks)",
-    8: "ep does not divide num_experts, or (training) ep * expert_tp does not divide "
-       "tp * cp * dp, or (inference) ep does not divide tp",
-    9: "the GPU has no tensor cores for this precision",
-    10: "does not fit in HBM",
-    11: "a plan count is not a whole number >= 1 (tp, pp, dp, cp, ep, vp, micro_batch, "
-        "global_batch; batch, input_len, output_len; >= 0: expert_tp, recompute_layers, "
-        "offload_layers). Built from concrete values a plan refuses these; traced values "
-        "(inside jit / vmap) get this code",
-    12: "offloaded activations do not fit in host memory",
+class Reason(enum.IntEnum):
+    """Why a plan is infeasible, in the order the checks run (the first failure is reported).
+
+    An `IntEnum`: a report's integer `reason` compares equal to its member (`reason == 10` and
+    `reason == Reason.HBM` are the same test). Codes 13-16 are the plan search's own
+    (`diffperf.search_training`); `REASONS` holds the model's, 0-12."""
+
+    FEASIBLE = 0
+    TP_HEADS = 1
+    TP_KV_HEADS = 2
+    TP_FFN = 3
+    BATCH_SPLIT = 4
+    PIPELINE_LAYERS = 5
+    INTERLEAVING = 6
+    CP_SEQUENCE = 7
+    EXPERT_LAYOUT = 8
+    NO_TENSOR_CORES = 9
+    HBM = 10
+    NOT_WHOLE = 11
+    HOST_MEMORY = 12
+    SEARCH_GPUS = 13
+    SEARCH_DUPLICATE = 14
+    SEARCH_UNEVEN = 15
+    SEARCH_OFFLOAD = 16
+
+
+_TEXT = {
+    Reason.FEASIBLE: "feasible",
+    Reason.TP_HEADS: "tp does not divide heads",
+    Reason.TP_KV_HEADS: "tp and kv_heads: neither divides the other",
+    Reason.TP_FFN: "tp does not divide ffn_hidden (or dense_ffn_hidden / shared_ffn_hidden), or "
+                   "expert_tp does not divide a MoE model's expert ffn_hidden",
+    Reason.BATCH_SPLIT: "dp * micro_batch does not divide global_batch",
+    Reason.PIPELINE_LAYERS: "pp * vp exceeds layers",
+    Reason.INTERLEAVING: "interleaving (vp > 1) needs pp > 1 and a number of micro-batches "
+                         "divisible by pp",
+    Reason.CP_SEQUENCE: "2 * cp does not divide seq_len (context parallelism splits each sequence "
+                        "into 2 * cp chunks)",
+    Reason.EXPERT_LAYOUT: "ep does not divide num_experts, or (training) ep * expert_tp does not "
+                          "divide tp * cp * dp, or (inference) ep does not divide tp",
+    Reason.NO_TENSOR_CORES: "the GPU has no tensor cores for this precision",
+    Reason.HBM: "does not fit in HBM",
+    Reason.NOT_WHOLE: "a plan count is not a whole number >= 1 (tp, pp, dp, cp, ep, vp, "
+                      "micro_batch, global_batch; batch, input_len, output_len; >= 0: expert_tp, "
+                      "recompute_layers, offload_layers). Built from concrete values a plan "
+                      "refuses these; traced values (inside jit / vmap) get this code",
+    Reason.HOST_MEMORY: "offloaded activations do not fit in host memory",
 }
+#: The model's reason codes and their text (the search's own codes 13-16 are described by
+#: `diffperf.search_training`).
+REASONS = {int(r): text for r, text in _TEXT.items()}
 #: Reasons of a valid plan that only runs out of memory (HBM, or host memory when offloading):
 #: still predicted (published runs that ran are flagged with a warning, not failed).
-MEMORY_REASONS = (10, 12)
+MEMORY_REASONS = (Reason.HBM, Reason.HOST_MEMORY)
+#: A structurally valid plan, which may not fit in HBM (what a sweep still ranks by memory).
+VALID_OR_OUT_OF_HBM = (Reason.FEASIBLE, Reason.HBM)
 
 
 def divides(a, b) -> jax.Array:
@@ -73,6 +106,25 @@ def whole_counts(plan, positive: tuple[str, ...], nonnegative: tuple[str, ...] =
     return ok
 
 
+def even_layout(model: Transformer, plan) -> jax.Array:
+    """True where every pipeline stage (every interleaved chunk) holds the same whole number of
+    layers: pp * vp divides the layer count (the layer count + 2 with
+    `account_embedding_loss`, where the embedding and the loss fill one slot each). `train_step` models other layouts as perfectly
+    balanced (fractional layers per stage), which needs a custom pipeline layout in practice
+    and is optimistic when the per-GPU layer counts differ, so searches skip them by default."""
+    slots = model.layers + jnp.where((plan.account_embedding_loss > 0) & (plan.pp > 1), 2.0, 0.0)
+    return divides(plan.pp * plan.vp, slots)
+
+
+def offload_supported(model: Transformer, plan) -> jax.Array:
+    """True where the plan offloads no activations, or does so as Megatron-core allows:
+    pp = 1, no recomputation (neither `recompute` nor `recompute_layers`) and fewer offloaded
+    layers than the model has. `train_step` models the other combinations too."""
+    allowed = ((plan.pp == 1) & (plan.recompute == 0) & (plan.recompute_layers == 0)
+               & (plan.offload_layers < model.layers))
+    return (plan.offload_layers == 0) | allowed
+
+
 #: `TrainingPlan` counts checked by `whole_counts` (reason 11).
 TRAINING_COUNTS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch")
 TRAINING_COUNTS_OR_ZERO = ("expert_tp", "recompute_layers", "offload_layers")
@@ -107,7 +159,7 @@ def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
         host_total <= acc.host_memory,
     ]
     counts = whole_counts(plan, TRAINING_COUNTS, TRAINING_COUNTS_OR_ZERO)
-    return jnp.where(counts, _first_failure(checks), 11)
+    return jnp.where(counts, _first_failure(checks), Reason.NOT_WHOLE)
 
 
 def _expert_tp(plan, model: Transformer):
@@ -122,7 +174,7 @@ def explain(reason: int, memory_total: float | None = None, capacity: float | No
     """Readable message for a reason code, with the numbers that matter when given."""
     reason = int(reason)
     text = REASONS.get(reason, f"unknown reason code {reason}")
-    if reason in (10, 12) and memory_total is not None and capacity is not None:
+    if reason in MEMORY_REASONS and memory_total is not None and capacity is not None:
         gb = lambda b: f"{b / 1e9:.1f}" if b < 1e15 else f"{b / 1e9:.3g}"  # noqa: E731
         text += f" (needs {gb(memory_total)} GB per GPU, has {gb(capacity)} GB)"
     if reason == 9 and precision is not None:

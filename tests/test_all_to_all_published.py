@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 import diffperf as dp
-from diffperf import collectives as coll
-from diffperf.validate import efficiency_for
+from diffperf.internal import collectives as coll
+from diffperf.presets import efficiency_for
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks_data" / "all_to_all_latency.csv"
 

@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diffperf.batch_predict import COLUMNS, predict_csv
+from diffperf.internal import COLUMNS
+from diffperf.calibrate import predict_csv
 from diffperf.cli import main
-from diffperf.validate import validate
+from diffperf.validation import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = [ROOT / "benchmarks_data" / "train_calibration.csv",
@@ -121,8 +122,8 @@ def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path
     gives it; an efficiency file without uncertainty leaves the rows predicted, with the reason
     in their status."""
     import diffperf as dp
-    from diffperf.calibrate_uncertainty import prediction_interval
-    from diffperf.data import read_benchmarks, train_specs
+    from diffperf.calibrate import prediction_interval
+    from diffperf.validation import read_benchmarks, train_specs
     df = predict_csv(configs, intervals=True).set_index("id")
     row = df.loc["imec-korthi-175b-selsp-paper"]
     m, s, p = train_specs(read_benchmarks(configs, require_measured=False)[0])
@@ -135,7 +136,7 @@ def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path
     assert pd.isna(df.loc["tp5", "interval_low_s"])
     # the same row with one output token: its latency is a first-token latency, with that
     # quantity's (larger) model error
-    from diffperf.inference_validate import infer_specs
+    from diffperf.validation import infer_specs
     from diffperf.inference import infer as infer_fn
     one = tmp_path / "one_token.csv"
     with open(configs, newline="") as f:
@@ -176,7 +177,7 @@ def test_cli_interval_column(configs, capsys, tmp_path):
 def test_an_id_used_in_two_files_is_an_error(configs, tmp_path):
     """Results are reported by row id: the same id in two --data files would show one row's
     prediction for both, so it is refused, naming the file, row and the other file."""
-    from diffperf.data import BenchmarkError
+    from diffperf.validation import BenchmarkError
     with pytest.raises(BenchmarkError) as info:
         predict_csv([configs, configs])
     assert "row 1, column 'id'" in str(info.value) and "is also an id in" in str(info.value)

@@ -199,7 +199,7 @@ def test_cli_writes_loadable_fit(report):
 
 def test_per_gpu_file_loads_and_validate_uses_row_gpu(tmp_path):
     from diffperf.presets import GpuEfficiency, efficiency_from_json
-    from diffperf.validate import validate
+    from diffperf.validation import validate
     f = tmp_path / "fit.json"
     f.write_text(json.dumps({"factors": {"matmul_peak": 0.8},
                              "per_gpu": {"h100-sxm5-80gb": {"matmul_peak": 0.4}}}))
@@ -209,7 +209,7 @@ def test_per_gpu_file_loads_and_validate_uses_row_gpu(tmp_path):
     assert float(eff.for_gpu("h100-sxm5-80gb").matmul_peak) == pytest.approx(0.4)
     assert float(eff.for_gpu("a100-sxm4-80gb").matmul_peak) == pytest.approx(0.8)
     # A much slower H100 only changes the H100 rows.
-    from diffperf.efficiency import Efficiency
+    from diffperf.specs import Efficiency
     base = validate(str(TRAIN_CSV), Efficiency(matmul_peak=0.8))
     per = validate(str(TRAIN_CSV), eff)
     b = {(r["id"], r["metric"]): r["predicted"] for r in base["rows"]}
@@ -264,8 +264,8 @@ def test_source_groups_follow_the_source_column_for_user_rows():
     the shipped rows keep their table groups whatever their `source` cell says."""
     from types import SimpleNamespace
 
-    from diffperf.calibrate_cv import folds, source_group
-    from diffperf.data import BenchmarkRow
+    from diffperf.internal import folds, source_group
+    from diffperf.validation import BenchmarkRow
     row = lambda i, src: BenchmarkRow(i, "train", src, {}, {})  # noqa: E731
     ds = SimpleNamespace(train_rows=[row("gpt175", "cluster logs 2025"),
                                      row("llama8b", "cluster logs 2025"),

@@ -11,9 +11,9 @@ import pytest
 
 import diffperf as dp
 from diffperf.cli import main
-from diffperf.data import BenchmarkError, read_benchmarks
+from diffperf.validation import BenchmarkError, read_benchmarks
 from diffperf.inference import infer, inference_memory, max_batch
-from diffperf.inference_validate import infer_specs
+from diffperf.validation import infer_specs
 
 
 def _plan(**kw):

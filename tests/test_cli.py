@@ -350,7 +350,7 @@ def test_a_prediction_that_overflows_float32_is_an_error_not_nan():
 
 def _overflow_checks():
     import diffperf as dp
-    from diffperf._checks import check_finite_report
+    from diffperf.internal import check_finite_report
     from diffperf.inference import infer
     from diffperf.training import predict_training
     big = dp.Transformer(layers=24, hidden=2304, heads=24, kv_heads=24, ffn_hidden=9216,
@@ -439,7 +439,7 @@ def test_an_os_error_on_a_named_file_names_its_option(tmp_path):
     import argparse
     import errno
 
-    from diffperf.cli import _os_error_message
+    from diffperf.internal import os_error_message as _os_error_message
     data = tmp_path / "rows.csv"
     args = argparse.Namespace(data=[str(tmp_path / "other.csv"), str(data)], out="pred.csv")
     e = PermissionError(errno.EACCES, "Permission denied", str(data))
@@ -452,7 +452,7 @@ def test_search_tables_show_the_columns_in_which_the_plans_differ():
     """Plans that differ only in, e.g., TP overlap must not print as identical rows."""
     import pandas as pd
 
-    from diffperf._cli_search import _shown
+    from diffperf.internal import search_columns_shown as _shown
     cols = ["tp", "pp", "overlap_tp", "precision", "offload_layers"]
     df = pd.DataFrame({"tp": [2, 2], "pp": [1, 1], "overlap_tp": [1, 0],
                        "precision": ["bf16", "bf16"], "step_time_s": [10.70, 10.78]})

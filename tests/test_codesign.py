@@ -5,7 +5,7 @@ import pytest
 
 import diffperf as dp
 
-from diffperf import codesign as C
+from diffperf.internal import codesign as C
 
 
 def _assert_within(prob, x, budgets):

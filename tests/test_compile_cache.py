@@ -8,7 +8,7 @@ import stat
 import subprocess
 import sys
 
-from diffperf.compile_cache import cache_directory
+from diffperf.internal import cache_directory
 
 TRAIN = ["-m", "diffperf.cli", "train", "--model", "gpt3-175b", "--gpus", "64", "--tp", "8",
          "--pp", "8", "--global-batch", "64", "--json"]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.data import BenchmarkError, read_benchmarks, train_specs
-from diffperf.validate import validate
+from diffperf.validation import BenchmarkError, read_benchmarks, train_specs
+from diffperf.validation import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_CSV = ROOT / "benchmarks_data" / "train_calibration.csv"
@@ -338,7 +338,7 @@ def test_optional_overlap_flags(tmp_path):
 def test_optional_decode_attention_flag(tmp_path):
     """The infer extension column grouped_decode_attention: empty or absent = 1, 0 reaches the
     plan, anything else names file, row and column."""
-    from diffperf.inference_validate import infer_specs
+    from diffperf.validation import infer_specs
     header = ["id", "kind", "source", "model", "layers", "hidden", "heads", "kv_heads",
               "ffn_hidden", "vocab", "gated_mlp", "num_experts", "experts_per_token", "gpu",
               "num_gpus", "gpus_per_node", "tp", "pp", "precision", "batch", "input_len",
@@ -428,7 +428,7 @@ def test_benchmark_format_doc_example_validates_and_lists_every_extension_column
     """docs/benchmark-format.md stays true: its example file (one train, one infer row) is
     predicted without failures, and its extension-column table names exactly the optional
     columns the reader knows, with the reader's defaults."""
-    from diffperf import data
+    from diffperf.internal import benchmark_data as data
     doc = (ROOT / "docs" / "benchmark-format.md").read_text()
     example = doc.split("```csv\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "example.csv"
@@ -450,7 +450,7 @@ def test_benchmark_format_doc_example_validates_and_lists_every_extension_column
              **data.INFER_OPTIONAL_COUNTS}
     assert documented == known
     assert "`weight_precision`" in section and "`kv_precision`" in section  # named precisions
-    from diffperf.hardware import INTEGER_WEIGHTS
+    from diffperf.specs import INTEGER_WEIGHTS
     assert all(f"`{name}`" in section for name in INTEGER_WEIGHTS)
 
 

@@ -42,7 +42,7 @@ def test_expert_weights_are_sharded_over_their_own_data_parallel_ranks():
     """tp 2, ep 4, dp 8 (16 GPUs): a GPU holds E / 4 experts split in 2 (expert_tp = tp), and
     eight ranks share the same dense shard but only 8 / 4 = 2 the same expert shard, so the
     distributed optimizer divides the expert states by 2, not by 8."""
-    from diffperf.training_memory import params_per_gpu, sharded_params_per_gpu
+    from diffperf.training import params_per_gpu, sharded_params_per_gpu
     plan = _plan()
     per_gpu = DENSE_PARAMS / 2 + EXPERT_PARAMS / (2 * 4)
     assert float(params_per_gpu(MOE, plan)) == pytest.approx(per_gpu, rel=1e-6)

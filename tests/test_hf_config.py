@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from diffperf.hf_config import transformer_from_hf_config
+from diffperf.specs import transformer_from_hf_config
 
 LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diffperf.boundedness import bound_shares, boundedness, dram_scaling, roofline_plot
-from diffperf.efficiency import Efficiency
-from diffperf.inference import (experts_touched, infer, inference_ops, kv_cache_bytes_per_gpu,
-                                weight_bytes_per_gpu)
-from diffperf.inference_plan import InferencePlan
+from diffperf.inference import bound_shares, boundedness, dram_scaling
+from diffperf.plots import roofline_plot
+from diffperf.specs import Efficiency
+from diffperf.inference import experts_touched, infer, inference_ops, kv_cache_bytes_per_gpu, weight_bytes_per_gpu
+from diffperf.specs import InferencePlan
 from diffperf.presets import model, system
 
 EFF = Efficiency()
@@ -184,7 +184,7 @@ def test_split_k_choice_is_continuous_at_one_tile_per_sm():
     """The GEMM cost is the cheaper of split-K (two kernels, every SM busy) and one kernel on
     the SMs its tiles occupy: just below one tile per SM the single kernel wins (it idles only
     a few SMs) and costs what the full-rate single kernel costs at one tile per SM."""
-    from diffperf.inference import _gemm
+    from diffperf.internal import inference_gemm as _gemm
     s = system(B200)
     n, k = 8192.0, 1024.0
     one_tile_per_sm = 148 * 128 * 128 / n  # m = 296
@@ -355,14 +355,14 @@ def test_dram_scaling_and_plot(tmp_path):
 
 
 def _cli_args(argv):
-    from diffperf._cli_infer import add_infer_parser
+    from diffperf.internal import add_infer_parser
     parser = argparse.ArgumentParser()
     add_infer_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(argv)
 
 
 def test_cli_runs(capsys, tmp_path):
-    from diffperf._cli_infer import run_infer
+    from diffperf.internal import run_infer
     argv = ["infer", "--model", "llama2-70b", "--gpu", H100, "--tp", "4", "--batch", "1",
             "--input", "200", "--output", "200"]
     try:
@@ -391,7 +391,7 @@ def test_cli_per_head_decode_is_slower_for_gqa(capsys, tmp_path):
     """`--per-head-decode` (masked-MHA decode attention on the CUDA cores, 8 query heads per KV
     head for Llama-2 70B) makes long-context decode slower than a grouped kernel."""
     import json
-    from diffperf._cli_infer import run_infer
+    from diffperf.internal import run_infer
     factors = tmp_path / "eff.json"
     factors.write_text(json.dumps({"per_head_attention": 0.15}))  # the physical default
     argv = ["infer", "--model", "llama2-70b", "--gpu", H100, "--tp", "4", "--batch", "64",
@@ -410,21 +410,21 @@ def test_cli_per_head_decode_is_slower_for_gqa(capsys, tmp_path):
     (["--model", "llama2-7b", "--gpu", H100, "--efficiency", "/nonexistent.json"], "exist"),
 ])
 def test_cli_errors(capsys, argv, match):
-    from diffperf._cli_infer import run_infer
+    from diffperf.internal import run_infer
     assert run_infer(_cli_args(["infer"] + argv)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and match in err and "Traceback" not in err
 
 
 def test_bench_inference():
-    from diffperf._cli_infer import bench_inference
+    from diffperf.internal import bench_inference
     assert bench_inference(n=2000, repeats=1) > 1000
 
 
 def test_inference_commands_check_prompts_against_the_served_context(capsys):
     """A preset's seq_len is its pre-training length (DeepSeek-V3: 4096); inference checks a
     prompt against the longest context the model serves (its config's 163,840)."""
-    from diffperf._cli_infer import run_infer
+    from diffperf.internal import run_infer
     from diffperf.cli import build_parser
     assert float(model("deepseek-v3").seq_len) == 4096
     assert float(model("deepseek-v3", max_context=True).seq_len) == 163840
@@ -439,7 +439,7 @@ def test_inference_commands_check_prompts_against_the_served_context(capsys):
 
 def test_infer_notes_an_uneven_pipeline_layout(capsys):
     """80 layers over 3 stages: the memory is the average stage's, which the command says."""
-    from diffperf._cli_infer import run_infer
+    from diffperf.internal import run_infer
     from diffperf.cli import build_parser
     parser = build_parser()
     for pp, noted in ((3, True), (2, False)):

@@ -131,8 +131,8 @@ def test_infer_command_takes_ep_and_names_a_bad_one(capsys):
 
 
 def test_csv_rows_read_an_optional_ep_column(tmp_path):
-    from diffperf.data import read_benchmarks
-    from diffperf.inference_validate import predict_infer_rows
+    from diffperf.validation import read_benchmarks
+    from diffperf.validation import predict_infer_rows
     header = ("id,kind,source,model,layers,hidden,heads,kv_heads,ffn_hidden,vocab,gated_mlp,"
               "num_experts,experts_per_token,gpu,num_gpus,gpus_per_node,tp,pp,precision,batch,"
               "input_len,output_len,ep,tpot_s\n")

@@ -12,7 +12,7 @@ import pytest
 
 import diffperf as dp
 from diffperf.presets import efficiency_for
-from diffperf.training import _layer_costs
+from diffperf.internal import training_layer_costs as _layer_costs
 
 TABLE4_MS = {  # (sequence parallel, recompute): forward + backward per layer, ms
     "baseline": ((0, 0), 19.6),

@@ -19,7 +19,7 @@ import pytest
 
 import diffperf as dp
 from diffperf.inference import inference_ops
-from diffperf.training_memory import activation_bytes_per_layer
+from diffperf.training import activation_bytes_per_layer
 
 EFF = dp.Efficiency()
 H100 = dp.system("h100-sxm5-80gb")

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diffperf.calibrate import default_data_paths
-from diffperf.data import read_benchmarks, train_specs
-from diffperf.validate import validate
+from diffperf.internal import default_data_paths
+from diffperf.validation import read_benchmarks, train_specs
+from diffperf.validation import validate
 
 HOLDOUT = Path(__file__).resolve().parent.parent / "benchmarks_data" / "train_moe_holdout.csv"
 
@@ -54,7 +54,7 @@ def test_holdout_rows_fall_inside_their_intervals_as_often_as_stated():
     import math
     from importlib import resources
     from statistics import NormalDist
-    from diffperf.batch_predict import predict_csv
+    from diffperf.calibrate import predict_csv
     df = predict_csv(HOLDOUT, intervals=True)
     measured = {r.id: r.measured["tokens_per_s_per_gpu"] for r in read_benchmarks(HOLDOUT)}
     # tokens/s = tokens per step / step time: the step time interval maps onto it
@@ -93,7 +93,7 @@ def test_calibrate_measures_the_moe_error_on_held_out_runs_only(capsys, tmp_path
     held out; `--moe-holdout none` leaves it unset (MoE intervals fall back to step_time)."""
     import pandas as pd
 
-    from diffperf.calibrate_uncertainty import MOE_STEP_TIME
+    from diffperf.internal import MOE_STEP_TIME
     from diffperf.presets import efficiency_from_json
     dense = tmp_path / "dense.csv"
     pd.read_csv(default_data_paths()[0]).head(3).to_csv(dense, index=False)

@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
-from diffperf.data import read_benchmarks
-from diffperf.plausibility import SLACK, ideal_bounds, implausible_measurements
-from diffperf.validate import predict_train_rows
+from diffperf.validation import read_benchmarks
+from diffperf.internal import SLACK
+from diffperf.validation import ideal_bounds, implausible_measurements
+from diffperf.validation import predict_train_rows
 
 TRAIN = "benchmarks_data/train_calibration.csv"
 INFER = "benchmarks_data/infer_calibration.csv"
@@ -36,7 +37,7 @@ def test_ideal_hardware_is_never_slower_than_the_calibrated_model(rows, bounds):
 
 
 def test_ideal_inference_is_never_slower_than_the_calibrated_model(rows, bounds):
-    from diffperf.inference_validate import predict_infer_rows
+    from diffperf.validation import predict_infer_rows
     predicted, failed = predict_infer_rows([r for r in rows if r.kind == "infer"])
     assert not failed
     for row, pred, _ in predicted:
@@ -50,7 +51,7 @@ def test_slack_is_the_largest_overshoot_of_the_nested_smooth_maximum():
     """A GEMM's time smooth_max(smooth_max(compute, HBM, 0.3), L2, 0.1) exceeds the largest of
     the three by at most 1.339x (scanned); SLACK adds the overlap smoothing's 0.05 on top."""
     import numpy as np
-    from diffperf.roofline import GEMM_SHARPNESS, SHARPNESS, smooth_max
+    from diffperf.costs import GEMM_SHARPNESS, SHARPNESS, smooth_max
     b = np.linspace(0.0, 1.5, 151)[:, None]
     c = np.linspace(0.0, 2.0, 201)[None, :]
     ratio = np.asarray(smooth_max(smooth_max(1.0, b, GEMM_SHARPNESS), c, SHARPNESS)) / np.maximum(

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from diffperf.calibrate import Parameterisation
-from diffperf.calibrate_uncertainty import (MOE_STEP_TIME, FitUncertainty, interval_coverage,
-                                            model_error_sd, prediction_interval, quantity_of,
-                                            residual_sds, decode_quantity, training_quantity)
+from diffperf.internal import MOE_STEP_TIME, interval_coverage, model_error_sd, quantity_of, residual_sds, decode_quantity, training_quantity
+from diffperf.calibrate import FitUncertainty, prediction_interval
 from diffperf.cli import main
 
 Z90 = NormalDist().inv_cdf(0.95)
@@ -249,7 +248,8 @@ def test_interval_caveats_say_what_the_fit_did_not_see():
     recorded quantity get no caveat."""
     import dataclasses
 
-    from diffperf.calibrate_uncertainty import interval_caveats, load_uncertainty
+    from diffperf.internal import interval_caveats
+    from diffperf.calibrate import load_uncertainty
     u = load_uncertainty(None)
     assert interval_caveats(u, "a100-sxm4-80gb", "train", "step_time") == []
     assert interval_caveats(u, "h800-sxm5-80gb", "train", "step_time") == []
@@ -266,8 +266,8 @@ def test_no_interval_for_a_kind_the_fit_never_measured():
     the training residual (about 1 % from a few in-sample points), so there is none."""
     import dataclasses
 
-    from diffperf.calibrate_uncertainty import (load_uncertainty, prediction_interval,
-                                                require_measured_kind)
+    from diffperf.calibrate import load_uncertainty, prediction_interval
+    from diffperf.internal import require_measured_kind
     u = load_uncertainty(None)
     trained_only = {"all": 0.01, "train": 0.01, "step_time": 0.01}
     require_measured_kind(trained_only, "train")
@@ -289,7 +289,7 @@ def test_a_gpu_sharing_a_fitted_chip_gets_its_factors_in_intervals_too():
     (`efficiency_of`), and so must its interval: same centre and width as the H100's for the
     same workload, not the shared factors'."""
     import diffperf as dp
-    from diffperf.calibrate_uncertainty import prediction_interval
+    from diffperf.calibrate import prediction_interval
     m, s = dp.model("llama2-70b"), dp.system("h100-sxm5-80gb")
     plan = dp.InferencePlan(tp=8, batch=1, input_len=128, output_len=64)
     fn = lambda e: dp.infer(m, s, plan, e).e2e_latency  # noqa: E731
@@ -303,7 +303,7 @@ def test_a_gpu_sharing_a_fitted_chip_gets_its_factors_in_intervals_too():
 
 
 def test_large_interval_bounds_print_as_whole_numbers():
-    from diffperf.calibrate_uncertainty import PredictionInterval
+    from diffperf.calibrate import PredictionInterval
     text = PredictionInterval(812.0, 638.0, 1051.2, 0.9, 0.1).format("ms")
     assert text == "812 ms (90% interval 638 to 1051 ms)"
     assert PredictionInterval(900.0, 800.0, 999.7, 0.9, 0.1).format("ms").endswith("1000 ms)")

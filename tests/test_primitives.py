@@ -15,9 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import diffperf as dp
-from diffperf import collectives as coll
-from diffperf.roofline import (SHARPNESS, ceil_div, exposed_after_overlap, gemm_time, op_time,
-                               smooth_max)
+from diffperf.internal import collectives as coll
+from diffperf.costs import SHARPNESS, ceil_div, exposed_after_overlap, gemm_time, op_time, smooth_max
 
 # A hand-made network with round numbers so every term is visible.
 NET = dp.Network(nvlink_domain=8, nvlink_bandwidth=300e9, nvlink_latency=2e-6,
@@ -193,7 +192,7 @@ def test_smooth_max_at_a_tie_and_far_from_it():
 def test_gemm_knee_by_hand(a100):
     """GEMMs use the softer knee GEMM_SHARPNESS = 0.3: a GEMM whose compute and HBM times tie
     takes 1.3x either (plus one kernel's fixed cost); other ops keep the 0.1 knee."""
-    from diffperf.roofline import GEMM_SHARPNESS
+    from diffperf.costs import GEMM_SHARPNESS
     assert GEMM_SHARPNESS == 0.3
     close(smooth_max(jnp.float32(2.0), jnp.float32(2.0), 0.3), 2.6)
     eff = dp.Efficiency(kernel_overhead=0.0, matmul_size_scale=1e-6, l2=1.0)

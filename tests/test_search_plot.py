@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from diffperf.cli import main
-from diffperf.search_plot import front_plot  # needs matplotlib ([dev] has it)
+from diffperf.plots import front_plot  # needs matplotlib ([dev] has it)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -66,7 +66,7 @@ def test_elasticities_match_finite_differences_in_float64():
 
 
 def test_bottleneck_shares_sum_to_one():
-    from diffperf import sensitivity as S
+    from diffperf.internal import sensitivity as S
     el = {"accelerator.flops_bf16": -0.6, "accelerator.hbm_bandwidth": -0.1,
           "network.nvlink_bandwidth": -0.2, "accelerator.launch_overhead": 0.1}
     b = S.bottlenecks(el)
@@ -81,7 +81,7 @@ def test_whole_number_leaves_are_not_ranked():
     import equinox as eqx
     import jax.numpy as jnp
 
-    from diffperf import sensitivity as S
+    from diffperf.internal import sensitivity as S
     from diffperf.presets import model, system
     sys_ = system("h100-sxm5-80gb")
     fn = S.workload_time("infer", model("llama2-70b"), S.default_inference_plan())

@@ -174,7 +174,7 @@ def test_a_gpu_id_gives_that_gpu_in_its_default_system():
 def test_specs_built_while_tracing_leak_no_tracers():
     """`as_float` reuses the arrays of Python numbers it converted before; one built inside a
     trace is a tracer and must never be reused outside it."""
-    from diffperf._checks import as_float
+    from diffperf.internal import as_float
 
     @jax.jit
     def scaled(y):

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.grid import Grid
-from diffperf.search import REASON_GPUS, plan_from_values, search_training
-from diffperf.sweep import evaluate_all, pareto_front, run_sweep
+from diffperf.explore import Grid
+from diffperf.internal import REASON_GPUS
+from diffperf.explore import plan_from_values, search_training
+from diffperf.explore import evaluate_all, pareto_front, run_sweep
 
 GPUS, GBS = 32, 64
 AXES = {"tp": [1, 2, 4, 8], "pp": [1, 2, 3, 4], "micro_batch": [1, 2, 4], "recompute": [0, 1, 2],
@@ -232,8 +233,8 @@ def test_sharded_equals_unsharded():
 
 
 def test_search_infer_meets_latency_target_and_front():
-    from diffperf._cli_search import _latency_throughput_front
-    from diffperf.search_inference import search_inference
+    from diffperf.internal import latency_throughput_front as _latency_throughput_front
+    from diffperf.explore import search_inference
     df = search_inference(dp.model("llama2-7b"), dp.system("h100-sxm5-80gb"), 512, 64,
                           max_gpus=4)
     ok = df[df["feasible"]]
@@ -254,7 +255,7 @@ def test_search_infer_meets_latency_target_and_front():
 def test_search_infer_per_head_decode_is_slower_for_gqa():
     """`search infer --per-head-decode`: a GQA model's decode attention runs on the CUDA cores
     (physical default efficiencies), so no plan gets faster and large batches get slower."""
-    from diffperf.search_inference import search_inference
+    from diffperf.explore import search_inference
     args = (dp.model("mistral-7b"), dp.system("h100-sxm5-80gb"), 2048, 256)
     grouped = search_inference(*args, max_gpus=2, efficiency=dp.Efficiency())
     per_head = search_inference(*args, max_gpus=2, efficiency=dp.Efficiency(),
@@ -267,7 +268,7 @@ def test_search_infer_weight_only_on_a_gpu_without_narrow_tensor_cores(capsys):
     """A100 has no fp4 tensor cores: fp4 math is infeasible everywhere, but 4-bit weights with
     16-bit GEMMs (weight-only) are feasible, hold less memory than bf16 weights and decode
     faster at batch 1 (a quarter of the weight bytes to stream)."""
-    from diffperf.search_inference import search_inference
+    from diffperf.explore import search_inference
     from diffperf.cli import main
     args = (dp.model("llama2-70b"), dp.system("a100-sxm4-80gb"), 512, 64)
     fp4 = search_inference(*args, max_gpus=4, precision="fp4")
@@ -340,7 +341,7 @@ print(json.dumps({"top": res.top_index.tolist(), "reasons": res.reasons.tolist()
 def test_default_efficiency_built_inside_a_trace_does_not_leak_into_later_jits():
     """Regression: `train_step(..., efficiency=None)` builds the shipped efficiency while being
     traced; a cached object from that trace used to break the next compiled sweep."""
-    from diffperf.search import default_training_grid
+    from diffperf.explore import default_training_grid
     system = dp.system("a100-sxm4-80gb")
     jax.jit(dp.train_step)(dp.model("gpt3-175b"), system,
                            dp.TrainingPlan(tp=8, pp=1, dp=1, global_batch=8))
@@ -354,9 +355,9 @@ def test_search_reason_codes_extend_the_models_without_collision():
     """Search-only reason codes must not reuse a code of the model's own (`REASONS`): a
     histogram bin would then count two different failures under one message."""
     import inspect
-    from diffperf import search
+    from diffperf.internal import search as search
     from diffperf.feasibility import REASONS
-    from diffperf.sweep import run_sweep
+    from diffperf.explore import run_sweep
     codes = [search.REASON_GPUS, search.REASON_DUPLICATE, search.REASON_UNEVEN,
              search.REASON_OFFLOAD]
     assert len(set(codes)) == len(codes)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from diffperf import technology as T
+from diffperf.internal import technology as T
 
 
 @pytest.mark.parametrize("row", T.reference_table(), ids=lambda r: r["gpu"])

@@ -11,7 +11,7 @@ import pytest
 
 import diffperf as dp
 from diffperf.training import hardware_flops_per_step
-from diffperf.training_memory import in_flight_factor, training_memory
+from diffperf.training import in_flight_factor, training_memory
 
 A100_BF16 = 312e12  # dense bf16 tensor FLOP/s of an A100 (datasheet)
 
@@ -326,7 +326,7 @@ def test_pipeline_bubble_is_the_other_stages_layers_not_the_lm_head(step, gpt22b
     """1F1B with the LM head on the last stage: that stage sets the pace of all m micro-batches
     (m (L_stage + head)); filling and draining passes the other pp - 1 stages, which carry only
     their layers: bubble = (pp - 1) / vp * L_stage, without the head."""
-    from diffperf.training import _head_time
+    from diffperf.internal import training_head_time as _head_time
     plan = dp.TrainingPlan(tp=8, pp=4, dp=1, global_batch=16, vp=2, recompute="full",
                            overlap_tp=0)
     r = step(gpt22b, dgx_a100, plan, eff)
@@ -369,7 +369,7 @@ def test_deepspeed_per_matrix_collectives_move_every_byte_through_the_ranks_own_
     steps) and one call overhead. Per-GPU time is thus (nearly) independent of the group size,
     the floor Narayanan 2021 Table 2 shows for DeepSpeed ZeRO-3 (175B: 66.7 s at 768 and
     1,536 GPUs)."""
-    from diffperf import collectives as coll
+    from diffperf.internal import collectives as coll
     net = dp.system("dgx-a100").network
     e = dp.Efficiency()
     size = 1e9

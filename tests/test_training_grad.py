@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.validate import stack
+from diffperf.validation import stack
 
 
 def _step_time(hw, model, plan):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.data import read_benchmarks, train_specs
-from diffperf.hf_config import transformer_from_hf_config
-from diffperf.training_memory import in_flight_factor, training_memory
+from diffperf.validation import read_benchmarks, train_specs
+from diffperf.specs import transformer_from_hf_config
+from diffperf.training import in_flight_factor, training_memory
 
 S, T = 2048, 8
 H, A, L = 12288, 96, 96  # GPT-3 175B: f = 4h, MHA
@@ -293,7 +293,7 @@ def test_published_runs_fit_in_their_gpus():
     independent test of the physics: the recipe settings (offloading, 16-bit gradients) were
     looked up for the runs that did not fit before."""
     from diffperf.presets import gpu
-    from diffperf.validate import predict_train_rows
+    from diffperf.validation import predict_train_rows
     predicted, failed = predict_train_rows(read_benchmarks("benchmarks_data/train_calibration.csv"))
     assert failed == []
     over, tight = [], []
@@ -318,11 +318,11 @@ def test_published_inference_runs_fit():
     """TensorRT-LLM's largest GPT-J batches (512 x 256 and 32 x 4,096 tokens on an 80 GB A100)
     fit, close to capacity: the KV cache alone is 60.1 GB. A regression check on real data (the
     activation peak was revised after these runs were flagged), not an independent test."""
-    from diffperf.validate import validate
+    from diffperf.validation import validate
     result = validate(["benchmarks_data/infer_calibration.csv"])
     assert result["warnings"] == []
     from diffperf.inference import inference_memory
-    from diffperf.inference_plan import InferencePlan
+    from diffperf.specs import InferencePlan
     m = dp.model("gpt-j-6b")
     for batch, n in ((512, 128), (32, 2048)):
         plan = InferencePlan(tp=1, batch=batch, input_len=n, output_len=n, weight_precision="fp16")
@@ -333,8 +333,8 @@ def test_published_inference_runs_fit():
 def test_search_offloading_only_where_megatron_supports_it():
     """`search train --offload-layers`: offloading plans with pp > 1 or recomputation are
     excluded under their own reason; the ones kept are pp = 1 without recomputation."""
-    from diffperf.grid import Grid
-    from diffperf.search import search_training
+    from diffperf.explore import Grid
+    from diffperf.explore import search_training
     model = dp.model("llama3-8b")
     system = dp.system("h100-sxm5-80gb")
     grid = Grid({"tp": [1, 2], "pp": [1, 2], "micro_batch": [1, 2], "recompute": [0, 2],
@@ -355,7 +355,7 @@ def test_embedding_and_loss_count_as_pipeline_layers(step, dgx_h100, eff):
     """Llama-3.1 405B (126 layers) at pp 8 with `account_embedding_loss`: 128 slots, so the first
     and last stage hold 15 layers and the middle ones 16 (Megatron's
     account_for_{embedding,loss}_in_pipeline_split); pp 1 and pp 2 are unchanged."""
-    from diffperf.search import even_layout
+    from diffperf.feasibility import even_layout
     m = dp.model("llama3-405b")
     kw = dict(tp=8, dp=1, global_batch=64, sequence_parallel=1, recompute="none")
     on = dp.TrainingPlan(pp=8, vp=8, account_embedding_loss=1, **kw)
@@ -382,7 +382,7 @@ def test_embedding_and_loss_count_as_pipeline_layers(step, dgx_h100, eff):
 def test_layer_count_errors_name_the_field():
     """One rule for the CLI and the CSV: counts are per pipeline chunk, and full recompute
     leaves nothing to offload."""
-    from diffperf.plans import layer_count_error
+    from diffperf.specs import layer_count_error
     assert layer_count_error(80, 4, 5, False, 4, 4) is None  # 4 layers per chunk
     assert layer_count_error(80, 4, 5, False, 5, 0).startswith("recompute_layers 5 exceeds")
     assert "offload_layers 40 has no effect with recompute full" in layer_count_error(

@@ -155,7 +155,7 @@ def test_full_recompute_with_one_layer_per_stage_needs_more_memory(gpt22b, eff):
     """Full recompute stores the layer input AND rebuilds one layer's activations during the
     backward pass; with a single layer per stage and one micro-batch in flight that is more
     than selective recompute keeps (so 'selective >= full' only holds for deep stages)."""
-    from diffperf.training_memory import training_memory
+    from diffperf.training import training_memory
     kw = dict(tp=8, pp=48, dp=1, micro_batch=1, global_batch=1, sequence_parallel=1,
               flash_attention=0)
     full = training_memory(gpt22b, dp.TrainingPlan(recompute="full", **kw), eff)

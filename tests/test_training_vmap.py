@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.validate import stack
+from diffperf.validation import stack
 
 # 20 valid plans (every divisibility check holds for both models below); they differ in every
 # categorical and integer knob of TrainingPlan.
@@ -80,7 +80,7 @@ def test_benchmark_plans_batch_every_plan_field():
     with defaults) must carry the batch axis, and a small rate measurement must run."""
     import dataclasses
 
-    from diffperf import bench
+    from diffperf.internal import bench as bench
     plans = bench.random_plans(64)
     for f in dataclasses.fields(plans):
         leaf = getattr(plans, f.name)

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diffperf.data import BenchmarkError, read_benchmarks
-from diffperf.inference_validate import infer_specs
-from diffperf.validate import validate
+from diffperf.validation import BenchmarkError, read_benchmarks
+from diffperf.validation import infer_specs
+from diffperf.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "benchmarks_data" / "infer_trtllm10_holdout.csv"

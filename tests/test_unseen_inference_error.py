@@ -15,12 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diffperf.calibrate import Parameterisation, default_data_paths
-from diffperf.calibrate_uncertainty import (MOE_INFERENCE, UNSEEN_INFERENCE, FitUncertainty,
-                                            inference_floors, inference_support,
-                                            is_unseen_inference, load_uncertainty,
-                                            model_error_sd, moe_inference_error,
-                                            prediction_interval, unseen_inference_error)
+from diffperf.calibrate import Parameterisation
+from diffperf.internal import default_data_paths
+from diffperf.internal import MOE_INFERENCE, UNSEEN_INFERENCE, inference_floors, inference_support, is_unseen_inference, model_error_sd, moe_inference_error, unseen_inference_error
+from diffperf.calibrate import FitUncertainty, load_uncertainty, prediction_interval
 from diffperf.cli import main
 
 Z90 = NormalDist().inv_cdf(0.95)
@@ -225,7 +223,7 @@ def test_calibrate_measures_the_unseen_error_on_held_out_rows(capsys, tmp_path):
     held-out rows outside it, predicted with its own saved fit; `--infer-holdout none` and a
     training-only fit record none."""
     from diffperf.presets import efficiency_from_json
-    from diffperf.validate import validate
+    from diffperf.validation import validate
     table = pd.read_csv(default_data_paths()[1])
     latency = tmp_path / "latency.csv"
     table[table["id"].str.startswith("imec-inf")].to_csv(latency, index=False)

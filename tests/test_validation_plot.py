@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from diffperf.cli import main
-from diffperf.validation_plot import CLIP_PCT, validation_plot  # needs matplotlib ([dev] has it)
+from diffperf.internal import CLIP_PCT
+from diffperf.plots import validation_plot  # needs matplotlib ([dev] has it)
 
 ROWS = [
     {"id": "imec-inf-a100-x", "metric": "e2e_latency_s", "measured": 2.0, "predicted": 2.2},

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from diffperf.data import BenchmarkError, read_benchmarks
-from diffperf.efficiency import Efficiency
+from diffperf.validation import BenchmarkError, read_benchmarks
+from diffperf.specs import Efficiency
 from diffperf.inference import inference_ops, weight_bytes_per_gpu
-from diffperf.inference_plan import InferencePlan
-from diffperf.inference_validate import infer_specs
+from diffperf.specs import InferencePlan
+from diffperf.validation import infer_specs
 from diffperf.presets import model, system
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def test_shipped_trtllm09_mixtral_rows_are_int8_weight_only():
 
 
 def test_cli_gemm_peak_fraction(capsys):
-    from diffperf._cli_infer import run_infer
+    from diffperf.internal import run_infer
     from diffperf.cli import build_parser
     argv = ["infer", "--model", "mixtral-8x7b", "--gpu", H100, "--tp", "2", "--input", "2048",
             "--output", "1", "--precision", "fp8", "--activation-precision", "fp16",
@@ -162,7 +162,7 @@ def test_cli_integer_weight_names(capsys):
     """`--precision int8 / int4` are weight-only formats: the same prediction as fp8 / fp4
     weights with the given 16-bit GEMM precision (the KV cache defaults to that precision);
     without one, a one-line error."""
-    from diffperf._cli_infer import run_infer
+    from diffperf.internal import run_infer
     from diffperf.cli import build_parser
     parser = build_parser()
     base = ["infer", "--model", "llama2-70b", "--gpu", "a100-sxm4-80gb", "--tp", "4", "--json"]
@@ -197,7 +197,7 @@ def test_int4_weights_with_fp8_gemms_are_w4a8(capsys):
     command line as by the Python API: 4-bit weight bytes, fp8 math, the same prediction."""
     import diffperf as dp
     from diffperf.cli import main
-    from diffperf.hardware import weight_storage
+    from diffperf.specs import weight_storage
     assert weight_storage("int4", "fp8") == "fp4"
     plan = dp.InferencePlan(weight_precision="int4", activation_precision="fp8",
                             kv_precision="fp8")  # the CLI: KV cache at the GEMM input precision

@@ -12,7 +12,7 @@ import pytest
 
 import diffperf as dp
 from diffperf.cli import main
-from diffperf.what_if import apply_overrides, parse_overrides
+from diffperf.explore import apply_overrides, parse_overrides
 
 
 def _leaves(tree):

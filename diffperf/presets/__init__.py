@@ -10,9 +10,9 @@ from pathlib import Path
 import equinox as eqx
 
 from .._checks import read_json
-from ..efficiency import Efficiency
-from ..hardware import Accelerator, Network, System
-from ..model import Transformer
+from ..specs._efficiency import Efficiency
+from ..specs._hardware import Accelerator, Network, System
+from ..specs._transformer import Transformer
 
 _ACCEL_FIELDS = ("flops_fp32", "flops_bf16", "flops_fp8", "flops_fp4", "vector_flops",
                  "hbm_capacity", "hbm_bandwidth", "l2_capacity", "l2_bandwidth", "num_sms",

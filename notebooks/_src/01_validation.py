@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 import diffperf as dp
-from diffperf import validate as V
-from diffperf.cli import BENCHMARKS  # the shipped benchmarks_data/
+from diffperf.internal import validation as V
+from diffperf.internal import BENCHMARKS  # the shipped benchmarks_data/
 
 DATA = BENCHMARKS
 paths = [DATA / "train_calibration.csv", DATA / "infer_calibration.csv"]
@@ -118,8 +118,8 @@ worst.head(8).round(3)
 # that term it is only the parameter (confidence) interval.
 
 # %%
-from diffperf.calibrate_uncertainty import prediction_interval
-from diffperf.data import read_benchmarks, train_specs
+from diffperf.calibrate import prediction_interval
+from diffperf.validation import read_benchmarks, train_specs
 
 row = {r.id: r for r in read_benchmarks(paths[0])}["imec-korthi-175b-selsp"]
 model, system, plan = train_specs(row)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 import diffperf as dp
-from diffperf import attribution as A
+from diffperf.internal import attribution as A
 
 model, base = dp.model("gpt3-175b"), dp.system("dgx-a100")
 GPUS, BATCH = 1024, 1536

@@ -20,7 +20,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from diffperf import technology as T
+from diffperf.design import node_study
+from diffperf.internal import technology as T
 
 t0 = time.perf_counter()
 refs = pd.DataFrame(T.reference_table()).set_index("gpu")
@@ -36,7 +37,7 @@ refs[["flops_bf16_ratio", "hbm_bandwidth_ratio", "hbm_capacity_ratio",
 
 # %%
 t0 = time.perf_counter()
-df = T.node_study()
+df = node_study()
 print(f"{len(df)} points (4 scalings x {df['node_nm'].nunique()} nodes) in "
       f"{time.perf_counter() - t0:.1f} s")
 df = df.astype({c: float for c in df.columns if df[c].dtype.kind == "f"})

@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 import diffperf as dp
-from diffperf import codesign as C
-from diffperf import sensitivity as S
+from diffperf.internal import codesign as C
+from diffperf.internal import sensitivity as S
 
 t0 = time.perf_counter()
 train_model, train_sys = dp.model("gpt3-175b"), dp.system("a100-sxm4-80gb")

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 
 import diffperf as dp
-from diffperf.batch_predict import predict_csv
-from diffperf.cli import BENCHMARKS  # the shipped benchmarks_data/
-from diffperf.data import read_benchmarks
+from diffperf.calibrate import predict_csv
+from diffperf.internal import BENCHMARKS  # the shipped benchmarks_data/
+from diffperf.validation import read_benchmarks
 from diffperf.presets import efficiency_for
 
 HOLDOUT = BENCHMARKS / "train_moe_holdout.csv"

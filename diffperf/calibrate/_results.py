@@ -1,0 +1,96 @@
+"""What a calibration produces: the `Fit` record (saved as `presets/efficiency.json`), the
+per-cell prediction table and its MAPE summaries."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..specs._efficiency import Efficiency
+from ._parameterisation import Parameterisation
+from ._sources import source_of
+
+TRAIN_COLUMNS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
+INFER_COLUMNS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
+
+
+@dataclass
+class Fit:
+    """A calibration: parameterisation, optimum, in-sample predictions and metadata."""
+
+    par: Parameterisation
+    theta: np.ndarray
+    loss: float
+    shared: dict
+    per_gpu: dict
+    predictions: list  # [{"id", "kind", "gpu", "source", "metric", "measured", "predicted", "ape"}]
+    excluded: list
+    metadata: dict
+    covariance: np.ndarray | None = None
+    residual_sd: dict = field(default_factory=dict)
+    cv: dict = field(default_factory=dict)
+    #: GPUs and GEMM precisions of the fitted inference rows
+    #: (`calibrate_uncertainty.inference_support`; None: no inference row was fitted).
+    inference_support: dict | None = None
+    #: The compiled `Problem` (reuse it for cross-validation; not saved).
+    problem: object = field(default=None, repr=False, compare=False)
+
+    def efficiency(self, gpu: str | None = None) -> Efficiency:
+        """The fitted factors of GPU `gpu` (None: shared)."""
+        return self.par.efficiency(np.asarray(self.theta), gpu)
+
+    def to_json(self) -> dict:
+        out = {"factors": self.shared, "per_gpu": self.per_gpu, "metadata": self.metadata}
+        unc = {"parameterisation": self.par.to_json(), "theta": [float(x) for x in self.theta],
+               "residual_sd": self.residual_sd,
+               "convention": "Laplace: cov = 2 s^2 / N * H^-1 of the loss in theta; s^2 = "
+                             "sum of squared log residuals / (N - P); residual_sd = RMS log "
+                             "residual (model error) per quantity, kind and overall, from the "
+                             "residuals named by metadata.residual_sd_basis, except "
+                             "step_time_moe, infer_unseen and infer_moe, from the rows named by "
+                             "metadata.moe_error_basis, unseen_inference_error_basis and "
+                             "moe_inference_error_basis"}
+        if self.covariance is not None:
+            unc["covariance"] = np.asarray(self.covariance).tolist()
+        if self.inference_support is not None:
+            unc["inference_support"] = self.inference_support
+        out["uncertainty"] = unc
+        if self.cv:
+            out["crossval"] = self.cv
+        return out
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+
+def predictions_table(ds, lp_t, lp_i, w_t, w_i) -> list[dict]:
+    """Per-cell predictions (exp of log predictions) for cells with weight > 0."""
+    out = []
+    for kind, rows, cols, lp, w in (("train", ds.train_rows, TRAIN_COLUMNS, lp_t, w_t),
+                                    ("infer", ds.infer_rows, INFER_COLUMNS, lp_i, w_i)):
+        lp, w = np.asarray(lp), np.asarray(w)
+        for i, r in enumerate(rows):
+            for j, c in enumerate(cols):
+                if w[i, j] > 0:
+                    meas = r.measured[c]
+                    pred = float(np.exp(lp[i, j]))
+                    cell = {"id": r.id, "kind": kind, "gpu": r.values["gpu"],
+                            "source": source_of(r), "metric": c, "measured": meas,
+                            "predicted": pred, "ape": abs(pred - meas) / meas * 100.0}
+                    if kind == "infer":
+                        cell["batch"] = float(r.values["batch"])
+                    out.append(cell)
+    return out
+
+
+def mape_summary(preds: list[dict], key: str | None = None) -> dict:
+    """MAPE (percent) per metric, or per `key` value (e.g. 'gpu', 'source') and metric."""
+    out: dict = {}
+    for p in preds:
+        k = p["metric"] if key is None else p[key]
+        out.setdefault(k, []).append(p["ape"])
+    return {k: {"n": len(v), "mape": float(np.mean(v)), "max_ape": float(np.max(v))}
+            for k, v in sorted(out.items())}

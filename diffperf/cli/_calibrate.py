@@ -1,0 +1,280 @@
+"""`diffperf calibrate`: fit the efficiency factors to benchmark CSVs (with progress on stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from ..calibrate import _fit as C
+from ..calibrate._cv import cross_validate, summaries
+from ..calibrate._uncertainty import INFER_HOLDOUT, MOE_HOLDOUT
+from ..validation._data import read_benchmarks
+from ..validation._plausibility import implausible_measurements
+from ..calibrate._uncertainty import use_cross_validated_error
+from ..calibrate._fit import benchmarks_dir
+from ..calibrate._uncertainty import (MOE_INFERENCE, UNSEEN_INFERENCE, moe_inference_error, unseen_inference_error)
+from ..presets import efficiency_from_json
+from ..validation._validate import validate
+from ..calibrate._uncertainty import MOE_STEP_TIME, moe_step_error, training_quantity
+
+
+def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the `calibrate` sub-command on an argparse `subparsers` object."""
+    p = subparsers.add_parser(
+        "calibrate", help="fit the efficiency factors to benchmark measurements",
+        description="Fit the efficiency factors (matmul, attention, HBM, network fractions, "
+                    "overheads, overlaps) to measured rows with gradients (optax Adam then "
+                    "L-BFGS, float64), optionally cross-validate, and write a fitted JSON that "
+                    "`diffperf validate --efficiency FILE` and `--efficiency` of train / infer "
+                    "accept.")
+    p.add_argument("--data", action="append", default=None, metavar="CSV",
+                   help="benchmark CSV (repeatable; default: the shipped train and infer sets)")
+    p.add_argument("--out", required=True, help="fitted efficiency JSON to write")
+    p.add_argument("--cv", default="none", choices=["none", "kfold", "source", "loo"],
+                   help="cross-validation: k-fold over experiments, leave-one-source-out (a "
+                        "source: the rows with the same `source` column; shipped tables by id "
+                        "prefix), leave-one-out on the IMEC points (default none)")
+    p.add_argument("--folds", type=int, default=5, help="k of --cv kfold (default 5)")
+    p.add_argument("--groups", default="gpu", choices=["gpu", "none"],
+                   help="per-GPU-generation factors (gpu, the default) or all shared (none)")
+    p.add_argument("--fields", default=None,
+                   help="comma-separated factors to fit (default: all but memory_reserve)")
+    p.add_argument("--steps", type=int, default=50, help="Adam steps before L-BFGS (default 50)")
+    p.add_argument("--lbfgs-steps", type=int, default=300,
+                   help="maximum L-BFGS iterations (default 300)")
+    p.add_argument("--prior-weight", type=float, default=None,
+                   help="weight of the prior toward the physical defaults")
+    p.add_argument("--balance", type=float, default=None,
+                   help="source balance exponent in [0, 1] (0: every cell weighs the same)")
+    p.add_argument("--no-uncertainty", action="store_true",
+                   help="skip the Laplace covariance (no prediction intervals from this file)")
+    p.add_argument("--moe-holdout", default=None, metavar="CSV",
+                   help="MoE training runs kept out of the fit, on which the model error of MoE "
+                        "training steps (their prediction intervals) is measured (default: the "
+                        "shipped benchmarks_data/train_moe_holdout.csv; 'none' to skip)")
+    p.add_argument("--infer-holdout", default=None, metavar="CSV",
+                   help="inference rows kept out of the fit, on which the model errors of "
+                        "inference outside the fit's data (a GPU or GEMM precision no fitted "
+                        "inference row ran; a MoE model with more experts than any fitted one) "
+                        "are measured (default: the shipped "
+                        "benchmarks_data/infer_trtllm10_holdout.csv; 'none' to skip)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", action="store_true", help="print the fit summary as JSON")
+    p.set_defaults(func=run_calibrate)
+    return p
+
+
+class _Progress:
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, stage, step, total, loss):
+        if self.quiet:
+            return
+        t = time.perf_counter() - self.t0
+        if stage == "compile":
+            msg = f"[{t:5.1f} s] compiling the loss and its gradient (once per dataset)..."
+        else:
+            msg = f"[{t:5.1f} s] {stage} {step}/{total}  loss {loss:.6g}"
+        if self.tty:
+            print("\r" + msg.ljust(100), end="", file=sys.stderr, flush=True)
+        elif stage in ("compile",) or step == total or step % 50 == 1:
+            print(msg, file=sys.stderr, flush=True)
+
+    def done(self, msg):
+        if not self.quiet:
+            end = "\n"
+            print(("\r" if self.tty else "") + msg.ljust(100 if self.tty else 0), end=end,
+                  file=sys.stderr, flush=True)
+
+
+def run_calibrate(args) -> int:
+    C.enable_x64()
+    paths = args.data or [str(p) for p in C.default_data_paths()]
+    for p in paths:
+        if not Path(p).is_file():
+            raise ValueError(f"{p}: file not found")
+    out = Path(args.out)
+    if out.parent and not out.parent.exists():
+        raise ValueError(f"--out {out}: directory {out.parent} does not exist")
+    holdout = _holdout_path(args.moe_holdout, MOE_HOLDOUT, "--moe-holdout",
+                            "MoE training runs")
+    infer_holdout = _holdout_path(args.infer_holdout, INFER_HOLDOUT, "--infer-holdout",
+                                  "inference runs")
+    # A malformed file fails before the fit.
+    holdout_rows = read_benchmarks(holdout) if holdout is not None else []
+    infer_rows = read_benchmarks(infer_holdout) if infer_holdout is not None else []
+    fields = None
+    if args.fields is not None:
+        fields = [f.strip() for f in args.fields.split(",") if f.strip()]
+        if not fields:
+            raise ValueError(f"--fields names no factor (got {args.fields!r}); give comma-"
+                             f"separated factor names or leave it out to fit all")
+    grouping = None if args.groups == "gpu" else {}
+    kwargs = {}
+    if args.prior_weight is not None:
+        kwargs["prior_weight"] = args.prior_weight
+    if args.balance is not None:
+        if not 0.0 <= args.balance <= 1.0:
+            raise ValueError(f"--balance must lie in [0, 1], got {args.balance}")
+        kwargs["balance"] = args.balance
+    prog = _Progress(args.quiet)
+    command = "diffperf calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
+    fit = C.calibrate(paths, fields=fields, grouping=grouping, adam_steps=args.steps,
+                      lbfgs_steps=args.lbfgs_steps, uncertainty=not args.no_uncertainty,
+                      progress=prog, command=command, **kwargs)
+    prog.done(f"fit: loss {fit.loss:.6g}, {fit.metadata['n_cells']} measured values, "
+              f"{fit.par.size} parameters, {fit.metadata['fit_seconds']} s")
+    if fit.metadata["n_cells"] < fit.par.size:
+        print(f"warning: {fit.metadata['n_cells']} measured values for {fit.par.size} "
+              f"parameters: the data cannot determine every factor, the prior holds the rest "
+              f"(fit fewer with --fields, or --groups none)", file=sys.stderr)
+    ds = fit.problem.ds
+    for bad in implausible_measurements(ds.train_rows + ds.infer_rows):
+        print(f"warning: row {bad['id']}: {bad['warning']}; fitted anyway: correct the row or "
+              f"leave it out", file=sys.stderr)
+    if not fit.metadata.get("converged", True):
+        print(f"warning: the fit did not converge in {args.steps} Adam + {args.lbfgs_steps} "
+              f"L-BFGS steps (raise --lbfgs-steps); its factors are not at the optimum and "
+              f"its prediction intervals are not meaningful", file=sys.stderr)
+    # The fitted rows' predictions for the MoE error: held-out ones if CV runs.
+    fitted_predictions, basis = fit.predictions, "in-sample"
+    if args.cv != "none":
+        cv = cross_validate(fit.problem, args.cv, k=args.folds, adam_steps=args.steps,
+                            lbfgs_steps=args.lbfgs_steps, progress=prog)
+        prog.done(f"cross-validation ({args.cv}): {len(cv['folds'])} folds")
+        if args.cv == "kfold" and len(cv["folds"]) < args.folds:
+            print(f"warning: --folds {args.folds} but only {len(cv['folds'])} experiments to "
+                  f"hold out: ran {len(cv['folds'])} folds (leave-one-out)", file=sys.stderr)
+        if args.cv == "source" and len(cv["folds"]) < 2:
+            print("warning: one source table only: holding it out leaves nothing but the prior "
+                  "to fit, so its 'held-out' error says little", file=sys.stderr)
+        fit.cv = {args.cv: cv["summary"]}
+        fit.metadata["cv_mape"] = {args.cv: {k: v["mape"] for k, v in
+                                             cv["summary"]["metric"].items()}}
+        if args.cv in ("source", "kfold"):
+            # Prediction intervals for new configurations carry the held-out error.
+            use_cross_validated_error(fit, cv["predictions"], args.cv)
+            fitted_predictions, basis = cv["predictions"], f"cross-validated ({args.cv})"
+    fit.save(out)
+    moe_line = None
+    if holdout is not None:
+        moe_line = _measure_moe_error(fit, holdout, holdout_rows, out, fitted_predictions,
+                                      basis)
+    infer_lines = []
+    if infer_holdout is not None and fit.inference_support is not None:
+        infer_lines = measure_inference_errors(fit, infer_holdout, infer_rows, out)["lines"]
+    elif args.infer_holdout not in (None, "none") and fit.inference_support is None:
+        print(f"note: --infer-holdout {args.infer_holdout} not used: the fit has no inference "
+              f"rows, so no inference interval is made from it", file=sys.stderr)
+    if moe_line or infer_lines:
+        fit.save(out)
+    ins = summaries(fit.predictions)
+    if args.json:
+        print(json.dumps({"out": str(out), "loss": fit.loss, "in_sample": ins,
+                          "cv": fit.cv, "factors": fit.shared, "per_gpu": fit.per_gpu,
+                          "model_error": fit.residual_sd,
+                          "excluded": fit.excluded}, indent=1))
+        return 0
+    print(f"wrote {out} (loss {fit.loss:.5g}; use: diffperf validate --efficiency {out})")
+    print(format_table(ins, fit.cv.get(args.cv) if args.cv != "none" else None, args.cv))
+    for line in [moe_line, *infer_lines]:
+        if line:
+            print(line)
+    if fit.excluded:
+        print(f"rows left out (structurally infeasible or invalid): "
+              f"{', '.join(e['id'] for e in fit.excluded)}")
+    return 0
+
+
+def _holdout_path(arg: str | None, shipped: str, option: str, what: str) -> Path | None:
+    """The held-out rows of `option` (`--moe-holdout`, `--infer-holdout`): the given file, the
+    shipped `benchmarks_data/<shipped>` by default (None if this install has none), None for
+    'none'."""
+    if arg is not None and arg.strip().lower() == "none":
+        return None
+    if arg is None:
+        path = benchmarks_dir() / shipped
+        return path if path.is_file() else None
+    if not Path(arg).is_file():
+        raise ValueError(f"{option} {arg}: file not found (give a benchmark CSV of {what}, "
+                         f"or 'none')")
+    return Path(arg)
+
+
+def measure_inference_errors(fit, holdout: Path, holdout_rows, fitted_path: Path,
+                             validated: list[dict] | None = None) -> dict:
+    """Set `fit`'s unseen-inference and MoE-inference errors (`unseen_inference_error`,
+    `moe_inference_error`) from the inference rows of `holdout` (parsed: `holdout_rows`) it was
+    not fitted to, predicted with the saved fit at `fitted_path` (or given: `validated`, the
+    `validate(...)["rows"]` of that file with that fit); records how in the metadata (also
+    used by `calibration/refit.py`). **Returns:** `{"lines": lines to print, "unseen": ...,
+    "moe": ...}` (the two functions' results)."""
+    fitted_ids = {r.id for r in fit.problem.ds.infer_rows}
+    rows = [r for r in holdout_rows if r.kind == "infer" and r.id not in fitted_ids]
+    if validated is None and rows:
+        validated = validate([holdout], efficiency_from_json(fitted_path))["rows"]
+    result = validated if rows else []
+    unseen = unseen_inference_error(fit, result, rows)
+    moe = moe_inference_error(fit, result, rows)
+    lines = []
+    if UNSEEN_INFERENCE in fit.residual_sd:
+        how = (f"{unseen['unseen']} held-out inference rows of {holdout.name} on other GPUs "
+               f"or GEMM precisions")
+        fit.metadata["unseen_inference_error_basis"] = how
+        lines.append(f"inference outside the fitted data (GPUs "
+                     f"{', '.join(fit.inference_support['gpus'])}): model error "
+                     f"{fit.residual_sd[UNSEEN_INFERENCE] * 100:.1f} %, from {how}; "
+                     f"`diffperf infer --interval` uses it there")
+    if MOE_INFERENCE in fit.residual_sd:
+        most = fit.inference_support["max_experts"]
+        which = (f"MoE models with more than {most} experts per layer" if most > 1 else
+                 "MoE models (no fitted inference row is of one)")
+        how = f"{moe['held_out']} held-out inference rows of {holdout.name} of {which}"
+        fit.metadata["moe_inference_error_basis"] = how
+        lines.append(f"inference of {which}: model error "
+                     f"{fit.residual_sd[MOE_INFERENCE] * 100:.1f} %, from {how}; "
+                     f"`diffperf infer --interval` uses it there")
+    return {"lines": lines, "unseen": unseen, "moe": moe}
+
+
+def _measure_moe_error(fit, holdout: Path, holdout_rows, fitted_path: Path,
+                       fitted_predictions: list[dict], basis: str) -> str | None:
+    """Set `fit`'s MoE training error (`moe_step_error`) from its MoE rows and the MoE runs of
+    `holdout` (parsed: `holdout_rows`) it was not fitted to, predicted with the saved fit at
+    `fitted_path`; records how in the metadata. **Returns:** the line to print (None when there
+    is no MoE measurement)."""
+    fitted_ids = {r.id for r in fit.problem.ds.train_rows}
+    moe_ids = {r.id for r in holdout_rows
+               if r.kind == "train" and r.id not in fitted_ids
+               and training_quantity(r.values["num_experts"]) == MOE_STEP_TIME}
+    result = validate([holdout], efficiency_from_json(fitted_path))
+    moe = moe_step_error(fit, fitted_predictions,
+                         [row for row in result["rows"] if row["id"] in moe_ids])
+    if MOE_STEP_TIME not in fit.residual_sd:
+        return None
+    basis = (f"{moe['fitted']} fitted MoE rows ({basis}) and {moe['held_out']} held-out MoE "
+             f"runs of {holdout.name}")
+    fit.metadata["moe_error_basis"] = basis
+    sd, dense = fit.residual_sd[MOE_STEP_TIME], fit.residual_sd.get("step_time")
+    versus = f" (all training steps: {dense * 100:.1f} %)" if dense is not None else ""
+    return (f"MoE training steps: model error {sd * 100:.1f} %{versus}, from {basis}; "
+            f"`diffperf train --interval` uses it for MoE models")
+
+
+def format_table(ins: dict, cv: dict | None, cv_kind: str = "cv") -> str:
+    """Plain-text MAPE table per metric / source / GPU (in-sample and, if given, CV)."""
+    lines = []
+    for key in ("metric", "source", "gpu", "imec"):
+        lines.append(f"{'by ' + key:<32} {'n':>4} {'in-sample':>10}" + (
+            f" {cv_kind + ' CV':>12}" if cv else ""))
+        for name, s in ins[key].items():
+            row = f"  {name:<30} {s['n']:>4} {s['mape']:>9.1f}%"
+            if cv and name in cv.get(key, {}):
+                row += f" {cv[key][name]['mape']:>11.1f}%"
+            lines.append(row)
+    return "\n".join(lines)

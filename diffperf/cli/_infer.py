@@ -1,0 +1,383 @@
+"""`diffperf infer`: predict one serving configuration and print its boundedness table; and
+`bench_inference`, the vmapped inference sweep timed by `diffperf bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._checks import check_finite_report
+from ..feasibility import VALID_OR_OUT_OF_HBM, describe_failure, explain
+from ..specs._hardware import BYTES_PER_ELEMENT, INTEGER_WEIGHTS, precision_code, weight_storage
+from ..inference._infer import infer
+from ..specs._inference_plan import InferencePlan
+from ..presets import check_precision_names
+from ..explore._what_if import add_set_argument, change, comparison, system_with_overrides, tag
+from ..presets import default_precision
+from ._common import _load_efficiency, _load_model
+from ..presets import system
+from ..inference._boundedness import boundedness
+from ..plots._roofline_plot import roofline_plot
+from ..calibrate._uncertainty import decode_quantity, interval_summary
+from ..presets import gpu_names, model
+from ..presets import default_efficiency
+from ..validation._stack import constants_static
+
+#: What `infer --set` compares with the preset: (summary key, label, unit, scale).
+_WHAT_IF_ROWS = (("ttft_s", "TTFT", "ms", 1e3), ("tpot_s", "TPOT", "ms", 1e3),
+                 ("e2e_latency_s", "e2e latency", "s", 1.0),
+                 ("output_tok_s_per_gpu", "tok/s per GPU", "", 1.0))
+
+
+def add_per_head_decode(parser) -> None:
+    """The `--per-head-decode` flag (shared by `infer` and `search infer`)."""
+    parser.add_argument("--per-head-decode", action="store_true",
+                        help="decode attention with one thread block per query head "
+                             "(TensorRT-LLM masked MHA) instead of a grouped GQA kernel")
+
+
+def add_prefill_tokens(parser) -> None:
+    """The `--prefill-tokens` option (shared by `infer` and `search infer`)."""
+    parser.add_argument("--prefill-tokens", type=int, default=0,
+                        help="chunked prefill: the most prompt tokens one forward pass "
+                             "processes (TensorRT-LLM max_num_tokens, vLLM "
+                             "max_num_batched_tokens); bounds the prefill activations in the "
+                             "memory estimate and max batch (default 0: all prompts at once)")
+
+
+def add_precision_arguments(parser) -> None:
+    """`--precision`, `--activation-precision`, `--kv-precision` and `--gemm-peak-fraction`
+    (shared by `infer` and `search infer`; read back with `precisions_of`)."""
+    parser.add_argument("--precision", default=None,
+                        help="weight and GEMM precision: fp32, bf16, fp16, fp8, fp4 (default "
+                             "bf16, fp16 on V100); int8 / int4 for weight-only quantisation, "
+                             "with a 16-bit --activation-precision")
+    parser.add_argument("--activation-precision", default=None,
+                        help="GEMM input precision (default: --precision)")
+    parser.add_argument("--kv-precision", default=None,
+                        help="KV-cache precision (default: the GEMM input precision, "
+                             "--activation-precision if given, else --precision)")
+    parser.add_argument("--gemm-peak-fraction", type=float, default=1.0,
+                        help="share of the tensor-core peak the weight GEMM kernels can issue "
+                             "(default 1; about 0.67 for Ampere-generation mma.sync kernels on "
+                             "Hopper, e.g. TensorRT-LLM <= 0.9 weight-only / MoE GEMMs, "
+                             "Marlin)")
+
+
+def add_infer_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the `infer` sub-command on an argparse `subparsers` object."""
+    p = subparsers.add_parser(
+        "infer", help="predict LLM inference latency, throughput, memory and boundedness",
+        description="Predict time to first token, time per output token, end-to-end latency, "
+                    "throughput and memory of a static batch of requests, with the per-operation "
+                    "boundedness table (compute / memory / network / launch overhead).")
+    p.add_argument("--model", required=True, help="model preset, e.g. llama2-70b")
+    p.add_argument("--gpu", required=True, help="GPU or system preset, e.g. h100-sxm5-80gb")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (default 1)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel degree of a MoE model's experts within the tp GPUs "
+                        "(divides tp; TensorRT-LLM's moe_ep_size, with moe_tp_size = tp / ep; "
+                        "default 1: every expert split over all tp GPUs)")
+    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    p.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
+    p.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
+    add_precision_arguments(p)
+    add_prefill_tokens(p)
+    p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
+    add_per_head_decode(p)
+    add_set_argument(p)
+    p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
+    p.add_argument("--interval", action="store_true",
+                   help="also print the 90%% prediction intervals of TTFT and end-to-end latency "
+                        "(parameter uncertainty + the model's held-out error on that quantity; "
+                        "at least the held-out error of inference outside the fitted data on "
+                        "an unfitted GPU, GEMM precision or --set hardware, or of a MoE model "
+                        "with more experts than any fitted one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", default=None, help="save a roofline plot to this file (matplotlib)")
+    p.set_defaults(func=run_infer)
+    return p
+
+
+def precisions_of(args) -> tuple[str, str, str]:
+    """(weights, GEMM inputs, KV cache) precision names of the command line; integer weights
+    (weight-only quantisation) need a 16-bit or wider --activation-precision. The KV cache
+    defaults to the GEMM input precision (so weight-only fp8 / fp4 keeps a 16-bit cache, as
+    int8 / int4 do)."""
+    if args.precision is None:
+        args.precision = default_precision(args.gpu)
+    check_precision_names(args.gpu, **{"--precision": args.precision,
+                                       "--activation-precision": args.activation_precision,
+                                       "--kv-precision": args.kv_precision})
+    weights = args.precision.lower()
+    if weights in INTEGER_WEIGHTS:
+        act = args.activation_precision
+        if act is None:
+            raise ValueError(f"--precision {weights} is weight-only quantisation: give the GEMM "
+                             f"precision with --activation-precision bf16 or fp16")
+        try:
+            storage = weight_storage(weights, act)
+        except ValueError as e:
+            raise ValueError(f"--precision {weights}: {e}") from None
+        return storage, act, args.kv_precision or act
+    act = args.activation_precision or args.precision
+    if BYTES_PER_ELEMENT[precision_code(act)] < BYTES_PER_ELEMENT[precision_code(weights)]:
+        raise ValueError(f"--activation-precision {act} is narrower than the weights "
+                         f"(--precision {weights}): the GEMMs would run at {weights}; quantise "
+                         f"the weights too (--precision {act})")
+    return args.precision, act, args.kv_precision or act
+
+
+def precisions_text(args) -> str:
+    """The precisions of the command line for a header line, e.g. 'bf16' or 'weights int8, GEMM
+    inputs fp16, KV cache fp16, GEMMs at 0.667 of the tensor peak'."""
+    _, act, kv = precisions_of(args)
+    text = (args.precision if act == kv == args.precision else
+            f"weights {args.precision}, GEMM inputs {act}, KV cache {kv}")
+    if args.gemm_peak_fraction != 1:
+        text += f", GEMMs at {args.gemm_peak_fraction:g} of the tensor peak"
+    return text
+
+
+def _specs(args):
+    mdl = _load_model(args.model)
+    sys_ = system_with_overrides(system(args.gpu), args.set)
+    weights, act, kv = precisions_of(args)
+    plan = InferencePlan(tp=args.tp, pp=args.pp, ep=args.ep, batch=args.batch,
+                         input_len=args.input, output_len=args.output, weight_precision=weights,
+                         activation_precision=act, kv_precision=kv,
+                         flash_attention=0 if args.no_flash else 1,
+                         grouped_decode_attention=0 if args.per_head_decode else 1,
+                         gemm_peak_fraction=args.gemm_peak_fraction,
+                         prefill_tokens=args.prefill_tokens)
+    return mdl, sys_, plan, _load_efficiency(args.efficiency, args.gpu)
+
+
+def _summary(rep) -> dict:
+    f = lambda x: float(x)
+    mem = rep.memory
+    return {
+        "ttft_s": f(rep.ttft), "tpot_s": f(rep.tpot), "e2e_latency_s": f(rep.e2e_latency),
+        "output_tok_s_per_gpu": f(rep.output_tok_s_per_gpu), "throughput_tok_s": f(rep.throughput),
+        "num_gpus": int(rep.num_gpus),
+        "memory_gb": {"weights": f(mem.weights) / 1e9, "kv_cache": f(mem.kv_cache) / 1e9,
+                      "activations": f(mem.activations) / 1e9,
+                      "workspace": f(mem.workspace) / 1e9, "total": f(mem.total) / 1e9},
+        "fits": bool(rep.fits), "max_batch": int(rep.max_batch),
+        "feasible": bool(rep.feasible),
+        "reason": explain(int(rep.reason)),  # memory_gb has the numbers of reason 10
+        "prefill_s": {k: f(getattr(rep.prefill, k)) for k in
+                      ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "total")},
+        "decode_s": {k: f(getattr(rep.decode, k)) for k in
+                     ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "total")},
+    }
+
+
+def _kv_only_max_batch(rep, batch, capacity: float) -> int:
+    """The largest batch whose KV cache fits next to the weights and the workspace: the
+    capacity of a server that prefills in chunks (TensorRT-LLM's max_num_tokens, vLLM's chunked
+    prefill); `max_batch` also holds every prompt's prefill activations at once."""
+    mem = rep.memory
+    free = capacity - float(mem.weights) - float(mem.workspace)
+    per_seq = float(mem.kv_cache) / batch
+    return max(int(free // per_seq), 0) if per_seq > 0 else 0
+
+
+def _caveats(mdl, args, s: dict) -> list[str]:
+    """Notes on what the prediction rests on, for the cases where that matters most."""
+    notes = []
+    decode = s["decode_s"]
+    if decode["total"] > 0 and decode["launch"] > 0.25 * decode["total"] and not args.set:
+        notes.append(f"{100 * decode['launch'] / decode['total']:.0f} % of decode is kernel "
+                     f"launches, at the per-kernel cost of the 2023-24 TensorRT-LLM / NeMo "
+                     f"measurements in the fit; --set launch_overhead=0 removes the host launch "
+                     f"cost, as CUDA graphs do (the fitted kernel_overhead stays)")
+    if args.interval and float(mdl.kv_lora_rank) > 0:
+        notes.append("no inference measurement of multi-head latent attention (MLA) is in the "
+                     "calibration, so the real error may be larger than the intervals' model "
+                     "error")
+    return notes
+
+
+def _print(args, s: dict, table, capacity: float) -> None:
+    m = s["memory_gb"]
+    what_if = tag(args.set)
+    ep = f", ep={args.ep}" if args.ep != 1 else ""
+    print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}"
+          f"{ep}), batch {args.batch}, {args.input} in / {args.output} out, "
+          f"{precisions_text(args)}")
+    shown = set()  # a note is printed once, under the first interval it applies to
+
+    def interval(field):
+        if field in s:
+            iv = s[field]
+            print(f"    prediction    {iv['text']}" if "text" in iv else
+                  f"    (no interval: {iv['error']})")
+            if "note" in iv and iv["note"] not in shown:
+                print(f"    note: {iv['note']}")
+                shown.add(iv["note"])
+
+    print(f"  TTFT            {s['ttft_s'] * 1e3:10.2f} ms")
+    interval("ttft_interval_s")
+    print(f"  TPOT            {s['tpot_s'] * 1e3:10.2f} ms" + (
+        "  (one output token: no decode step runs; the time one would take)"
+        if args.output == 1 else ""))
+    print(f"  e2e latency     {s['e2e_latency_s']:10.3f} s")
+    interval("e2e_latency_interval_s")
+    print(f"  throughput      {s['throughput_tok_s']:10.1f} output tok/s "
+          f"({s['output_tok_s_per_gpu']:.1f} per GPU)")
+    print(f"  memory per GPU  {m['total']:10.1f} GB of {capacity / 1e9:.1f} GB (weights "
+          f"{m['weights']:.1f}, KV cache {m['kv_cache']:.2f}, activations {m['activations']:.2f}, "
+          f"workspace {m['workspace']:.1f}); fits: {'yes' if s['fits'] else 'NO'}; "
+          f"max batch {s['max_batch']} ({s['max_batch_kv_only']} if only the KV cache had "
+          f"to fit, as with chunked prefill)")
+    for phase in ("prefill", "decode"):
+        b = s[f"{phase}_s"]
+        parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in b.items() if k != "total")
+        print(f"  {phase:7s} {b['total'] * 1e3:10.2f} ms = {parts} ms")
+    if "what_if" in s:
+        w = s["what_if"]
+        print(f"  what-if vs the preset ({'; '.join(w['changes'])}):")
+        b = w["preset"]
+        if "ttft_s" not in b:
+            print(f"    the preset cannot run this plan: {b['reason']}")
+        else:
+            for key, label, unit, scale in _WHAT_IF_ROWS:
+                print(f"    {label:14s} {change(b[key] * scale, s[key] * scale, unit)}")
+            print(f"    {'fits':14s} {'yes' if b['fits'] else 'no'} -> "
+                  f"{'yes' if s['fits'] else 'no'} (max batch {b['max_batch']} -> "
+                  f"{s['max_batch']})")
+    print()
+    cols = ["phase", "op", "bound", "intensity", "machine_balance", "time_s", "share"]
+    print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    print("(machine_balance: the datasheet ridge point, peak FLOP/s / HBM B/s; `bound` compares "
+          "the times at the fitted efficiencies, so a small GEMM a little below the ridge point "
+          "can be compute-bound at its lower achieved FLOP/s)")
+
+
+def run_infer(args) -> int:
+    """Run `diffperf infer`; returns the exit status (0 ok, 2 bad input)."""
+    try:
+        mdl, sys_, plan, eff = _specs(args)
+        rep = jax.device_get(infer(mdl, sys_, plan, eff))  # eager: faster than compiling once
+        reason = int(rep.reason)
+        if reason not in VALID_OR_OUT_OF_HBM:
+            text = (explain(reason, precision=int(plan.math_precision)) if reason == 9
+                    else describe_failure(reason, mdl, plan))
+            print(f"error: infeasible plan: {text}", file=sys.stderr)
+            return 2
+        check_finite_report(rep, "the inference prediction",
+                            f"input={args.input}, output={args.output}, batch={args.batch}")
+        table = boundedness(mdl, sys_, plan, eff)
+        if args.plot:
+            roofline_plot(table, args.plot, sys_,
+                          f"{args.model} on {args.gpu}{tag(args.set)}, tp={args.tp}")
+    except (ValueError, ImportError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    capacity = float(sys_.accelerator.hbm_capacity)
+    summary = _summary(rep)
+    summary["max_batch_kv_only"] = _kv_only_max_batch(rep, args.batch, capacity)
+    if args.set:
+        base_system = system(args.gpu)
+        base_rep = jax.device_get(infer(mdl, base_system, plan, eff))
+        base_reason = int(base_rep.reason)
+        if base_reason in VALID_OR_OUT_OF_HBM:
+            base = _summary(base_rep)
+            preset = {k: base[k] for k, *_ in _WHAT_IF_ROWS} | {
+                "fits": base["fits"], "max_batch": base["max_batch"],
+                "memory_gb": base["memory_gb"]["total"]}
+        else:  # the plan needs what only the changed hardware has (e.g. fp8 tensor cores)
+            preset = {"feasible": False, "reason": (
+                explain(base_reason, precision=int(plan.math_precision)) if base_reason == 9
+                else describe_failure(base_reason, mdl, plan))}
+        summary["what_if"] = comparison(base_system, sys_, args.set, preset)
+    if args.interval:
+        for field, quantity, unit, scale in (
+                ("ttft", "ttft", "ms", 1e3),
+                ("e2e_latency", decode_quantity(args.batch, args.output), "s", 1.0)):
+            summary[f"{field}_interval_s"] = interval_summary(
+                lambda e, f=field: getattr(infer(mdl, sys_, plan, e), f), args.efficiency,
+                args.gpu, "infer", quantity, unit, scale, precision=int(plan.math_precision),
+                num_experts=float(mdl.num_experts), hypothetical=bool(args.set))
+    if reason == 10:
+        print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
+    for note in _caveats(mdl, args, summary):
+        print(f"note: {note}", file=sys.stderr)
+    layers = float(mdl.layers)
+    if args.pp > 1 and layers % args.pp:
+        print(f"note: uneven layout: {layers:g} layers over pp = {args.pp} stages "
+              f"({layers / args.pp:.2f} each); memory per GPU is the average stage's, the "
+              f"largest holds {math.ceil(layers / args.pp)} layers", file=sys.stderr)
+    context = args.input + args.output
+    if context > float(mdl.seq_len):
+        print(f"warning: input + output = {context} tokens exceeds the model's context of "
+              f"{float(mdl.seq_len):g} tokens (predicted anyway)", file=sys.stderr)
+    if args.json:
+        summary["boundedness"] = json.loads(table.to_json(orient="records"))
+        print(json.dumps(summary, indent=1))
+    else:
+        _print(args, summary, table, capacity)
+    return 0
+
+
+def _random_specs(n: int, seed: int):
+    """`n` random (model, system, plan) triples stacked as one batch of pytrees."""
+    rng = np.random.default_rng(seed)
+    names = ["llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "mistral-7b", "mixtral-8x7b"]
+    stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+    models, systems = stack([model(m) for m in names]), stack([system(g) for g in gpu_names()])
+    pick = lambda tree, size: jax.tree.map(lambda x: x[rng.integers(0, size, n)], tree)
+    plan = InferencePlan(
+        tp=2.0 ** rng.integers(0, 4, n), pp=1.0, batch=rng.integers(1, 257, n),
+        input_len=rng.integers(64, 4097, n), output_len=rng.integers(1, 2049, n),
+        weight_precision=1, activation_precision=1, kv_precision=rng.integers(1, 3, n))
+    plan = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,)), plan)
+    return pick(models, len(names)), pick(systems, len(gpu_names())), plan
+
+
+def bench_inference(n: int = 100_000, repeats: int = 3, seed: int = 0,
+                    share_constants: bool = True) -> float:
+    """Inference evaluations per second of one jit-compiled, vmapped sweep of `n` random
+    configurations (models, GPUs, tp, batch, lengths, KV precision), best of `repeats` runs
+    after a warm-up (compilation excluded). Fields every configuration shares (e.g. none of
+    the preset models has MLA) enter as constants, as in calibration
+    (`validate.constants_static`); `share_constants=False` maps every field."""
+    import equinox as eqx
+
+    specs = _random_specs(n, seed)
+    if share_constants:
+        specs = constants_static(specs)
+    eff = default_efficiency()
+
+    @eqx.filter_jit
+    def run(specs):
+        r = eqx.filter_vmap(lambda a, b, c: infer(a, b, c, eff))(*specs)
+        return r.e2e_latency, r.ttft, r.tpot, r.feasible
+    jax.block_until_ready(run(specs))
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(specs))
+        best = min(best, time.perf_counter() - t0)
+    return n / best
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry point (`python -m diffperf._cli_infer ...`)."""
+    parser = argparse.ArgumentParser(prog="diffperf")
+    add_infer_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The roofline primitive: how long one kernel takes on one GPU.
+
+A kernel moves bytes through each memory level and executes FLOPs; its time is the smooth
+maximum of the per-resource times plus a fixed per-kernel overhead:
+
+    t = smax(F / (P * e_mm), B_hbm / (BW_hbm * e_hbm), B_l2 / (BW_l2 * e_l2)) + n_k * t_k
+
+The smooth maximum (see `smooth_max`) lets gradients reach whichever resource is near-binding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..specs._efficiency import Efficiency, matmul_efficiency
+from ..specs._hardware import BYTES_PER_ELEMENT, Accelerator
+
+#: Sharpness of the smooth maximum: at a tie the result exceeds the max by this fraction
+#: (kernels whose compute and memory times are equal reach neither roof); far from a tie the
+#: excess falls off as SHARPNESS**2 / 4 of the larger term.
+SHARPNESS = 0.1
+#: Knee of the smooth maximum for a GEMM's compute and operand-streaming times. A GEMM near its
+#: ridge point overlaps the two imperfectly (pipeline prologue and epilogue, few k-iterations
+#: per output tile): at a tie it takes 1.3x the larger term, 8.6 % more at a 2:1 ratio, 2.2 %
+#: more when purely compute- or memory-bound (that constant share is absorbed by the fitted
+#: `matmul_peak` / `hbm`). Chosen by leave-one-source-out cross-validation among 0.1 (the generic
+#: knee), 0.3 and 0.6: 0.3 cut the TensorRT-LLM first-token-latency error (prefill GEMMs at
+#: M = 128 sit at the ridge) without moving the training error (calibration/report.md).
+GEMM_SHARPNESS = 0.3
+#: GEMM output tile edge used for wave/tile quantisation and L2 operand traffic, elements.
+TILE = 128
+#: Effective operand reuse of a GEMM's L2 traffic (CTA-cluster tile edge), elements.
+L2_REUSE = 256
+
+
+def smooth_max(a: jax.Array, b: jax.Array, sharpness: float = SHARPNESS) -> jax.Array:
+    """Smooth maximum of two non-negative times.
+
+    `(a + b + sqrt((a - b)^2 + (k (a + b))^2)) / 2` with k = `sharpness`: equals
+    `max(a, b) * (1 + k)` at a tie and `max(a, b) * (1 + O(k^2))` far from it. Cheap (one
+    square root), scale-free, differentiable everywhere except at a = b = 0 (where the gradient
+    is defined as that of max via the `+ tiny`).
+    """
+    s = a + b
+    return 0.5 * (s + jnp.sqrt((a - b) ** 2 + (sharpness * s) ** 2 + 1e-30))
+
+
+def exposed_after_overlap(total: jax.Array, window: jax.Array) -> jax.Array:
+    """Part of a transfer of duration `total` left exposed when it can overlap a compute window
+    of duration `window`: a smooth `clip(total - window, 0, total)`.
+
+    Uses `(x + sqrt(x^2 + (k total)^2)) / 2` with x = total - window and k = `SHARPNESS`, so the
+    smoothing scales with the transfer itself: it is non-increasing in `window`, equals about
+    `total * (1 + k^2 / 4)` (capped at `total`) with no window and falls like
+    `k^2 total^2 / (4 window)` when the window is much longer.
+    """
+    x = total - window
+    c2 = (SHARPNESS * total) ** 2 + 1e-30
+    # For a well-hidden transfer (x << 0) the direct form cancels catastrophically in float32;
+    # its conjugate c^2 / (2 (sqrt(x^2 + c^2) - x)) is the same value computed stably.
+    x_pos, x_neg = jnp.maximum(x, 0.0), jnp.minimum(x, 0.0)
+    soft = jnp.where(x >= 0, 0.5 * (x_pos + jnp.sqrt(x_pos * x_pos + c2)),
+                     0.5 * c2 / (jnp.sqrt(x_neg * x_neg + c2) - x_neg))
+    return jnp.minimum(soft, total)
+
+
+def ceil_div(a: jax.Array, b: jax.Array) -> jax.Array:
+    """`ceil(a / b)` in the forward pass with the gradient of `a / b` (straight-through).
+
+    Exact for integer-valued a, b (below 2^24 in float32) even though XLA evaluates `a / b` as
+    `a` times a rounded reciprocal when `b` is a constant, which can put an exact quotient one
+    ulp above the integer (21 / 7 -> 3.0000002, so 4 waves instead of 3): a ceiling k whose
+    predecessor times b already reaches a is lowered to k - 1.
+    """
+    q = a / b
+    k = jnp.ceil(q)
+    k = jnp.where((k - 1.0) * b >= a, k - 1.0, k)
+    return q + jax.lax.stop_gradient(k - q)
+
+
+def peak_matmul_flops(acc: Accelerator, precision) -> jax.Array:
+    """Dense tensor FLOP/s at a precision code, floored at 1 FLOP/s so unsupported precisions give
+    a finite (huge) time instead of inf; plans flag them infeasible."""
+    return jnp.maximum(acc.peak_flops(precision), 1.0)
+
+
+def bytes_per_element(precision) -> jax.Array:
+    """Bytes per element of a precision code (fp32 4, bf16 2, fp8 1, fp4 0.5)."""
+    p = jnp.asarray(precision)
+    b = BYTES_PER_ELEMENT
+    return jnp.where(p == 0, b[0], jnp.where(p == 1, b[1], jnp.where(p == 2, b[2], b[3])))
+
+
+def op_time(acc: Accelerator, eff: Efficiency, flops, hbm_bytes, l2_bytes=0.0, kernels=1.0,
+            flops_per_s=None, sharpness: float = SHARPNESS) -> jax.Array:
+    """Time of a kernel (or fused group of `kernels` kernels) on one GPU, s.
+
+    **Arguments:**
+
+    - `flops`: arithmetic work, FLOP.
+    - `hbm_bytes`, `l2_bytes`: traffic to HBM and to L2, B.
+    - `kernels`: kernel launches the op needs, count.
+    - `flops_per_s`: achieved arithmetic rate, FLOP/s (default: the vector units at
+      `eff.vector`, right for element-wise kernels).
+    - `sharpness`: knee of the smooth maximum of the compute and HBM times (`smooth_max`).
+    """
+    if flops_per_s is None:
+        flops_per_s = acc.vector_flops * eff.vector
+    t_compute = flops / flops_per_s
+    t_hbm = hbm_bytes / (acc.hbm_bandwidth * eff.hbm)
+    t_l2 = l2_bytes / (acc.l2_bandwidth * eff.l2)
+    t = smooth_max(smooth_max(t_compute, t_hbm, sharpness), t_l2)
+    return t + kernels * (acc.launch_overhead + eff.kernel_overhead)
+
+
+#: Row granularity of a tensor-core GEMM tile for skinny GEMMs (MMA instruction m), elements.
+MMA_ROWS = 16
+
+
+def tile_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
+    """Fraction of the tensor-core work of an m x n output that is useful, s.t. tile and wave
+    quantisation.
+
+    Output tiles are `TILE` x `TILE` (rows shrink to a multiple of `MMA_ROWS` for skinny GEMMs,
+    as cuBLAS picks small-m kernels); padding wastes `m n / (m_pad n_pad)`. With at least one
+    tile per SM, tiles run in waves of `num_sms` and the last wave is partly idle; with fewer
+    tiles than SMs the kernel splits the k loop (split-K) and keeps every SM busy. Exact
+    ceilings forward, straight-through gradients.
+    """
+    tile_m = jnp.minimum(TILE, ceil_div(m, MMA_ROWS) * MMA_ROWS)
+    tiles_m = ceil_div(m, tile_m)
+    tiles_n = ceil_div(n, TILE)
+    padding = (m * n) / (tiles_m * tile_m * tiles_n * TILE)
+    tiles = tiles_m * tiles_n * batch
+    waves = ceil_div(tiles, acc.num_sms)
+    wave = jnp.where(tiles >= acc.num_sms, tiles / (waves * acc.num_sms), 1.0)
+    return padding * wave
+
+
+def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
+              act_bytes=None, kernels=1.0) -> jax.Array:
+    """Time of `batch` independent (m x k) @ (k x n) GEMMs in `kernels` launches (one batched
+    kernel by default; `batch` for one kernel per GEMM), s.
+
+    FLOPs 2*batch*m*n*k at `peak * matmul_efficiency * tile_efficiency`; HBM traffic reads both
+    operands and writes the output once (`act_bytes` per activation element, default the
+    precision's width; weights at the precision's width); L2 traffic is the tile-reuse operand
+    stream `2*m*n*k*B / L2_REUSE`.
+    """
+    b = bytes_per_element(precision)
+    ab = b if act_bytes is None else act_bytes
+    flops = 2.0 * batch * m * n * k
+    m_pad = ceil_div(m, MMA_ROWS) * MMA_ROWS  # size effects act on the padded tile rows
+    rate = (peak_matmul_flops(acc, precision) * matmul_efficiency(eff, m_pad, n, k, precision)
+            * tile_efficiency(acc, m, n, batch))
+    hbm = batch * (m * k * ab + k * n * b + m * n * ab)
+    l2 = flops * b / L2_REUSE
+    return op_time(acc, eff, flops, hbm, l2, kernels=kernels, flops_per_s=rate,
+                   sharpness=GEMM_SHARPNESS)

@@ -1,0 +1,158 @@
+"""What-if hardware: `--set hbm_bandwidth=x2` changes one Accelerator / Network parameter of a
+preset system, so `train`, `infer` and `search` answer "what if HBM bandwidth doubled?".
+
+An override is `FIELD=VALUE` (the value in the field's SI unit, e.g. `hbm_bandwidth=6.7e12`
+B/s) or `FIELD=xFACTOR` (a multiple of the preset's value, e.g. `nvlink_bandwidth=x2`). FIELD
+is a field of `Accelerator` or `Network` (`hbm_bandwidth`, or `accelerator.hbm_bandwidth`).
+The changed specs are rebuilt through their constructors, so their range checks apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+from ..specs._hardware import Accelerator, Network, System
+
+_PARTS = {"accelerator": Accelerator, "network": Network}
+
+#: The smallest normal and the largest float32: values outside would become 0 or inf.
+FLOAT32_TINY, FLOAT32_MAX = 1.1754944e-38, 3.4028235e38
+
+#: Units of the fields, for the printed comparison (`describe`).
+UNITS = {
+    "flops_fp32": "FLOP/s", "flops_bf16": "FLOP/s", "flops_fp8": "FLOP/s", "flops_fp4": "FLOP/s",
+    "vector_flops": "FLOP/s", "hbm_capacity": "B", "hbm_bandwidth": "B/s", "l2_capacity": "B",
+    "l2_bandwidth": "B/s", "num_sms": "count", "launch_overhead": "s", "host_bandwidth": "B/s",
+    "host_memory": "B", "nvlink_domain": "GPUs", "nvlink_bandwidth": "B/s",
+    "nvlink_latency": "s", "scaleout_bandwidth": "B/s", "scaleout_latency": "s",
+    "nvlink_sharp": "0/1",
+}
+
+
+class Override(NamedTuple):
+    """One `--set`: `part` ("accelerator" / "network"), `field`, and either an absolute value
+    (`factor` False) or a multiple of the preset's (`factor` True)."""
+    part: str
+    field: str
+    value: float
+    factor: bool
+
+    @property
+    def text(self) -> str:
+        return f"{self.field}={'x' if self.factor else ''}{self.value:g}"
+
+
+def _fields(part: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(_PARTS[part])]
+
+
+def parse_override(item: str) -> Override:
+    """Parse one `FIELD=VALUE` or `FIELD=xFACTOR`; ValueError naming the item otherwise."""
+    name, sep, raw = item.partition("=")
+    name, raw = name.strip(), raw.strip()
+    if not sep or not name or not raw:
+        raise ValueError(f"--set {item!r}: expected FIELD=VALUE or FIELD=xFACTOR, e.g. "
+                         f"hbm_bandwidth=x2 or nvlink_domain=72")
+    part, _, field = name.rpartition(".")
+    owners = [p for p in _PARTS if field in _fields(p) and part in ("", p)]
+    if not owners:
+        known = ", ".join(f for p in _PARTS for f in _fields(p))
+        raise ValueError(f"--set {item!r}: unknown hardware field {name!r}; fields: {known}")
+    factor = raw[0] in "xX*"
+    try:
+        value = float(raw[1:] if factor else raw)
+    except ValueError:
+        raise ValueError(f"--set {item!r}: {raw!r} is not a number (or xFACTOR)") from None
+    if not math.isfinite(value) or value < 0 or (factor and value == 0):
+        raise ValueError(f"--set {item!r}: the {'factor' if factor else 'value'} must be a finite "
+                         f"{'positive' if factor else 'non-negative'} number, got {raw!r}"
+                         + ("" if factor else " (0 only for latencies and overheads; rates "
+                                              "and capacities must be > 0)"))
+    return Override(owners[0], field, value, factor)
+
+
+def parse_overrides(items) -> list[Override]:
+    """Parse every `--set` item; a field set twice is an error (which one would win?)."""
+    out = [parse_override(i) for i in items or []]
+    seen = set()
+    for o in out:
+        if o.field in seen:
+            raise ValueError(f"--set {o.field} is given twice")
+        seen.add(o.field)
+    return out
+
+
+def apply_overrides(system: System, overrides: list[Override]) -> System:
+    """`system` with the overrides applied (the specs rebuilt, so range checks run: a
+    fractional `num_sms` or a zero bandwidth is a ValueError naming the field)."""
+    for part in _PARTS:
+        mine = [o for o in overrides if o.part == part]
+        if not mine:
+            continue
+        spec = getattr(system, part)
+        values = {f: getattr(spec, f) for f in _fields(part)}
+        for o in mine:
+            if o.factor and float(values[o.field]) == 0 and o.value != 1:
+                raise ValueError(f"--set {o.text}: {o.field} is 0 in the preset, and a multiple "
+                                 f"of 0 stays 0; give a value ({o.field}=...)")
+            v = float(values[o.field]) * o.value if o.factor else o.value
+            if v != 0 and not FLOAT32_TINY <= v <= FLOAT32_MAX:
+                raise ValueError(f"--set {o.text}: {v:g} {UNITS.get(o.field, '')} is outside the "
+                                 f"range of the model's float32 arithmetic")
+            values[o.field] = v
+        try:
+            system = dataclasses.replace(system, **{part: _PARTS[part](**values)})
+        except ValueError as e:
+            raise ValueError(f"--set {' '.join(o.text for o in mine)}: {e}") from None
+    return system
+
+
+def describe(base: System, changed: System, overrides: list[Override]) -> list[str]:
+    """One line per override: `hbm_bandwidth 2.039e+12 -> 4.078e+12 B/s (x2)`."""
+    lines = []
+    for o in overrides:
+        b = float(getattr(getattr(base, o.part), o.field))
+        c = float(getattr(getattr(changed, o.part), o.field))
+        ratio = f" (x{c / b:.3g})" if b > 0 else ""
+        note = (" (the FLOP/s stay: num_sms only sets GEMM wave quantisation and split-K; "
+                "change flops_* too for a smaller or larger GPU)" if o.field == "num_sms" else "")
+        lines.append(f"{o.field} {b:.4g} -> {c:.4g} {UNITS.get(o.field, '')}{ratio}{note}")
+    return lines
+
+
+def comparison(base: System, changed: System, items, preset: dict) -> dict:
+    """The `what_if` object of `train` / `infer --json`: the `--set` items, the changes as
+    `describe` words them and the `preset` system's numbers."""
+    overrides = parse_overrides(items)
+    return {"set": [o.text for o in overrides], "changes": describe(base, changed, overrides),
+            "preset": preset}
+
+
+def change(base: float, new: float, unit: str = "", relative: bool = True) -> str:
+    """`18.47 s -> 17.82 s (-3.5 %)`: two values and, with `relative`, their relative change."""
+    u = f" {unit}" if unit else ""
+    pct = f" ({(new / base - 1) * 100:+.1f} %)" if relative and base else ""
+    return f"{base:.4g}{u} -> {new:.4g}{u}{pct}"
+
+
+def add_set_argument(parser) -> None:
+    """The repeatable `--set FIELD=VALUE|xFACTOR` option of train / infer / search /
+    sensitivity."""
+    parser.add_argument("--set", action="append", default=None, metavar="FIELD=VALUE",
+                        help="what-if hardware: change one GPU / network parameter of the "
+                             "preset, as an SI value (hbm_bandwidth=6.7e12) or a multiple "
+                             "(hbm_bandwidth=x2); repeatable. Fields: those of Accelerator "
+                             "and Network (README, 'What-if hardware')")
+
+
+def tag(items) -> str:
+    """` [what-if hbm_bandwidth=x2]` for the header of an output, or "" without `--set`."""
+    return f" [what-if {' '.join(o.text for o in parse_overrides(items))}]" if items else ""
+
+
+def system_with_overrides(system: System, items) -> System:
+    """`system` with the `--set` items applied (`system` itself when there are none)."""
+    overrides = parse_overrides(items)
+    return apply_overrides(system, overrides) if overrides else system

@@ -1,0 +1,23 @@
+"""One serving run: per-operation costs of prefill and decode, KV cache and the largest batch,
+GEMM-level boundedness and DRAM scaling."""
+
+from ._boundedness import (
+    HBM_GENERATIONS as HBM_GENERATIONS,
+    bound_shares as bound_shares,
+    boundedness as boundedness,
+    dram_scaling as dram_scaling,
+)
+from ._infer import (
+    Cost as Cost,
+    InferenceMemory as InferenceMemory,
+    InferenceReport as InferenceReport,
+    busiest_gpu_experts as busiest_gpu_experts,
+    expected_max_of_normals as expected_max_of_normals,
+    experts_touched as experts_touched,
+    infer as infer,
+    inference_memory as inference_memory,
+    inference_ops as inference_ops,
+    kv_cache_bytes_per_gpu as kv_cache_bytes_per_gpu,
+    max_batch as max_batch,
+    weight_bytes_per_gpu as weight_bytes_per_gpu,
+)

@@ -1,0 +1,120 @@
+"""Which resource binds each inference operation (Kundu et al. 2024, GEMM-level boundedness),
+and the effect of DRAM (HBM) technology on latency.
+
+An operation is *compute-bound* when its arithmetic intensity (FLOP per HBM byte) exceeds the
+GPU's machine balance (peak FLOP/s / HBM B/s) - more precisely, when its compute time is the
+largest of its four time components (compute, HBM traffic, network, kernel launch overhead).
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+
+from ..specs._efficiency import Efficiency
+from ..specs._hardware import System
+from ._infer import OP_KINDS, infer, inference_ops
+from ..specs._inference_plan import InferencePlan
+from ..specs._transformer import Transformer
+from ..costs._roofline import peak_matmul_flops
+from ..presets import default_efficiency
+
+#: Resources an operation can be bound by, in the order of `_components`.
+RESOURCES = ("compute", "memory", "network", "launch")
+#: Default HBM sweep of `dram_scaling`: per-GPU bandwidth of successive HBM generations, B/s.
+HBM_GENERATIONS = {
+    "HBM2e (2.0 TB/s)": 2.0e12,
+    "HBM3 (3.35 TB/s)": 3.35e12,
+    "HBM3e (4.8 TB/s)": 4.8e12,
+    "HBM3e (8.0 TB/s)": 8.0e12,
+    "HBM4 (13 TB/s)": 13.0e12,
+}
+
+
+def _default(efficiency):
+    if efficiency is None:
+        return default_efficiency()
+    return efficiency
+
+
+def boundedness(model: Transformer, system: System, plan: InferencePlan,
+                efficiency: Efficiency | None = None) -> pd.DataFrame:
+    """Per-operation boundedness table of prefill and decode on one GPU.
+
+    **Returns:** a DataFrame with one row per operation and phase: `phase`, `op`, `kind`,
+    `kernels` (launches in the phase), `flops` (FLOP), `bytes` (HBM or network B),
+    `intensity` (FLOP/B), `machine_balance` (peak FLOP/s at the plan's GEMM precision / HBM
+    B/s, FLOP/B: the datasheet ridge point), `bound` (the largest of compute / memory /
+    network / launch time at the fitted efficiencies, so an operation a little below the ridge
+    point can be compute-bound where its achieved FLOP/s are lower than the peak),
+    `compute_s`, `memory_s`, `network_s`, `launch_s`, `time_s` (s, summed over all executions
+    in the phase: all layers, and all decode steps) and `share` (fraction of the phase's time).
+    Operations that do not occur (e.g. the router of a dense model) are dropped.
+    """
+    eff = _default(efficiency)
+    ops = jax.device_get(inference_ops(model, system, plan, eff))  # eager: one config
+    acc = system.accelerator
+    balance = float(peak_matmul_flops(acc, plan.math_precision) / acc.hbm_bandwidth)
+    rows = []
+    for phase, costs in ops.items():
+        total = sum(float(c.time) for c in costs.values())
+        for name, c in costs.items():
+            time = float(c.time)
+            if float(c.kernels) == 0.0 and float(c.network) == 0.0:
+                continue  # the op does not occur (router of a dense model, pp = 1)
+            parts = [float(c.compute), float(c.memory), float(c.network), float(c.launch)]
+            flops, nbytes = float(c.flops), float(c.bytes)
+            rows.append({
+                "phase": phase, "op": name, "kind": OP_KINDS[name], "kernels": float(c.kernels),
+                "flops": flops, "bytes": nbytes,
+                "intensity": flops / nbytes if nbytes > 0 else np.inf,
+                "machine_balance": balance, "bound": RESOURCES[int(np.argmax(parts))],
+                "compute_s": parts[0], "memory_s": parts[1], "network_s": parts[2],
+                "launch_s": parts[3], "time_s": time, "share": time / total,
+            })
+    return pd.DataFrame(rows)
+
+
+def bound_shares(df: pd.DataFrame) -> pd.DataFrame:
+    """Fraction of each phase's time spent in operations bound by each resource."""
+    return df.pivot_table(index="phase", columns="bound", values="share", aggfunc="sum",
+                          fill_value=0.0)
+
+
+@eqx.filter_jit
+def _sweep(model, system, plan, eff, bandwidths):
+    def one(bw):
+        s = eqx.tree_at(lambda t: t.accelerator.hbm_bandwidth, system, bw)
+        r = infer(model, s, plan, eff)
+        return r.tpot, r.ttft, r.e2e_latency
+    return jax.vmap(one)(bandwidths)
+
+
+def dram_scaling(model: Transformer, system: System, plan: InferencePlan,
+                 bandwidths=None, efficiency: Efficiency | None = None) -> pd.DataFrame:
+    """Latency as a function of per-GPU HBM bandwidth (one vmapped call).
+
+    **Arguments:**
+
+    - `bandwidths`: dict label -> B/s, or a sequence of B/s (default: `HBM_GENERATIONS`).
+
+    **Returns:** a DataFrame with `memory`, `hbm_bandwidth` (B/s), `tpot_s`, `ttft_s`,
+    `e2e_latency_s` (s) and `e2e_speedup` relative to the first row.
+    """
+    eff = _default(efficiency)
+    if bandwidths is None:
+        bandwidths = HBM_GENERATIONS
+    if isinstance(bandwidths, dict):
+        labels, values = list(bandwidths), list(bandwidths.values())
+    else:
+        values = [float(b) for b in np.ravel(bandwidths)]
+        labels = [f"{b / 1e12:g} TB/s" for b in values]
+    if not values or not all(np.isfinite(values)) or min(values) <= 0:
+        raise ValueError(f"dram_scaling: bandwidths must be finite numbers > 0 B/s, got {values}")
+    bw = jnp.asarray(values, dtype=jnp.result_type(float))
+    tpot, ttft, e2e = jax.device_get(_sweep(model, system, plan, eff, bw))
+    return pd.DataFrame({"memory": labels, "hbm_bandwidth": values, "tpot_s": tpot,
+                         "ttft_s": ttft, "e2e_latency_s": e2e, "e2e_speedup": e2e[0] / e2e})

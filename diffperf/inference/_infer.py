@@ -1,0 +1,650 @@
+"""Latency, throughput and memory of LLM inference: prefill, decode and the KV cache.
+
+One request batch is served with static batching: the prefill pass processes all
+`batch * input_len` prompt tokens and emits the first token; then `output_len - 1` decode steps
+each generate one token per sequence. Every phase is a list of operations (`Cost`) - each GEMM
+with its exact local shape, the attention core, element-wise kernels, the tensor-parallel
+all-reduces, pipeline send/recv - and a phase's time is the sum of its operations' times:
+
+    t_op = smax(FLOPs / rate, HBM bytes / (BW_hbm * e_hbm)) + network + kernels * t_kernel
+
+with `smax` the smooth maximum of `diffperf.roofline` (its softer GEMM knee for GEMMs), and
+`t_kernel = launch_overhead + kernel_overhead` the fixed cost of one kernel. Definitions:
+
+- TTFT = prefill time (including the LM head of the last prompt token), as in NVIDIA's
+  first-token-latency tables measured with `output_len = 1`.
+- TPOT = mean decode step over the `output_len - 1` steps after the first token.
+- e2e latency = TTFT + (output_len - 1) * TPOT.
+- output tokens/s per GPU = batch * output_len / e2e / (tp * pp).
+
+Decode over all output tokens is closed form: step j (1 <= j < output_len) attends over a KV
+cache of L_j = input_len + j tokens, and the attention FLOPs and bytes are both proportional
+to L_j, so (the smooth maximum being homogeneous of degree one) the sum over steps is exactly
+the attention cost at the summed context (output_len - 1) * (input_len + output_len / 2).
+Sliding-window layers read min(L_j, window) tokens; that sum is closed form too
+(`Transformer.mean_cached_tokens`).
+
+Pipeline stages run one after the other for a single batch (no overlap between batches), so
+latency counts every layer and throughput divides by all tp * pp GPUs. GEMMs are modelled
+without wave quantisation above one output tile per SM. Below it a GEMM costs the cheaper of
+split-K (every SM busy, a second kernel reduces the partial sums) and one kernel at the share
+of the SMs its tiles occupy (`_gemm`). The cost is continuous in the token count, but between
+the switch to one kernel and one tile per SM it falls as fewer SMs sit idle: the time per
+decode step of a small model at a short context can fall by 1-3 % over a range of batches
+(Llama 3 8B on one H100, 128 + 8 tokens: -1.2 % from batch 71 to 76), where before 2026-11-24
+it fell by up to 6 % at a single batch. Real GEMM libraries show such falls where their
+heuristics change kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..costs import _collectives as coll
+from ..specs._attention import projections
+from ..specs._efficiency import Efficiency, matmul_efficiency
+from ..feasibility import divides, tp_divides_mlps, whole_counts
+from ..specs._hardware import System
+from ..specs._inference_plan import InferencePlan
+from ..specs._transformer import Transformer
+from ..costs._roofline import (GEMM_SHARPNESS, SHARPNESS, TILE, bytes_per_element, peak_matmul_flops,
+                       smooth_max)
+from ..presets import default_efficiency
+
+#: Element-wise kernels per layer and step (TensorRT-LLM style fusion): input RMSNorm,
+#: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add (one
+#: fewer in a parallel attention + MLP block, which has a single residual add).
+ELEMENTWISE_KERNELS = 4.0
+#: Extra kernels per MoE layer: router softmax + top-k, token permute, un-permute + combine.
+MOE_KERNELS = 3.0
+#: Kernels of the attention core, as TensorRT-LLM 0.9's GPT attention plugin launches them
+#: (`gptAttentionCommon.cpp`, `enqueueContext` / `enqueueGeneration`). Decode: one kernel
+#: (masked MHA or XQA, with RoPE and the KV-cache write fused in).
+ATTENTION_KERNELS_DECODE = 1.0
+#: Prefill with fused attention: sequence / padding offsets (`invokeBuildDecoderInfo`), RoPE +
+#: KV-cache write (`invokeApplyBiasRopeUpdateKVCache`), the fused multi-head attention kernel.
+ATTENTION_KERNELS_PREFILL_FUSED = 3.0
+#: Prefill without it: offsets, mask, buffer memset, Q/K/V transpose with RoPE, KV-cache write,
+#: QK^T, softmax, AV, output transpose.
+ATTENTION_KERNELS_PREFILL_UNFUSED = 9.0
+#: Kernels outside the layers per pass: embedding, final norm, sampling (LM head is a GEMM).
+HEAD_KERNELS = 3.0
+
+#: Operation names and the category each belongs to (keys of `inference_ops`, per phase).
+OP_KINDS = {
+    "embedding": "elementwise", "qkv_proj": "gemm", "attention": "attention",
+    "out_proj": "gemm", "router": "gemm", "mlp_up": "gemm", "mlp_down": "gemm",
+    "shared_mlp_up": "gemm", "shared_mlp_down": "gemm", "dense_mlp_up": "gemm",
+    "dense_mlp_down": "gemm",
+    "elementwise": "elementwise", "tp_allreduce": "tp_comm", "pp_send_recv": "pp_comm",
+    "lm_head": "gemm", "logits_gather": "tp_comm", "final": "elementwise",
+}
+KINDS = ("gemm", "attention", "elementwise", "tp_comm", "pp_comm")
+
+
+class Cost(eqx.Module):
+    """Resources of one operation summed over all its executions in a phase (one GPU).
+
+    `compute` and `memory` are the times the op would take if only arithmetic or only HBM
+    traffic limited it; `network` is communication time (bandwidth + latency + software
+    overhead); `launch` is the fixed per-kernel cost. All times s, `flops` FLOP, `bytes` B.
+    """
+
+    flops: jax.Array
+    bytes: jax.Array
+    compute: jax.Array
+    memory: jax.Array
+    network: jax.Array
+    launch: jax.Array
+    kernels: jax.Array
+    sharpness: float = eqx.field(static=True, default=SHARPNESS)  # knee of the smooth maximum
+
+    @property
+    def roofline(self) -> jax.Array:
+        """Smooth maximum of the compute and memory times (exactly 0 for an absent op), s."""
+        return jnp.where(self.compute + self.memory > 0,
+                         smooth_max(self.compute, self.memory, self.sharpness), 0.0)
+
+    @property
+    def time(self) -> jax.Array:
+        """Total time of the operation, s."""
+        return self.roofline + self.network + self.launch
+
+    def __mul__(self, n) -> "Cost":
+        """The cost of `n` executions (exact: every field scales linearly)."""
+        return jax.tree.map(lambda x: x * n, self)
+
+    __rmul__ = __mul__
+
+
+def _kernel_time(system: System, eff: Efficiency) -> jax.Array:
+    return system.accelerator.launch_overhead + eff.kernel_overhead
+
+
+def _compute(system: System, eff: Efficiency, flops, nbytes, rate, kernels,
+             sharpness: float = SHARPNESS) -> Cost:
+    acc = system.accelerator
+    zero = jnp.zeros_like(jnp.asarray(flops, dtype=jnp.result_type(float)))
+    return Cost(flops=flops + zero, bytes=nbytes + zero, compute=flops / rate,
+                memory=nbytes / (acc.hbm_bandwidth * eff.hbm), network=zero,
+                launch=kernels * _kernel_time(system, eff), kernels=kernels + zero,
+                sharpness=sharpness)
+
+
+def _network(time, nbytes) -> Cost:
+    zero = jnp.zeros_like(time)
+    return Cost(flops=zero, bytes=nbytes + zero, compute=zero, memory=zero, network=time,
+                launch=zero, kernels=zero)
+
+
+def _gemm(system: System, eff: Efficiency, m, n, k, math, w_bytes, a_bytes, groups=1.0,
+          peak_fraction=1.0) -> Cost:
+    """`groups` independent (m x k) @ (k x n) GEMMs in one kernel: weights (k x n) at
+    `w_bytes` per element, activations in and out at `a_bytes`, on `peak_fraction` of the
+    tensor peak (`InferencePlan.gemm_peak_fraction`).
+
+    When the output, m x n counted in `roofline.TILE`-square tiles, is fewer tiles than the GPU
+    has SMs, one kernel leaves SMs idle: it runs at the busy share u = tiles / SMs of the
+    GPU's FLOP/s and bandwidth. Split-K (the standard remedy) fills every SM but needs a second
+    kernel to reduce the partial sums (they stay in L2: no extra HBM traffic counted). The
+    cheaper of the two is taken, as a library's heuristic would: skinny decode GEMMs split,
+    GEMMs close to one tile per SM do not. The cost is continuous in m; between the switch and
+    one tile per SM it falls by up to one kernel launch as fewer SMs sit idle."""
+    flops = 2.0 * groups * m * n * k
+    nbytes = groups * (k * n * w_bytes + m * k * a_bytes + m * n * a_bytes)
+    rate = (peak_matmul_flops(system.accelerator, math) * peak_fraction
+            * matmul_efficiency(eff, m, n, k, math))
+    busy = jnp.clip(groups * m * n / TILE**2 / system.accelerator.num_sms, 1e-6, 1.0)
+    split = _compute(system, eff, flops, nbytes, rate, 2.0, GEMM_SHARPNESS)
+    whole = _compute(system, eff, flops, nbytes, rate * busy, 1.0, GEMM_SHARPNESS)
+    whole = eqx.tree_at(lambda c: c.memory, whole, whole.memory / busy)
+    use_split = (busy < 1.0) & (split.time < whole.time)
+    return jax.tree.map(lambda a, b: jnp.where(use_split, a, b), split, whole)
+
+
+class _Dims(eqx.Module):
+    """Local (per-GPU) sizes shared by both phases (internal)."""
+
+    tp: jax.Array
+    ep: jax.Array  # expert-parallel degree within the tp GPUs (InferencePlan.ep)
+    h: jax.Array
+    d: jax.Array
+    heads: jax.Array  # query heads per GPU
+    kv: jax.Array  # K / V heads the prefill kernel reads per GPU (MLA: one per query head)
+    qk: jax.Array  # per-head query / key width (MLA: d_n + d_r)
+    v: jax.Array  # per-head value width
+    cache: jax.Array  # KV-cache elements per token and layer on one GPU
+    dec_k: jax.Array  # key width a decode step reads per cached token and head group
+    dec_v: jax.Array  # value width (MLA, absorbed: the latent for both)
+    group: jax.Array  # query heads per cached head group (MLA: all heads share the latent)
+    rope: jax.Array  # elements per token that get RoPE: (a + g) d, or MLA's (a + 1) d_r
+    latents: jax.Array  # MLA's query + KV latent (+ RoPE key) widths per token (0 without)
+    f: jax.Array  # MLP width per GPU (an expert's: its mean share of each GPU)
+    f_expert: jax.Array  # width of one expert on the GPUs that hold it, ffn_hidden * ep / tp
+    f_dense: jax.Array  # width per GPU of a MoE model's dense-MLP layers
+    f_shared: jax.Array  # width per GPU of the shared expert of its MoE layers (0 = none)
+    shared_gemm: jax.Array  # that width where it is > 0, else f (finite GEMM costs, weighted 0)
+    dense: jax.Array  # share of the layers that are such dense-MLP layers
+    vocab: jax.Array  # vocabulary shard per GPU
+    math: jax.Array  # GEMM precision code
+    head_math: jax.Array  # LM head precision code (at most 16 bit: kept unquantised)
+    wb: jax.Array  # weight bytes per element
+    ab: jax.Array  # GEMM activation bytes per element
+    sb: jax.Array  # residual stream bytes per element (at least 16 bit)
+    kb: jax.Array  # KV-cache bytes per element
+    moe: jax.Array
+    peak_fraction: jax.Array  # share of the tensor peak the weight GEMMs can issue
+
+
+def expert_parallel_degree(model: Transformer, plan: InferencePlan) -> jax.Array:
+    """The plan's ep where the model has experts, else 1: ep only regroups experts, so a dense
+    model's costs (and their gradients) never depend on it."""
+    return jnp.where(model.num_experts > 1, plan.ep, 1.0)
+
+
+def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
+    ab = bytes_per_element(plan.activation_precision)
+    mla = model.mla
+    heads = model.heads / plan.tp
+    kv = jnp.maximum(model.kv_heads / plan.tp, 1.0)  # replicated when tp > kv_heads
+    latent = model.kv_lora_rank + model.rope_head_dim
+    mix = lambda standard, latent_attention: (1.0 - mla) * standard + mla * latent_attention
+    ep = expert_parallel_degree(model, plan)
+    return _Dims(
+        tp=plan.tp, ep=ep, h=model.hidden, d=model.head_dim, heads=heads,
+        kv=jnp.maximum(model.attention_kv_heads / plan.tp, 1.0), qk=model.qk_dim, v=model.v_dim,
+        cache=model.kv_cache_width(plan.tp), dec_k=mix(model.head_dim, latent),
+        dec_v=mix(model.head_dim, model.kv_lora_rank), group=mix(heads / kv, heads),
+        rope=mix((heads + kv) * model.head_dim, (heads + 1.0) * model.rope_head_dim),
+        latents=mla * (model.q_lora_rank + latent), f=model.ffn_hidden / plan.tp,
+        f_expert=model.ffn_hidden * ep / plan.tp,
+        f_dense=model.dense_width / plan.tp, dense=model.dense_fraction,
+        f_shared=model.shared_ffn_hidden / plan.tp, shared_gemm=model.shared_width / plan.tp,
+        vocab=model.vocab / plan.tp, math=plan.math_precision,
+        head_math=jnp.minimum(plan.math_precision, 1.0),
+        wb=bytes_per_element(plan.weight_precision), ab=ab, sb=jnp.maximum(ab, 2.0),
+        kb=bytes_per_element(plan.kv_precision), moe=model.num_experts > 1,
+        peak_fraction=plan.gemm_peak_fraction)
+
+
+def experts_touched(model: Transformer, tokens) -> jax.Array:
+    """Expected distinct experts a layer routes `tokens` tokens to: E (1 - (1 - k/E)^tokens)
+    for uniform top-k routing (1 for a dense model), count."""
+    e, k = model.num_experts, model.experts_per_token
+    miss = jnp.clip(1.0 - k / e, 1e-6, 1.0)  # clipped: finite gradients when k = E or E = 1
+    return jnp.where(model.num_experts > 1, e * (1.0 - miss ** tokens), 1.0)
+
+
+def expected_max_of_normals(n) -> jax.Array:
+    """Expected maximum of n independent standard normals: with L = log2 n,
+    0.52007 L / (1 + 0.14100 L) + 0.10894 L, a fit to its values at n = 1, 2, 4, ..., 256
+    (0, 0.5642, 1.0294, 1.4236, 1.7660, 2.0697, 2.3437, 2.5946, 2.8269 by numerical integration
+    of x n phi(x) Phi(x)^(n-1)) within 0.001; exactly 0 at n = 1."""
+    lg = jnp.log2(jnp.maximum(n, 1.0))
+    return 0.52007 * lg / (1.0 + 0.14100 * lg) + 0.10894 * lg
+
+
+def busiest_gpu_experts(model: Transformer, tokens, ep) -> jax.Array:
+    """Expected distinct experts of one layer that the busiest of `ep` expert-parallel GPUs
+    runs for `tokens` tokens, count (= `experts_touched` for ep = 1).
+
+    Each of a GPU's E / ep experts is picked by at least one token with probability
+    p = 1 - (1 - k/E)^tokens, so a GPU runs Binomial(E / ep, p) experts (independence
+    assumed); the busiest of ep such GPUs is taken as mean + z_ep sd, with z_ep the expected
+    maximum of ep standard normals (`expected_max_of_normals`: 0 for ep = 1, 0.56 for 2, 1.42
+    for 8), at least one expert (some GPU runs each picked expert) and
+    at most E / ep. Exact for ep = 1; within 6 % of a simulation of uniform top-k routing for
+    Mixtral and DeepSeek-V3 at 1-64 tokens and ep 2-8 (`tests/test_inference_expert_parallel`).
+    Low where a GPU expects about one expert or fewer (the binomial is skewed there): DeepSeek-V3
+    at one or two tokens and ep 16-64 runs 1.0-2.7 experts on its busiest GPU against 1.3-3.0 in
+    a simulation (about 1 % of a decode step, which launches dominate). Token counts per expert
+    are the mean: the imbalance of tokens between the GPUs is not modelled.
+    """
+    e = model.num_experts
+    touched = experts_touched(model, tokens)
+    local = e / ep
+    p = touched / e
+    sd = jnp.sqrt(jnp.maximum(local * p * (1.0 - p), 1e-12))
+    z = expected_max_of_normals(ep)
+    busiest = jnp.maximum(touched / ep + z * sd, jnp.minimum(touched, 1.0))
+    return jnp.minimum(busiest, jnp.maximum(local, 1.0))
+
+
+def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
+                 tokens) -> dict[str, Cost]:
+    """Weight GEMMs of one layer for `tokens` tokens (M = tokens), mean over the layers: a
+    MoE model's dense-MLP layers (share `x.dense`) run `dense_mlp_*` instead of the router,
+    the experts and the shared expert (`shared_mlp_*`, every token, not dispatched). The
+    experts are those of the busiest expert-parallel GPU (`busiest_gpu_experts`), each at the
+    mean tokens per picked expert."""
+    k_top = model.experts_per_token
+    touched = experts_touched(model, tokens)
+    per_expert = tokens * k_top / touched
+    local = busiest_gpu_experts(model, tokens, x.ep)
+    g = lambda m, n, k, groups=1.0: _gemm(system, eff, m, n, k, x.math, x.wb, x.ab, groups,
+                                          x.peak_fraction)
+    moe = 1.0 - x.dense
+    def only(field, share, m, n, k):  # a zero cost where the model has no such layers
+        return (_network(jnp.zeros(()), 0.0) if model.known_absent(field)
+                else share * g(m, n, k))
+    proj = [(pr.is_output, pr.share * g(tokens, pr.n, pr.k))
+            for pr in projections(model, x.tp)]
+    add = lambda costs: functools.reduce(lambda a, b: jax.tree.map(jnp.add, a, b), costs)
+    return {
+        # MLA's four input projections as one op (same rows, so the same boundedness)
+        "qkv_proj": add([c for is_out, c in proj if not is_out]),
+        "out_proj": add([c for is_out, c in proj if is_out]),
+        "router": jnp.where(x.moe, moe, 0.0) * _gemm(system, eff, tokens, model.num_experts,
+                                                     x.h, x.head_math, x.sb, x.sb),
+        "mlp_up": moe * g(per_expert, (model.mlp_matrices - 1.0) * x.f_expert, x.h, local),
+        "mlp_down": moe * g(per_expert, x.h, x.f_expert, local),
+        "shared_mlp_up": only("shared_ffn_hidden", moe * model.has_shared, tokens,
+                              (model.mlp_matrices - 1.0) * x.shared_gemm, x.h),
+        "shared_mlp_down": only("shared_ffn_hidden", moe * model.has_shared, tokens, x.h,
+                                x.shared_gemm),
+        "dense_mlp_up": only("dense_layers", x.dense, tokens,
+                             (model.mlp_matrices - 1.0) * x.f_dense, x.h),
+        "dense_mlp_down": only("dense_layers", x.dense, tokens, x.h, x.f_dense),
+    }
+
+
+def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
+                 tokens) -> Cost:
+    """Norms, residual adds, activation, RoPE and KV-cache write of one layer."""
+    th = tokens * x.h
+    act = tokens * ((1.0 - x.dense) * (model.experts_per_token * x.f + x.f_shared)
+                    + x.dense * x.f_dense)
+    rope = tokens * x.rope
+    # 2 norms; 2 residual adds (read 2, write 1) or, in a parallel block, one that reads the
+    # residual and both branch outputs.
+    residual = th * x.sb * (6.0 - 2.0 * model.parallel_attention)
+    nbytes = (2.0 * th * 2.0 * x.sb + residual
+              + act * x.ab * (model.mlp_matrices)  # activation: read 1-2 inputs, write 1
+              + rope * 2.0 * x.ab + tokens * x.cache * x.kb)  # RoPE, KV write
+    flops = 2.0 * th * 5.0 + 2.0 * th + act * 8.0 + rope * 6.0
+    kernels = (ELEMENTWISE_KERNELS - model.parallel_attention
+               + jnp.where(x.moe, (1.0 - x.dense) * MOE_KERNELS, 0.0))
+    acc = system.accelerator
+    return _compute(system, eff, flops, nbytes, acc.vector_flops * eff.vector, kernels)
+
+
+def _attention_rate(system: System, eff: Efficiency, x: _Dims, m, n, d) -> jax.Array:
+    """Achieved FLOP/s of a fused attention kernel (16-bit math, at `eff.attention` of peak,
+    with the small-size loss of an (m x n x d) GEMM)."""
+    return (peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * eff.attention
+            * matmul_efficiency(eff, m, n, d, 1.0) / eff.matmul_peak)
+
+
+def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
+                       eff: Efficiency, x: _Dims) -> Cost:
+    """Causal self-attention over the prompt, one layer: fused (flash) or QK^T, softmax, AV.
+    The fused kernel skips the blocks outside the causal mask and a sliding window; the
+    unfused path computes the whole s x s product."""
+    b, s = plan.batch, plan.input_len
+    bh = b * x.heads
+    keys = model.attended_keys(s)  # = s without a sliding window
+    core = 0.5 * (x.qk + x.v)  # = d for standard attention
+    qkvo = b * s * (x.heads + x.kv) * (x.qk + x.v) * x.ab
+    flash_flops = 2.0 * bh * s * keys * core  # 4 b a s^2 d, halved by the causal mask
+    flash = _compute(system, eff, flash_flops, qkvo,
+                     _attention_rate(system, eff, x, s, keys, core),
+                     ATTENTION_KERNELS_PREFILL_FUSED)
+    scores = bh * s * s
+    rate = peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * matmul_efficiency(
+        eff, s, s, core, 1.0)
+    unfused = _compute(system, eff, 4.0 * bh * s * s * core + 5.0 * scores,
+                       qkvo + scores * 4.0 * x.sb, rate, ATTENTION_KERNELS_PREFILL_UNFUSED)
+    return jax.tree.map(lambda a, c: jnp.where(plan.flash_attention > 0, a, c), flash, unfused)
+
+
+def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
+                      eff: Efficiency, x: _Dims, context) -> Cost:
+    """One decode step's attention, one layer, attending over `context` cached tokens: reads
+    K and V of every cached token once; FLOPs 4 b a_local L d. Both are proportional to
+    `context`. With MLA (weights absorbed) it reads the cached latent and RoPE key once and
+    does 2 b a_local L (c + d_r + c) FLOPs, all heads as one group. A grouped kernel runs on tensor cores with the group's g query heads as the M of
+    its tile; a per-query-head kernel (masked MHA) does scalar FP32 dot products on the CUDA
+    cores, g times as many per K/V byte, and its re-reads of a group's K/V hit L2."""
+    b = plan.batch
+    flops = 2.0 * b * x.heads * context * (x.dec_k + x.dec_v)
+    nbytes = b * context * x.cache * x.kb
+    mean_context = model.mean_cached_tokens(plan.input_len, plan.input_len + plan.output_len)
+    tensor = _attention_rate(system, eff, x, x.group, mean_context, 0.5 * (x.dec_k + x.dec_v))
+    cuda_cores = system.accelerator.vector_flops * eff.per_head_attention
+    rate = jnp.where(plan.grouped_decode_attention > 0, tensor, cuda_cores)
+    return _compute(system, eff, flops, nbytes, rate, ATTENTION_KERNELS_DECODE)
+
+
+def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Efficiency,
+              x: _Dims, tokens, attention: Cost) -> dict[str, Cost]:
+    """All operations of one forward pass over `tokens` new tokens (all layers, all stages);
+    the LM head runs on the last token of each sequence only."""
+    net = system.network
+    layers = model.layers
+    ops = {"embedding": _compute(system, eff, 0.0, 2.0 * tokens * x.h * x.sb, 1.0, 1.0)}
+    per_layer = dict(_layer_gemms(model, system, eff, x, tokens))
+    per_layer["attention"] = attention
+    per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens)
+    msg = tokens * x.h * x.sb
+    per_layer["tp_allreduce"] = model.tp_reductions_per_pass * _network(
+        coll.all_reduce(net, eff, msg, plan.tp), msg)
+    ops.update({k: layers * v for k, v in per_layer.items()})
+    ops["pp_send_recv"] = (plan.pp - 1.0) * _network(
+        coll.send_recv(net, eff, msg, plan.tp), msg)
+    b = plan.batch
+    ops["lm_head"] = _gemm(system, eff, b, x.vocab, x.h, x.head_math,
+                           bytes_per_element(x.head_math), x.sb)
+    logits = b * model.vocab * 4.0  # fp32 logits gathered over the TP group
+    ops["logits_gather"] = _network(coll.all_gather(system.network, eff, logits, plan.tp),
+                                    logits)
+    ops["final"] = _compute(system, eff, 5.0 * b * x.h + 5.0 * b * x.vocab,
+                            b * x.h * 2.0 * x.sb + b * x.vocab * 4.0 * 2.0,
+                            system.accelerator.vector_flops * eff.vector, HEAD_KERNELS - 1.0)
+    return ops
+
+
+def inference_ops(model: Transformer, system: System, plan: InferencePlan,
+                  efficiency: Efficiency | None = None,
+                  per_step_fallback: bool = False) -> dict[str, dict[str, Cost]]:
+    """Per-operation costs of both phases: `{"prefill": {op: Cost}, "decode": {op: Cost}}`.
+
+    Prefill costs are for the whole prompt pass; decode costs are summed over all
+    `output_len - 1` decode steps (closed form, see the module docstring). Op names and
+    categories: `OP_KINDS`. Pure JAX (jit / vmap / grad). With `output_len = 1` the decode
+    costs are zero, unless `per_step_fallback` (then they are those of one step).
+    """
+    eff = _default(efficiency)
+    x = _dims(model, plan)
+    b = plan.batch
+    prefill = _pass_ops(model, plan, system, eff, x, b * plan.input_len,
+                        _prefill_attention(model, plan, system, eff, x))
+    # With output_len = 1 there is no decode step: the ops of one step (at context input_len
+    # + 1/2) are still built, so that `infer` can report a finite TPOT, then masked to zero.
+    steps = jnp.maximum(plan.output_len - 1.0, 1.0)
+    # Sum over the steps of the keys each step reads (the context, or the window)
+    total_context = steps * model.mean_cached_tokens(plan.input_len,
+                                                     plan.input_len + plan.output_len)
+    attention = _decode_attention(model, plan, system, eff, x, total_context)
+    attention = eqx.tree_at(lambda c: (c.launch, c.kernels), attention,
+                            (attention.launch * steps, attention.kernels * steps))
+    step = _pass_ops(model, plan, system, eff, x, b, attention)
+    decode = {k: (v if k == "attention" else steps * v) for k, v in step.items()}
+    if not per_step_fallback:
+        decode = jax.tree.map(lambda c: jnp.where(plan.output_len > 1, c, 0.0), decode)
+    return {"prefill": prefill, "decode": decode}
+
+
+class PhaseBreakdown(eqx.Module):
+    """Time of one phase on the critical path, by category, s. `total` is their sum; `launch`
+    is the fixed per-kernel cost of all kernels (excluded from the other compute terms)."""
+
+    gemm: jax.Array
+    attention: jax.Array
+    elementwise: jax.Array
+    launch: jax.Array
+    tp_comm: jax.Array
+    pp_comm: jax.Array
+    total: jax.Array
+    kernels: jax.Array  # kernel launches, count
+
+
+def _breakdown(ops: dict[str, Cost]) -> PhaseBreakdown:
+    def kind_sum(kind):
+        return sum(c.roofline + c.network for n, c in ops.items() if OP_KINDS[n] == kind)
+    launch = sum(c.launch for c in ops.values())
+    parts = {k: kind_sum(k) for k in KINDS}
+    return PhaseBreakdown(**parts, launch=launch, total=sum(parts.values()) + launch,
+                          kernels=sum(c.kernels for c in ops.values()))
+
+
+class InferenceMemory(eqx.Module):
+    """Per-GPU memory of the most loaded pipeline stage, B."""
+
+    weights: jax.Array  # at the weight precision; all experts stored
+    kv_cache: jax.Array  # batch * (input_len + output_len) tokens
+    activations: jax.Array  # peak transient tensors (prefill of one layer + logits)
+    workspace: jax.Array  # CUDA context, NCCL and GEMM workspaces (Efficiency.memory_reserve)
+    total: jax.Array
+
+
+def weight_bytes_per_gpu(model: Transformer, plan: InferencePlan) -> jax.Array:
+    """Weights one GPU holds: its layers' share (KV projections replicated when tp > kv_heads,
+    MLA's down-projections, router and norms replicated) plus the embedding and LM head shards,
+    B."""
+    x = _dims(model, plan)
+    attn = sum(pr.share * pr.n * pr.k for pr in projections(model, plan.tp))
+    mlp = model.mlp_matrices * x.h * ((1.0 - x.dense) * (model.num_experts * x.f + x.f_shared)
+                                      + x.dense * x.f_dense)
+    replicated = (jnp.where(x.moe, (1.0 - x.dense) * x.h * model.num_experts, 0.0) + 4.0 * x.h
+                  + model.mla * (model.q_lora_rank + model.kv_lora_rank))  # MLA latent norms
+    layer = (attn + mlp) * x.wb + replicated * 2.0
+    # Embedding on the first stage, LM head (16 bit) on the last; both on one stage when pp = 1
+    # unless they are one tied matrix.
+    head = x.vocab * x.h * bytes_per_element(x.head_math)
+    embed = x.vocab * x.h * x.sb
+    one = (plan.pp > 1) | (model.tied_embeddings > 0)
+    return model.layers / plan.pp * layer + jnp.where(one, jnp.maximum(head, embed), head + embed)
+
+
+def kv_cache_bytes_per_gpu(model: Transformer, plan: InferencePlan, batch=None) -> jax.Array:
+    """KV cache of one GPU: 2 (K, V) * layers/pp * kv_heads_local * head_dim * kv bytes *
+    (input_len + output_len) * batch, with kv_heads_local = max(kv_heads / tp, 1); with MLA
+    (kv_lora_rank + rope_head_dim) per token and layer on every GPU instead of 2 kv_heads_local
+    head_dim; sliding-window layers hold at most the window, B."""
+    x = _dims(model, plan)
+    b = plan.batch if batch is None else batch
+    context = model.cached_tokens(plan.input_len + plan.output_len)
+    return model.layers / plan.pp * x.cache * x.kb * context * b
+
+
+def _prefill_activation_bytes(model: Transformer, plan: InferencePlan) -> tuple:
+    """`(per prompt token, per sequence in the pass, per sequence held)` transient activation
+    bytes, B: one prefill pass holds the first two for each of its tokens / sequences, and the
+    fp32 logits of a decode step (the third) are held for every sequence.
+
+    The residual stream and the normalised input stay live through a layer; on top of them the
+    attention part holds Q, K, V and the attention output, the MLP part its first GEMM's
+    output(s) and the activation output. The two parts are never live at once (the engine
+    reuses their buffers), so the peak takes the larger one. Unfused attention also holds a
+    sequence's s x s scores per head."""
+    x = _dims(model, plan)
+    s = plan.input_len
+    attention = (x.heads * x.qk + x.kv * (x.qk + x.v) + x.heads * x.v + x.latents) * x.ab
+    mlp = model.mlp_matrices * x.ab * jnp.maximum(  # the wider of the two kinds of MLP layer
+        model.experts_per_token * x.f + x.f_shared, jnp.where(x.dense > 0, x.f_dense, 0.0))
+    per_token = 2.0 * x.h * x.sb + jnp.maximum(attention, mlp)
+    scores = jnp.where(plan.flash_attention > 0, 0.0, x.heads * s * s * x.sb)
+    return per_token, scores, x.vocab * 4.0
+
+
+def _activation_bytes(model: Transformer, plan: InferencePlan) -> jax.Array:
+    """Peak transient activations of the plan's batch, B: one prefill pass over all prompt
+    tokens, or at most `plan.prefill_tokens` of them with chunked prefill."""
+    per_token, scores, logits = _prefill_activation_bytes(model, plan)
+    tokens = plan.batch * plan.input_len
+    tokens = jnp.where(plan.prefill_tokens > 0, jnp.minimum(tokens, plan.prefill_tokens), tokens)
+    return tokens * per_token + tokens / plan.input_len * scores + plan.batch * logits
+
+
+def inference_memory(model: Transformer, plan: InferencePlan,
+                     efficiency: Efficiency | None = None) -> InferenceMemory:
+    """Per-GPU memory of the plan (see `InferenceMemory`)."""
+    eff = _default(efficiency)
+    w = weight_bytes_per_gpu(model, plan)
+    kv = kv_cache_bytes_per_gpu(model, plan)
+    act = _activation_bytes(model, plan)
+    return InferenceMemory(weights=w, kv_cache=kv, activations=act,
+                           workspace=eff.memory_reserve + 0.0 * w,
+                           total=w + kv + act + eff.memory_reserve)
+
+
+def max_batch(model: Transformer, system: System, plan: InferencePlan,
+              efficiency: Efficiency | None = None) -> jax.Array:
+    """Largest batch whose weights, KV cache, activations and workspace fit in HBM (0 if even
+    the weights do not fit). Exact floor: its gradient is zero.
+
+    Memory grows with the batch b as b (KV + logits) + min(b s, C) (prompt-token activations),
+    C = `plan.prefill_tokens` (no cap when 0): the largest b either with every prompt in one
+    pass (b s <= C) or with the pass full (b s >= C)."""
+    eff = _default(efficiency)
+    free = (system.accelerator.hbm_capacity - weight_bytes_per_gpu(model, plan)
+            - eff.memory_reserve)
+    per_token, scores, logits = _prefill_activation_bytes(model, plan)
+    kv = kv_cache_bytes_per_gpu(model, plan, 1.0)
+    s, cap = plan.input_len, plan.prefill_tokens
+    whole = jnp.floor(free / (kv + logits + s * per_token + scores))
+    chunked = jnp.floor((free - cap * (per_token + scores / s)) / (kv + logits))
+    b = jnp.where((cap > 0) & (chunked * s >= cap), jnp.maximum(chunked, whole), whole)
+    return jnp.maximum(b, 0.0)
+
+
+def inference_reason(model: Transformer, plan: InferencePlan, system: System,
+                     memory_total) -> jax.Array:
+    """Reason code of an inference plan (0 feasible; codes of `diffperf.feasibility.REASONS`:
+    1 tp does not divide heads, 2 tp vs kv_heads, 3 tp (tp / ep for the experts) does not divide
+    ffn_hidden, 5 pp exceeds layers, 8 ep does not divide the experts or tp, 9 no tensor cores
+    for the GEMM precision, 10 does not fit in HBM; 11, reported first: a count that is not a
+    whole number >= 1)."""
+    ep_ok = divides(plan.ep, plan.tp)
+    checks = [
+        (1, divides(plan.tp, model.heads)),
+        (2, divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp)),
+        (3, tp_divides_mlps(plan.tp, model, jnp.where(
+            ep_ok, plan.tp / expert_parallel_degree(model, plan), plan.tp))),
+        (5, plan.pp <= model.layers),
+        (8, divides(plan.ep, model.num_experts) & ep_ok),
+        (9, system.accelerator.peak_flops(plan.math_precision) > 0),
+        (10, memory_total <= system.accelerator.hbm_capacity),
+    ]
+    reason = jnp.zeros(jnp.shape(memory_total), jnp.int32)
+    for code, ok in reversed(checks):
+        reason = jnp.where(ok, reason, code)
+    counts = whole_counts(plan, ("tp", "pp", "ep", "batch", "input_len", "output_len"))
+    return jnp.where(counts, reason, 11)
+
+
+class InferenceReport(eqx.Module):
+    """Prediction for one static batch of requests. Times in s, memory in B."""
+
+    ttft: jax.Array  # time to first token = prefill incl. the LM head of the last prompt token
+    tpot: jax.Array  # mean time per output token after the first (one decode step)
+    e2e_latency: jax.Array  # ttft + (output_len - 1) * tpot
+    output_tok_s_per_gpu: jax.Array  # batch * output_len / e2e / (tp * pp), tokens/s
+    throughput: jax.Array  # output tokens/s of the whole job
+    prefill: PhaseBreakdown
+    decode: PhaseBreakdown  # summed over all decode steps
+    memory: InferenceMemory
+    fits: jax.Array  # memory.total <= HBM capacity
+    max_batch: jax.Array  # largest batch that fits, count
+    num_gpus: jax.Array
+    feasible: jax.Array
+    reason: jax.Array  # 0 if feasible, else a code of diffperf.feasibility.REASONS
+
+
+def _default(efficiency: Efficiency | None) -> Efficiency:
+    if efficiency is None:
+        return default_efficiency()
+    return efficiency
+
+
+def infer(model: Transformer, system: System, plan: InferencePlan,
+          efficiency: Efficiency | None = None) -> InferenceReport:
+    """Predict serving `plan` for `model` on `system`.
+
+    Pure JAX: works unchanged under `jit`, `vmap` and `grad`. Invalid plans come back with
+    `feasible = False` and a `reason` code (see `diffperf.feasibility.explain`).
+
+    **Arguments:**
+
+    - `model`: the transformer.
+    - `system`: GPUs and network.
+    - `plan`: the inference plan.
+    - `efficiency`: calibrated factors (default: the shipped `default_efficiency()`).
+
+    **Returns:** an `InferenceReport`.
+    """
+    eff = _default(efficiency)
+    ops = inference_ops(model, system, plan, eff, per_step_fallback=True)
+    prefill, decode = _breakdown(ops["prefill"]), _breakdown(ops["decode"])
+    steps = plan.output_len - 1.0
+    tpot = decode.total / jnp.maximum(steps, 1.0)  # one hypothetical step when output_len = 1
+    decode = jax.tree.map(lambda t: jnp.where(steps > 0, t, 0.0), decode)
+    ttft = prefill.total
+    # From tpot rather than from decode.total (the same value): XLA then shares one decode
+    # chain between the two outputs instead of duplicating it into each (2x faster sweeps).
+    e2e = ttft + jnp.where(steps > 0, tpot * steps, 0.0)
+    memory = inference_memory(model, plan, eff)
+    fits = memory.total <= system.accelerator.hbm_capacity
+    reason = inference_reason(model, plan, system, memory.total)
+    out_tokens = plan.batch * plan.output_len
+    return InferenceReport(
+        ttft=ttft, tpot=tpot, e2e_latency=e2e,
+        output_tok_s_per_gpu=out_tokens / e2e / plan.num_gpus, throughput=out_tokens / e2e,
+        prefill=prefill, decode=decode, memory=memory, fits=fits,
+        max_batch=max_batch(model, system, plan, eff), num_gpus=plan.num_gpus,
+        feasible=reason == 0, reason=reason)
+

@@ -1,0 +1,163 @@
+"""GPU and network specifications (datasheet numbers, SI units)."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._checks import (check_integer, check_nonnegative, check_positive, is_concrete,
+                      names_number_fields, number_field as _F)
+
+
+#: Precision codes used by plans: index into `Accelerator.matmul_flops`.
+PRECISIONS = {0: "fp32", 1: "bf16", 2: "fp8", 3: "fp4"}
+#: Accepted spellings of each precision.
+PRECISION_CODES = {"fp32": 0, "tf32": 0, "bf16": 1, "fp16": 1, "fp8": 2, "fp4": 3}
+#: Integer weight formats of weight-only quantisation, as the precision of the same width
+#: (their GEMMs run at the activations' precision, which must then be 16 bit or wider).
+INTEGER_WEIGHTS = {"int8": "fp8", "int4": "fp4"}
+#: Bytes per element of each precision code.
+BYTES_PER_ELEMENT = (4.0, 2.0, 1.0, 0.5)
+
+
+def weight_storage(weights: str, gemm: str) -> str:
+    """The precision name whose width stores `weights` (int8 -> fp8, int4 -> fp4; a precision
+    name stays itself) when the GEMMs run at `gemm` (weight-only quantisation).
+
+    Raises ValueError for an unknown name, weights wider than the GEMMs, and integer weights
+    with GEMMs narrower than 16 bit (integer activations, W8A8, are not modelled), except int4
+    weights with fp8 GEMMs: W4A8, the int4 weights dequantised to fp8 for fp8 tensor cores
+    (TensorRT-LLM's W4A8 AWQ on Hopper)."""
+    names = {**{n: n for n in PRECISION_CODES}, **INTEGER_WEIGHTS}
+    w, g = str(weights).lower(), str(gemm).lower()
+    if w not in names:
+        raise ValueError(f"must be one of {sorted(names)}, got {weights!r}")
+    storage = names[w]
+    g_code = precision_code(g)
+    if BYTES_PER_ELEMENT[PRECISION_CODES[storage]] > BYTES_PER_ELEMENT[g_code]:
+        raise ValueError(f"{w} weights are wider than the GEMM precision {g}")
+    w4a8 = w == "int4" and g_code == PRECISION_CODES["fp8"]
+    if w in INTEGER_WEIGHTS and g_code >= PRECISION_CODES["fp8"] and not w4a8:
+        raise ValueError(f"{w} weights need 16-bit or wider GEMMs (weight-only quantisation), "
+                         f"or fp8 GEMMs for int4 (W4A8); {g} integer math (W8A8) is not "
+                         f"modelled")
+    return storage
+
+
+def precision_code(name: str) -> int:
+    """Map a precision name (fp32, tf32, bf16, fp16, fp8, fp4) to its integer code."""
+    try:
+        return PRECISION_CODES[str(name).lower()]
+    except KeyError:
+        raise ValueError(
+            f"precision must be one of {sorted(PRECISION_CODES)}, got {name!r}") from None
+
+
+@names_number_fields
+class Accelerator(eqx.Module):
+    """One GPU.
+
+    **Arguments:**
+
+    - `flops_fp32`: dense tensor-core FLOP/s for fp32 inputs (TF32 on A100 and later), FLOP/s.
+    - `flops_bf16`: dense tensor-core FLOP/s for bf16 / fp16, FLOP/s.
+    - `flops_fp8`: dense FP8 FLOP/s (0 = unsupported), FLOP/s.
+    - `flops_fp4`: dense FP4 FLOP/s (0 = unsupported), FLOP/s.
+    - `vector_flops`: non-tensor (CUDA-core) FP32 FLOP/s, FLOP/s.
+    - `hbm_capacity`: HBM capacity, B.
+    - `hbm_bandwidth`: HBM bandwidth, B/s.
+    - `l2_capacity`: on-chip L2 / SRAM capacity, B.
+    - `l2_bandwidth`: L2 bandwidth, B/s.
+    - `num_sms`: streaming multiprocessors (for wave quantisation), count.
+    - `launch_overhead`: fixed cost of launching one kernel, s.
+    - `host_bandwidth`: per-direction bandwidth between the GPU and host (CPU) memory, B/s: PCIe,
+      or NVLink-C2C on Grace superchips. Used by activation offloading. Default: PCIe Gen5 x16.
+    - `host_memory`: host (CPU) memory per GPU that offloaded activations may use, B: the
+      reference system's memory divided by its GPUs (DGX H100: 2 TB / 8). Default 256 GB.
+    """
+
+    flops_fp32: jax.Array = _F()
+    flops_bf16: jax.Array = _F()
+    flops_fp8: jax.Array = _F()
+    flops_fp4: jax.Array = _F()
+    vector_flops: jax.Array = _F()
+    hbm_capacity: jax.Array = _F()
+    hbm_bandwidth: jax.Array = _F()
+    l2_capacity: jax.Array = _F()
+    l2_bandwidth: jax.Array = _F()
+    num_sms: jax.Array = _F()
+    launch_overhead: jax.Array = _F()
+    host_bandwidth: jax.Array = _F(default=64e9)
+    host_memory: jax.Array = _F(default=256e9)
+
+    def __check_init__(self):
+        for name in ("flops_bf16", "vector_flops", "hbm_capacity", "hbm_bandwidth", "l2_capacity",
+                     "l2_bandwidth", "host_bandwidth", "host_memory"):
+            check_positive("Accelerator", name, getattr(self, name))
+        for name in ("flops_fp32", "flops_fp8", "flops_fp4", "launch_overhead"):
+            check_nonnegative("Accelerator", name, getattr(self, name))
+        check_integer("Accelerator", "num_sms", self.num_sms)
+
+    @property
+    def matmul_flops(self) -> jax.Array:
+        """Dense matmul FLOP/s stacked by precision code (fp32, bf16, fp8, fp4), shape (..., 4)."""
+        return jnp.stack([self.flops_fp32, self.flops_bf16, self.flops_fp8, self.flops_fp4], -1)
+
+    def peak_flops(self, precision) -> jax.Array:
+        """Dense matmul FLOP/s at a precision code (0 if unsupported)."""
+        p = jnp.asarray(precision)
+        return jnp.where(p == 0, self.flops_fp32,
+                         jnp.where(p == 1, self.flops_bf16,
+                                   jnp.where(p == 2, self.flops_fp8, self.flops_fp4)))
+
+
+@names_number_fields
+class Network(eqx.Module):
+    """Two-tier network: a fast scale-up domain (NVLink) and the scale-out fabric.
+
+    Ranks are numbered so that the first `nvlink_domain` ranks share one NVLink domain, the next
+    `nvlink_domain` the next one, and so on; a group of ranks with a given stride therefore maps
+    onto the tier(s) it spans (see `diffperf.collectives`).
+
+    **Arguments:**
+
+    - `nvlink_domain`: GPUs in one NVLink domain (8 for DGX/HGX, 72 for NVL72), count.
+    - `nvlink_bandwidth`: per-GPU, per-direction NVLink bandwidth, B/s.
+    - `nvlink_latency`: latency of one NVLink hop (one ring step), s.
+    - `scaleout_bandwidth`: per-GPU, per-direction scale-out (InfiniBand / Ethernet) bandwidth, B/s.
+    - `scaleout_latency`: latency of one scale-out hop (one ring step), s.
+    - `nvlink_sharp`: 1 if the NVLink switches reduce in the network (NVLink SHARP / NVLS,
+      third-generation NVSwitch and later: H100 systems on): an in-domain all-reduce then pays
+      the smaller of a ring's 2 (n - 1) hop latencies and NCCL's flat NVLS latency
+      (`collectives.NVLS_LATENCY`, 23 us), as NCCL's tuner picks.
+    """
+
+    nvlink_domain: jax.Array = _F()
+    nvlink_bandwidth: jax.Array = _F()
+    nvlink_latency: jax.Array = _F()
+    scaleout_bandwidth: jax.Array = _F()
+    scaleout_latency: jax.Array = _F()
+    nvlink_sharp: jax.Array = _F(default=0)
+
+    def __check_init__(self):
+        check_integer("Network", "nvlink_domain", self.nvlink_domain)
+        check_integer("Network", "nvlink_sharp", self.nvlink_sharp, minimum=0)
+        if is_concrete(self.nvlink_sharp) and np.any(np.asarray(self.nvlink_sharp) > 1):
+            raise ValueError(f"Network.nvlink_sharp must be 0 or 1, got "
+                             f"{float(np.max(np.asarray(self.nvlink_sharp))):g}")
+        for name in ("nvlink_bandwidth", "scaleout_bandwidth"):
+            check_positive("Network", name, getattr(self, name))
+        for name in ("nvlink_latency", "scaleout_latency"):
+            check_nonnegative("Network", name, getattr(self, name))
+
+
+class System(eqx.Module):
+    """A GPU cluster: identical accelerators on a two-tier network.
+
+    The number of GPUs in a job is set by its plan (tp * pp * dp * cp), not here.
+    """
+
+    accelerator: Accelerator
+    network: Network

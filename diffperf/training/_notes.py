@@ -1,0 +1,56 @@
+"""Caveats of a training plan that is valid but modelled with a simplification: an uneven
+pipeline layout, offloading Megatron-core does not run, ZeRO-3 with pipelining, sequence
+parallelism without tensor parallelism. `diffperf train` prints them as notes; `diffperf
+predict` adds them to a row's status."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from ..specs._transformer import Transformer
+from ..specs._training_plan import TrainingPlan
+from ..feasibility import even_layout, offload_supported
+
+
+def training_notes_batch(model: Transformer, plan: TrainingPlan) -> list[list[str]]:
+    """The caveats of each configuration of a batch (leaves of shape [n] or scalars; the
+    conditions are evaluated for the whole batch at once): one list of sentences per row."""
+    v = jax.device_get({"even": even_layout(model, plan),
+                        "offload_ok": offload_supported(model, plan), "layers": model.layers,
+                        "tp": plan.tp, "pp": plan.pp, "vp": plan.vp, "zero": plan.zero,
+                        "sp": plan.sequence_parallel, "emb": plan.account_embedding_loss})
+    n = max(np.size(x) for x in v.values())
+    v = {k: np.broadcast_to(np.asarray(x), (n,)) for k, x in v.items()}
+    even, offload_ok = v["even"], v["offload_ok"]
+    out = []
+    for i in range(n):
+        layers, tp, pp, vp = (float(v[k][i]) for k in ("layers", "tp", "pp", "vp"))
+        notes = []
+        if not even[i]:
+            chunks = pp * vp
+            slots = f"{layers:g} layers"
+            if v["emb"][i] > 0 and pp > 1:
+                layers += 2.0  # the embedding and the loss take one slot each
+                slots = f"{layers:g} slots ({layers - 2:g} layers + embedding + loss)"
+            notes.append(f"uneven layout: {slots} over pp*vp = {chunks:g} stages/chunks "
+                         f"({layers / chunks:.2f} each) needs a custom pipeline layout; modelled "
+                         f"as perfectly balanced (optimistic when the per-GPU layer counts differ)")
+        if not offload_ok[i]:
+            notes.append("Megatron-core offloads activations only with pp = 1, no recomputation "
+                         "and fewer layers than the model has; modelled anyway")
+        if v["zero"][i] == 3 and pp > 1:
+            notes.append("ZeRO-3 with pp > 1 is modelled as gathering each layer's weights for "
+                         "every micro-batch; torchtitan's default with pipelining keeps them "
+                         "gathered from the forward to the backward pass instead (fewer gathers, "
+                         "more memory), and DeepSpeed's pipeline engine does not run ZeRO-3")
+        if v["sp"][i] > 0 and tp == 1:
+            notes.append("sequence parallelism has no effect with tp = 1 (nothing to split the "
+                         "sequence over; Megatron-LM turns it off)")
+        out.append(notes)
+    return out
+
+
+def training_notes(model: Transformer, plan: TrainingPlan) -> list[str]:
+    """The caveats of one configuration (scalar leaves): one sentence each, none if none."""
+    return training_notes_batch(model, plan)[0]
