@@ -9,15 +9,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from diffperf.inference import bound_shares, boundedness, dram_scaling
+from diffperf.inference import (
+    bound_shares,
+    boundedness,
+    dram_scaling,
+    experts_touched,
+    infer,
+    inference_ops,
+    kv_cache_bytes_per_gpu,
+    weight_bytes_per_gpu,
+)
 from diffperf.plots import roofline_plot
-from diffperf.specs import Efficiency
-from diffperf.inference import experts_touched, infer, inference_ops, kv_cache_bytes_per_gpu, weight_bytes_per_gpu
-from diffperf.specs import InferencePlan
 from diffperf.presets import model, system
+from diffperf.specs import Efficiency, InferencePlan
 
 EFF = Efficiency()
 A100, H100, B200 = "a100-sxm4-80gb", "h100-sxm5-80gb", "b200"
@@ -189,11 +195,12 @@ def test_split_k_choice_is_continuous_at_one_tile_per_sm():
     n, k = 8192.0, 1024.0
     one_tile_per_sm = 148 * 128 * 128 / n  # m = 296
     def time(m):
-        return float(_gemm(s, EFF, m, n, k, 1, 2.0, 2.0).time)
+        return float(_gemm(s.accelerator, EFF, m, n, k, 1, 2.0, 2.0).time)
     below, at = time(one_tile_per_sm - 1e-3), time(one_tile_per_sm)
     assert below == pytest.approx(at, rel=1e-4)
-    assert float(_gemm(s, EFF, one_tile_per_sm - 1, n, k, 1, 2.0, 2.0).kernels) == 1.0
-    assert float(_gemm(s, EFF, 1.0, n, k, 1, 2.0, 2.0).kernels) == 2.0  # batch-1 decode splits
+    assert float(_gemm(s.accelerator, EFF, one_tile_per_sm - 1, n, k, 1, 2.0, 2.0).kernels) == 1.0
+    # batch-1 decode splits
+    assert float(_gemm(s.accelerator, EFF, 1.0, n, k, 1, 2.0, 2.0).kernels) == 2.0
 
 
 def test_parallel_block_halves_tp_reductions_by_hand():
@@ -391,6 +398,7 @@ def test_cli_per_head_decode_is_slower_for_gqa(capsys, tmp_path):
     """`--per-head-decode` (masked-MHA decode attention on the CUDA cores, 8 query heads per KV
     head for Llama-2 70B) makes long-context decode slower than a grouped kernel."""
     import json
+
     from diffperf.internal import run_infer
     factors = tmp_path / "eff.json"
     factors.write_text(json.dumps({"per_head_attention": 0.15}))  # the physical default
@@ -424,8 +432,8 @@ def test_bench_inference():
 def test_inference_commands_check_prompts_against_the_served_context(capsys):
     """A preset's seq_len is its pre-training length (DeepSeek-V3: 4096); inference checks a
     prompt against the longest context the model serves (its config's 163,840)."""
-    from diffperf.internal import run_infer
     from diffperf.cli import build_parser
+    from diffperf.internal import run_infer
     assert float(model("deepseek-v3").seq_len) == 4096
     assert float(model("deepseek-v3", max_context=True).seq_len) == 163840
     assert float(model("llama2-7b", max_context=True).seq_len) == 4096  # none recorded
@@ -439,8 +447,8 @@ def test_inference_commands_check_prompts_against_the_served_context(capsys):
 
 def test_infer_notes_an_uneven_pipeline_layout(capsys):
     """80 layers over 3 stages: the memory is the average stage's, which the command says."""
-    from diffperf.internal import run_infer
     from diffperf.cli import build_parser
+    from diffperf.internal import run_infer
     parser = build_parser()
     for pp, noted in ((3, True), (2, False)):
         argv = ["infer", "--model", "llama2-70b", "--gpu", H100, "--tp", "1", "--pp", str(pp)]

@@ -1,6 +1,8 @@
-"""How long one kernel, GEMM or collective takes, with no phase: the roofline, the GEMM model
-and the collectives (time = FLOPs / rate, bytes / bandwidth, and the smooth maximum of the two)."""
+"""How long one kernel, GEMM or collective takes, with no phase: the roofline, the `Cost` record
+of one operation, the GEMM model, the fused-attention rate and the collectives (time = FLOPs /
+rate, bytes / bandwidth, and the smooth maximum of the two)."""
 
+from ._attention import fused_attention_rate as fused_attention_rate
 from ._collectives import (
     all_gather as all_gather,
     all_reduce as all_reduce,
@@ -9,15 +11,29 @@ from ._collectives import (
     send_recv as send_recv,
     tier_split as tier_split,
 )
+from ._cost import (
+    Cost as Cost,
+    compute_cost as compute_cost,
+    kernel_time as kernel_time,
+    network_cost as network_cost,
+)
+from ._gemm import (
+    L2_REUSE as L2_REUSE,
+    MMA_ROWS as MMA_ROWS,
+    TILE as TILE,
+    gemm_flops as gemm_flops,
+    gemm_hbm_bytes as gemm_hbm_bytes,
+    gemm_time as gemm_time,
+    split_k_gemm_cost as split_k_gemm_cost,
+    tile_efficiency as tile_efficiency,
+)
 from ._roofline import (
     GEMM_SHARPNESS as GEMM_SHARPNESS,
     SHARPNESS as SHARPNESS,
     bytes_per_element as bytes_per_element,
     ceil_div as ceil_div,
     exposed_after_overlap as exposed_after_overlap,
-    gemm_time as gemm_time,
     op_time as op_time,
     peak_matmul_flops as peak_matmul_flops,
     smooth_max as smooth_max,
-    tile_efficiency as tile_efficiency,
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..specs._efficiency import Efficiency, matmul_efficiency
+from ..specs._efficiency import Efficiency
 from ..specs._hardware import BYTES_PER_ELEMENT, Accelerator
 
 #: Sharpness of the smooth maximum: at a tie the result exceeds the max by this fraction
@@ -28,10 +28,6 @@ SHARPNESS = 0.1
 #: knee), 0.3 and 0.6: 0.3 cut the TensorRT-LLM first-token-latency error (prefill GEMMs at
 #: M = 128 sit at the ridge) without moving the training error (calibration/report.md).
 GEMM_SHARPNESS = 0.3
-#: GEMM output tile edge used for wave/tile quantisation and L2 operand traffic, elements.
-TILE = 128
-#: Effective operand reuse of a GEMM's L2 traffic (CTA-cluster tile edge), elements.
-L2_REUSE = 256
 
 
 def smooth_max(a: jax.Array, b: jax.Array, sharpness: float = SHARPNESS) -> jax.Array:
@@ -65,7 +61,7 @@ def exposed_after_overlap(total: jax.Array, window: jax.Array) -> jax.Array:
     return jnp.minimum(soft, total)
 
 
-def ceil_div(a: jax.Array, b: jax.Array) -> jax.Array:
+def ceil_div(a: jax.Array | float, b: jax.Array | float) -> jax.Array:
     """`ceil(a / b)` in the forward pass with the gradient of `a / b` (straight-through).
 
     Exact for integer-valued a, b (below 2^24 in float32) even though XLA evaluates `a / b` as
@@ -112,49 +108,3 @@ def op_time(acc: Accelerator, eff: Efficiency, flops, hbm_bytes, l2_bytes=0.0, k
     t_l2 = l2_bytes / (acc.l2_bandwidth * eff.l2)
     t = smooth_max(smooth_max(t_compute, t_hbm, sharpness), t_l2)
     return t + kernels * (acc.launch_overhead + eff.kernel_overhead)
-
-
-#: Row granularity of a tensor-core GEMM tile for skinny GEMMs (MMA instruction m), elements.
-MMA_ROWS = 16
-
-
-def tile_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
-    """Fraction of the tensor-core work of an m x n output that is useful, s.t. tile and wave
-    quantisation.
-
-    Output tiles are `TILE` x `TILE` (rows shrink to a multiple of `MMA_ROWS` for skinny GEMMs,
-    as cuBLAS picks small-m kernels); padding wastes `m n / (m_pad n_pad)`. With at least one
-    tile per SM, tiles run in waves of `num_sms` and the last wave is partly idle; with fewer
-    tiles than SMs the kernel splits the k loop (split-K) and keeps every SM busy. Exact
-    ceilings forward, straight-through gradients.
-    """
-    tile_m = jnp.minimum(TILE, ceil_div(m, MMA_ROWS) * MMA_ROWS)
-    tiles_m = ceil_div(m, tile_m)
-    tiles_n = ceil_div(n, TILE)
-    padding = (m * n) / (tiles_m * tile_m * tiles_n * TILE)
-    tiles = tiles_m * tiles_n * batch
-    waves = ceil_div(tiles, acc.num_sms)
-    wave = jnp.where(tiles >= acc.num_sms, tiles / (waves * acc.num_sms), 1.0)
-    return padding * wave
-
-
-def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
-              act_bytes=None, kernels=1.0) -> jax.Array:
-    """Time of `batch` independent (m x k) @ (k x n) GEMMs in `kernels` launches (one batched
-    kernel by default; `batch` for one kernel per GEMM), s.
-
-    FLOPs 2*batch*m*n*k at `peak * matmul_efficiency * tile_efficiency`; HBM traffic reads both
-    operands and writes the output once (`act_bytes` per activation element, default the
-    precision's width; weights at the precision's width); L2 traffic is the tile-reuse operand
-    stream `2*m*n*k*B / L2_REUSE`.
-    """
-    b = bytes_per_element(precision)
-    ab = b if act_bytes is None else act_bytes
-    flops = 2.0 * batch * m * n * k
-    m_pad = ceil_div(m, MMA_ROWS) * MMA_ROWS  # size effects act on the padded tile rows
-    rate = (peak_matmul_flops(acc, precision) * matmul_efficiency(eff, m_pad, n, k, precision)
-            * tile_efficiency(acc, m, n, batch))
-    hbm = batch * (m * k * ab + k * n * b + m * n * ab)
-    l2 = flops * b / L2_REUSE
-    return op_time(acc, eff, flops, hbm, l2, kernels=kernels, flops_per_s=rate,
-                   sharpness=GEMM_SHARPNESS)

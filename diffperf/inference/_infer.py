@@ -8,7 +8,7 @@ all-reduces, pipeline send/recv - and a phase's time is the sum of its operation
 
     t_op = smax(FLOPs / rate, HBM bytes / (BW_hbm * e_hbm)) + network + kernels * t_kernel
 
-with `smax` the smooth maximum of `diffperf.roofline` (its softer GEMM knee for GEMMs), and
+with `smax` the smooth maximum of `diffperf.costs` (its softer GEMM knee for GEMMs), and
 `t_kernel = launch_overhead + kernel_overhead` the fixed cost of one kernel. Definitions:
 
 - TTFT = prefill time (including the LM head of the last prompt token), as in NVIDIA's
@@ -28,12 +28,12 @@ Pipeline stages run one after the other for a single batch (no overlap between b
 latency counts every layer and throughput divides by all tp * pp GPUs. GEMMs are modelled
 without wave quantisation above one output tile per SM. Below it a GEMM costs the cheaper of
 split-K (every SM busy, a second kernel reduces the partial sums) and one kernel at the share
-of the SMs its tiles occupy (`_gemm`). The cost is continuous in the token count, but between
-the switch to one kernel and one tile per SM it falls as fewer SMs sit idle: the time per
-decode step of a small model at a short context can fall by 1-3 % over a range of batches
-(Llama 3 8B on one H100, 128 + 8 tokens: -1.2 % from batch 71 to 76), where before 2026-11-24
-it fell by up to 6 % at a single batch. Real GEMM libraries show such falls where their
-heuristics change kernels.
+of the SMs its tiles occupy (`costs.split_k_gemm_cost`). The cost is continuous in the token
+count, but between the switch to one kernel and one tile per SM it falls as fewer SMs sit
+idle: the time per decode step of a small model at a short context can fall by 1-3 % over a
+range of batches (Llama 3 8B on one H100, 128 + 8 tokens: -1.2 % from batch 71 to 76), where
+before 2026-11-24 it fell by up to 6 % at a single batch. Real GEMM libraries show such falls
+where their heuristics change kernels.
 """
 
 from __future__ import annotations
@@ -45,15 +45,17 @@ import jax
 import jax.numpy as jnp
 
 from ..costs import _collectives as coll
+from ..costs._attention import fused_attention_rate
+from ..costs._cost import Cost, compute_cost, network_cost
+from ..costs._gemm import split_k_gemm_cost
+from ..costs._roofline import bytes_per_element, peak_matmul_flops
+from ..feasibility import divides, tp_divides_mlps, whole_counts
+from ..presets import resolve_efficiency
 from ..specs._attention import projections
 from ..specs._efficiency import Efficiency, matmul_efficiency
-from ..feasibility import divides, tp_divides_mlps, whole_counts
 from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
 from ..specs._transformer import Transformer
-from ..costs._roofline import (GEMM_SHARPNESS, SHARPNESS, TILE, bytes_per_element, peak_matmul_flops,
-                       smooth_max)
-from ..presets import default_efficiency
 
 #: Element-wise kernels per layer and step (TensorRT-LLM style fusion): input RMSNorm,
 #: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add (one
@@ -84,86 +86,6 @@ OP_KINDS = {
     "lm_head": "gemm", "logits_gather": "tp_comm", "final": "elementwise",
 }
 KINDS = ("gemm", "attention", "elementwise", "tp_comm", "pp_comm")
-
-
-class Cost(eqx.Module):
-    """Resources of one operation summed over all its executions in a phase (one GPU).
-
-    `compute` and `memory` are the times the op would take if only arithmetic or only HBM
-    traffic limited it; `network` is communication time (bandwidth + latency + software
-    overhead); `launch` is the fixed per-kernel cost. All times s, `flops` FLOP, `bytes` B.
-    """
-
-    flops: jax.Array
-    bytes: jax.Array
-    compute: jax.Array
-    memory: jax.Array
-    network: jax.Array
-    launch: jax.Array
-    kernels: jax.Array
-    sharpness: float = eqx.field(static=True, default=SHARPNESS)  # knee of the smooth maximum
-
-    @property
-    def roofline(self) -> jax.Array:
-        """Smooth maximum of the compute and memory times (exactly 0 for an absent op), s."""
-        return jnp.where(self.compute + self.memory > 0,
-                         smooth_max(self.compute, self.memory, self.sharpness), 0.0)
-
-    @property
-    def time(self) -> jax.Array:
-        """Total time of the operation, s."""
-        return self.roofline + self.network + self.launch
-
-    def __mul__(self, n) -> "Cost":
-        """The cost of `n` executions (exact: every field scales linearly)."""
-        return jax.tree.map(lambda x: x * n, self)
-
-    __rmul__ = __mul__
-
-
-def _kernel_time(system: System, eff: Efficiency) -> jax.Array:
-    return system.accelerator.launch_overhead + eff.kernel_overhead
-
-
-def _compute(system: System, eff: Efficiency, flops, nbytes, rate, kernels,
-             sharpness: float = SHARPNESS) -> Cost:
-    acc = system.accelerator
-    zero = jnp.zeros_like(jnp.asarray(flops, dtype=jnp.result_type(float)))
-    return Cost(flops=flops + zero, bytes=nbytes + zero, compute=flops / rate,
-                memory=nbytes / (acc.hbm_bandwidth * eff.hbm), network=zero,
-                launch=kernels * _kernel_time(system, eff), kernels=kernels + zero,
-                sharpness=sharpness)
-
-
-def _network(time, nbytes) -> Cost:
-    zero = jnp.zeros_like(time)
-    return Cost(flops=zero, bytes=nbytes + zero, compute=zero, memory=zero, network=time,
-                launch=zero, kernels=zero)
-
-
-def _gemm(system: System, eff: Efficiency, m, n, k, math, w_bytes, a_bytes, groups=1.0,
-          peak_fraction=1.0) -> Cost:
-    """`groups` independent (m x k) @ (k x n) GEMMs in one kernel: weights (k x n) at
-    `w_bytes` per element, activations in and out at `a_bytes`, on `peak_fraction` of the
-    tensor peak (`InferencePlan.gemm_peak_fraction`).
-
-    When the output, m x n counted in `roofline.TILE`-square tiles, is fewer tiles than the GPU
-    has SMs, one kernel leaves SMs idle: it runs at the busy share u = tiles / SMs of the
-    GPU's FLOP/s and bandwidth. Split-K (the standard remedy) fills every SM but needs a second
-    kernel to reduce the partial sums (they stay in L2: no extra HBM traffic counted). The
-    cheaper of the two is taken, as a library's heuristic would: skinny decode GEMMs split,
-    GEMMs close to one tile per SM do not. The cost is continuous in m; between the switch and
-    one tile per SM it falls by up to one kernel launch as fewer SMs sit idle."""
-    flops = 2.0 * groups * m * n * k
-    nbytes = groups * (k * n * w_bytes + m * k * a_bytes + m * n * a_bytes)
-    rate = (peak_matmul_flops(system.accelerator, math) * peak_fraction
-            * matmul_efficiency(eff, m, n, k, math))
-    busy = jnp.clip(groups * m * n / TILE**2 / system.accelerator.num_sms, 1e-6, 1.0)
-    split = _compute(system, eff, flops, nbytes, rate, 2.0, GEMM_SHARPNESS)
-    whole = _compute(system, eff, flops, nbytes, rate * busy, 1.0, GEMM_SHARPNESS)
-    whole = eqx.tree_at(lambda c: c.memory, whole, whole.memory / busy)
-    use_split = (busy < 1.0) & (split.time < whole.time)
-    return jax.tree.map(lambda a, b: jnp.where(use_split, a, b), split, whole)
 
 
 class _Dims(eqx.Module):
@@ -285,11 +207,12 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     touched = experts_touched(model, tokens)
     per_expert = tokens * k_top / touched
     local = busiest_gpu_experts(model, tokens, x.ep)
-    g = lambda m, n, k, groups=1.0: _gemm(system, eff, m, n, k, x.math, x.wb, x.ab, groups,
-                                          x.peak_fraction)
+    acc = system.accelerator
+    g = lambda m, n, k, groups=1.0: split_k_gemm_cost(acc, eff, m, n, k, x.math, x.wb, x.ab,
+                                                      groups, x.peak_fraction)
     moe = 1.0 - x.dense
     def only(field, share, m, n, k):  # a zero cost where the model has no such layers
-        return (_network(jnp.zeros(()), 0.0) if model.known_absent(field)
+        return (network_cost(jnp.zeros(()), 0.0) if model.known_absent(field)
                 else share * g(m, n, k))
     proj = [(pr.is_output, pr.share * g(tokens, pr.n, pr.k))
             for pr in projections(model, x.tp)]
@@ -298,8 +221,8 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
         # MLA's four input projections as one op (same rows, so the same boundedness)
         "qkv_proj": add([c for is_out, c in proj if not is_out]),
         "out_proj": add([c for is_out, c in proj if is_out]),
-        "router": jnp.where(x.moe, moe, 0.0) * _gemm(system, eff, tokens, model.num_experts,
-                                                     x.h, x.head_math, x.sb, x.sb),
+        "router": jnp.where(x.moe, moe, 0.0) * split_k_gemm_cost(
+            acc, eff, tokens, model.num_experts, x.h, x.head_math, x.sb, x.sb),
         "mlp_up": moe * g(per_expert, (model.mlp_matrices - 1.0) * x.f_expert, x.h, local),
         "mlp_down": moe * g(per_expert, x.h, x.f_expert, local),
         "shared_mlp_up": only("shared_ffn_hidden", moe * model.has_shared, tokens,
@@ -329,14 +252,7 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     kernels = (ELEMENTWISE_KERNELS - model.parallel_attention
                + jnp.where(x.moe, (1.0 - x.dense) * MOE_KERNELS, 0.0))
     acc = system.accelerator
-    return _compute(system, eff, flops, nbytes, acc.vector_flops * eff.vector, kernels)
-
-
-def _attention_rate(system: System, eff: Efficiency, x: _Dims, m, n, d) -> jax.Array:
-    """Achieved FLOP/s of a fused attention kernel (16-bit math, at `eff.attention` of peak,
-    with the small-size loss of an (m x n x d) GEMM)."""
-    return (peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * eff.attention
-            * matmul_efficiency(eff, m, n, d, 1.0) / eff.matmul_peak)
+    return compute_cost(acc, eff, flops, nbytes, acc.vector_flops * eff.vector, kernels)
 
 
 def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
@@ -350,14 +266,15 @@ def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
     core = 0.5 * (x.qk + x.v)  # = d for standard attention
     qkvo = b * s * (x.heads + x.kv) * (x.qk + x.v) * x.ab
     flash_flops = 2.0 * bh * s * keys * core  # 4 b a s^2 d, halved by the causal mask
-    flash = _compute(system, eff, flash_flops, qkvo,
-                     _attention_rate(system, eff, x, s, keys, core),
-                     ATTENTION_KERNELS_PREFILL_FUSED)
+    acc = system.accelerator
+    flash = compute_cost(acc, eff, flash_flops, qkvo,
+                         fused_attention_rate(acc, eff, x.math, s, keys, core),
+                         ATTENTION_KERNELS_PREFILL_FUSED)
     scores = bh * s * s
-    rate = peak_matmul_flops(system.accelerator, jnp.minimum(x.math, 1.0)) * matmul_efficiency(
+    rate = peak_matmul_flops(acc, jnp.minimum(x.math, 1.0)) * matmul_efficiency(
         eff, s, s, core, 1.0)
-    unfused = _compute(system, eff, 4.0 * bh * s * s * core + 5.0 * scores,
-                       qkvo + scores * 4.0 * x.sb, rate, ATTENTION_KERNELS_PREFILL_UNFUSED)
+    unfused = compute_cost(acc, eff, 4.0 * bh * s * s * core + 5.0 * scores,
+                           qkvo + scores * 4.0 * x.sb, rate, ATTENTION_KERNELS_PREFILL_UNFUSED)
     return jax.tree.map(lambda a, c: jnp.where(plan.flash_attention > 0, a, c), flash, unfused)
 
 
@@ -366,44 +283,46 @@ def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
     """One decode step's attention, one layer, attending over `context` cached tokens: reads
     K and V of every cached token once; FLOPs 4 b a_local L d. Both are proportional to
     `context`. With MLA (weights absorbed) it reads the cached latent and RoPE key once and
-    does 2 b a_local L (c + d_r + c) FLOPs, all heads as one group. A grouped kernel runs on tensor cores with the group's g query heads as the M of
-    its tile; a per-query-head kernel (masked MHA) does scalar FP32 dot products on the CUDA
-    cores, g times as many per K/V byte, and its re-reads of a group's K/V hit L2."""
+    does 2 b a_local L (c + d_r + c) FLOPs, all heads as one group. A grouped kernel runs on
+    tensor cores with the group's g query heads as the M of its tile; a per-query-head kernel
+    (masked MHA) does scalar FP32 dot products on the CUDA cores, g times as many per K/V byte,
+    and its re-reads of a group's K/V hit L2."""
     b = plan.batch
     flops = 2.0 * b * x.heads * context * (x.dec_k + x.dec_v)
     nbytes = b * context * x.cache * x.kb
     mean_context = model.mean_cached_tokens(plan.input_len, plan.input_len + plan.output_len)
-    tensor = _attention_rate(system, eff, x, x.group, mean_context, 0.5 * (x.dec_k + x.dec_v))
-    cuda_cores = system.accelerator.vector_flops * eff.per_head_attention
+    acc = system.accelerator
+    tensor = fused_attention_rate(acc, eff, x.math, x.group, mean_context,
+                                  0.5 * (x.dec_k + x.dec_v))
+    cuda_cores = acc.vector_flops * eff.per_head_attention
     rate = jnp.where(plan.grouped_decode_attention > 0, tensor, cuda_cores)
-    return _compute(system, eff, flops, nbytes, rate, ATTENTION_KERNELS_DECODE)
+    return compute_cost(acc, eff, flops, nbytes, rate, ATTENTION_KERNELS_DECODE)
 
 
 def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Efficiency,
               x: _Dims, tokens, attention: Cost) -> dict[str, Cost]:
     """All operations of one forward pass over `tokens` new tokens (all layers, all stages);
     the LM head runs on the last token of each sequence only."""
-    net = system.network
+    acc, net = system.accelerator, system.network
     layers = model.layers
-    ops = {"embedding": _compute(system, eff, 0.0, 2.0 * tokens * x.h * x.sb, 1.0, 1.0)}
+    ops = {"embedding": compute_cost(acc, eff, 0.0, 2.0 * tokens * x.h * x.sb, 1.0, 1.0)}
     per_layer = dict(_layer_gemms(model, system, eff, x, tokens))
     per_layer["attention"] = attention
     per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens)
     msg = tokens * x.h * x.sb
-    per_layer["tp_allreduce"] = model.tp_reductions_per_pass * _network(
+    per_layer["tp_allreduce"] = model.tp_reductions_per_pass * network_cost(
         coll.all_reduce(net, eff, msg, plan.tp), msg)
     ops.update({k: layers * v for k, v in per_layer.items()})
-    ops["pp_send_recv"] = (plan.pp - 1.0) * _network(
+    ops["pp_send_recv"] = (plan.pp - 1.0) * network_cost(
         coll.send_recv(net, eff, msg, plan.tp), msg)
     b = plan.batch
-    ops["lm_head"] = _gemm(system, eff, b, x.vocab, x.h, x.head_math,
-                           bytes_per_element(x.head_math), x.sb)
+    ops["lm_head"] = split_k_gemm_cost(acc, eff, b, x.vocab, x.h, x.head_math,
+                                       bytes_per_element(x.head_math), x.sb)
     logits = b * model.vocab * 4.0  # fp32 logits gathered over the TP group
-    ops["logits_gather"] = _network(coll.all_gather(system.network, eff, logits, plan.tp),
-                                    logits)
-    ops["final"] = _compute(system, eff, 5.0 * b * x.h + 5.0 * b * x.vocab,
-                            b * x.h * 2.0 * x.sb + b * x.vocab * 4.0 * 2.0,
-                            system.accelerator.vector_flops * eff.vector, HEAD_KERNELS - 1.0)
+    ops["logits_gather"] = network_cost(coll.all_gather(net, eff, logits, plan.tp), logits)
+    ops["final"] = compute_cost(acc, eff, 5.0 * b * x.h + 5.0 * b * x.vocab,
+                                b * x.h * 2.0 * x.sb + b * x.vocab * 4.0 * 2.0,
+                                acc.vector_flops * eff.vector, HEAD_KERNELS - 1.0)
     return ops
 
 
@@ -417,7 +336,7 @@ def inference_ops(model: Transformer, system: System, plan: InferencePlan,
     categories: `OP_KINDS`. Pure JAX (jit / vmap / grad). With `output_len = 1` the decode
     costs are zero, unless `per_step_fallback` (then they are those of one step).
     """
-    eff = _default(efficiency)
+    eff = resolve_efficiency(efficiency)
     x = _dims(model, plan)
     b = plan.batch
     prefill = _pass_ops(model, plan, system, eff, x, b * plan.input_len,
@@ -533,7 +452,7 @@ def _activation_bytes(model: Transformer, plan: InferencePlan) -> jax.Array:
 def inference_memory(model: Transformer, plan: InferencePlan,
                      efficiency: Efficiency | None = None) -> InferenceMemory:
     """Per-GPU memory of the plan (see `InferenceMemory`)."""
-    eff = _default(efficiency)
+    eff = resolve_efficiency(efficiency)
     w = weight_bytes_per_gpu(model, plan)
     kv = kv_cache_bytes_per_gpu(model, plan)
     act = _activation_bytes(model, plan)
@@ -550,7 +469,7 @@ def max_batch(model: Transformer, system: System, plan: InferencePlan,
     Memory grows with the batch b as b (KV + logits) + min(b s, C) (prompt-token activations),
     C = `plan.prefill_tokens` (no cap when 0): the largest b either with every prompt in one
     pass (b s <= C) or with the pass full (b s >= C)."""
-    eff = _default(efficiency)
+    eff = resolve_efficiency(efficiency)
     free = (system.accelerator.hbm_capacity - weight_bytes_per_gpu(model, plan)
             - eff.memory_reserve)
     per_token, scores, logits = _prefill_activation_bytes(model, plan)
@@ -605,12 +524,6 @@ class InferenceReport(eqx.Module):
     reason: jax.Array  # 0 if feasible, else a code of diffperf.feasibility.REASONS
 
 
-def _default(efficiency: Efficiency | None) -> Efficiency:
-    if efficiency is None:
-        return default_efficiency()
-    return efficiency
-
-
 def infer(model: Transformer, system: System, plan: InferencePlan,
           efficiency: Efficiency | None = None) -> InferenceReport:
     """Predict serving `plan` for `model` on `system`.
@@ -627,7 +540,7 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
 
     **Returns:** an `InferenceReport`.
     """
-    eff = _default(efficiency)
+    eff = resolve_efficiency(efficiency)
     ops = inference_ops(model, system, plan, eff, per_step_fallback=True)
     prefill, decode = _breakdown(ops["prefill"]), _breakdown(ops["decode"])
     steps = plan.output_len - 1.0

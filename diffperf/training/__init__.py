@@ -1,5 +1,9 @@
 """One optimizer step of distributed training: time by term, memory, FLOPs, MFU / HFU."""
 
+from ._flops import (
+    hardware_flops_per_step as hardware_flops_per_step,
+    model_flops_per_step as model_flops_per_step,
+)
 from ._memory import (
     TrainingMemory as TrainingMemory,
     activation_bytes_per_layer as activation_bytes_per_layer,
@@ -11,8 +15,6 @@ from ._memory import (
 from ._notes import training_notes as training_notes
 from ._step import (
     TrainingReport as TrainingReport,
-    hardware_flops_per_step as hardware_flops_per_step,
-    model_flops_per_step as model_flops_per_step,
     predict_training as predict_training,
     train_step as train_step,
 )

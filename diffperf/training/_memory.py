@@ -44,10 +44,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..specs._efficiency import Efficiency
-from ..specs._transformer import Transformer
-from ..specs._training_plan import TrainingPlan
 from ..costs._roofline import bytes_per_element
+from ..specs._efficiency import Efficiency
+from ..specs._training_plan import TrainingPlan
+from ..specs._transformer import Transformer
 
 #: Bytes per 16-bit weight (gradients: `TrainingPlan.gradient_bytes`; optimizer states:
 #: `TrainingPlan.optimizer_state_bytes`).
@@ -208,9 +208,9 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
     embed = (model.dropout * model.seq_len / plan.cp * plan.micro_batch * model.hidden / plan.tp
              * jnp.minimum(plan.pp, plan.num_micro_batches))
     # The last stage's logits (this stage's only without pipeline parallelism): the LM head's
-    # 16-bit output (4-byte in fp32 training) for one micro-batch, s b v / t elements, which the loss keeps for its
-    # backward pass. That is what a fused cross entropy (Megatron-core's loss fusion) holds;
-    # the unfused vocab-parallel loss also keeps an fp32 copy (Korthikanti Sec 4.3's
+    # 16-bit output (4-byte in fp32 training) for one micro-batch, s b v / t elements, which the
+    # loss keeps for its backward pass. That is what a fused cross entropy (Megatron-core's loss
+    # fusion) holds; the unfused vocab-parallel loss also keeps an fp32 copy (Korthikanti Sec 4.3's
     # 4 s b v / t), so this is a lower bound.
     logits = jnp.where(plan.pp > 1, 0.0, 2.0 * model.seq_len / plan.cp * plan.micro_batch
                        * model.vocab / plan.tp * jnp.where(plan.precision == 0, 2.0, 1.0))

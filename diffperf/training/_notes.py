@@ -8,9 +8,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from ..specs._transformer import Transformer
-from ..specs._training_plan import TrainingPlan
 from ..feasibility import even_layout, offload_supported
+from ..specs._training_plan import TrainingPlan
+from ..specs._transformer import Transformer
 
 
 def training_notes_batch(model: Transformer, plan: TrainingPlan) -> list[list[str]]:

@@ -1,0 +1,115 @@
+"""The GEMM model: how long `batch` (m x k) @ (k x n) matrix products take on one GPU.
+
+Both phases count the same work:
+
+    FLOPs = 2 batch m n k
+    HBM bytes = batch (m k a + k n w + m n a)   (activations in and out at a B, weights at w B)
+
+and run it at `peak * matmul_efficiency(m, n, k)`, the smooth size loss of `specs._efficiency`.
+They differ in how the output tiles fill the GPU's SMs, because their GEMMs differ in shape:
+
+- `gemm_time` (training): large GEMMs of many tiles run in waves of one tile per SM; the
+  padding of the last tile row / column and the idle share of the last wave are lost
+  (`tile_efficiency`). Fewer tiles than SMs are assumed to split the k loop at no extra cost.
+  L2 operand traffic is counted as a third roof.
+- `split_k_gemm_cost` (inference): skinny decode GEMMs have fewer output tiles than the GPU has
+  SMs. One kernel then runs on the busy share of the SMs; split-K fills every SM but needs a
+  second kernel to reduce the partial sums. The cheaper of the two is taken, as a GEMM
+  library's heuristic would. Above one tile per SM no wave quantisation is applied.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..specs._efficiency import Efficiency, matmul_efficiency
+from ..specs._hardware import Accelerator
+from ._cost import Cost, compute_cost
+from ._roofline import GEMM_SHARPNESS, bytes_per_element, ceil_div, op_time, peak_matmul_flops
+
+#: GEMM output tile edge used for wave/tile quantisation and L2 operand traffic, elements.
+TILE = 128
+#: Effective operand reuse of a GEMM's L2 traffic (CTA-cluster tile edge), elements.
+L2_REUSE = 256
+#: Row granularity of a tensor-core GEMM tile for skinny GEMMs (MMA instruction m), elements.
+MMA_ROWS = 16
+
+
+def gemm_flops(m, n, k, batch=1.0) -> jax.Array:
+    """Arithmetic of `batch` (m x k) @ (k x n) GEMMs: 2 batch m n k, FLOP."""
+    return 2.0 * batch * m * n * k
+
+
+def gemm_hbm_bytes(m, n, k, weight_bytes, act_bytes, batch=1.0) -> jax.Array:
+    """HBM traffic of `batch` GEMMs reading both operands and writing the output once:
+    batch (m k a + k n w + m n a), with a = `act_bytes` per activation element and
+    w = `weight_bytes` per weight element, B."""
+    return batch * (m * k * act_bytes + k * n * weight_bytes + m * n * act_bytes)
+
+
+def tile_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
+    """Fraction of the tensor-core work of an m x n output that is useful, s.t. tile and wave
+    quantisation.
+
+    Output tiles are `TILE` x `TILE` (rows shrink to a multiple of `MMA_ROWS` for skinny GEMMs,
+    as cuBLAS picks small-m kernels); padding wastes `m n / (m_pad n_pad)`. With at least one
+    tile per SM, tiles run in waves of `num_sms` and the last wave is partly idle; with fewer
+    tiles than SMs the kernel splits the k loop (split-K) and keeps every SM busy. Exact
+    ceilings forward, straight-through gradients.
+    """
+    tile_m = jnp.minimum(TILE, ceil_div(m, MMA_ROWS) * MMA_ROWS)
+    tiles_m = ceil_div(m, tile_m)
+    tiles_n = ceil_div(n, TILE)
+    padding = (m * n) / (tiles_m * tile_m * tiles_n * TILE)
+    tiles = tiles_m * tiles_n * batch
+    waves = ceil_div(tiles, acc.num_sms)
+    wave = jnp.where(tiles >= acc.num_sms, tiles / (waves * acc.num_sms), 1.0)
+    return padding * wave
+
+
+def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
+              act_bytes=None, kernels=1.0) -> jax.Array:
+    """Time of `batch` independent (m x k) @ (k x n) GEMMs in `kernels` launches (one batched
+    kernel by default; `batch` for one kernel per GEMM), wave-quantised, s.
+
+    FLOPs (`gemm_flops`) at `peak * matmul_efficiency * tile_efficiency`; HBM traffic
+    (`gemm_hbm_bytes`) with `act_bytes` per activation element (default the precision's width)
+    and weights at the precision's width; L2 traffic is the tile-reuse operand stream
+    `2*m*n*k*B / L2_REUSE`. Compute and HBM times meet at the GEMM knee `GEMM_SHARPNESS`.
+    """
+    b = bytes_per_element(precision)
+    ab = b if act_bytes is None else act_bytes
+    flops = gemm_flops(m, n, k, batch)
+    m_pad = ceil_div(m, MMA_ROWS) * MMA_ROWS  # size effects act on the padded tile rows
+    rate = (peak_matmul_flops(acc, precision) * matmul_efficiency(eff, m_pad, n, k, precision)
+            * tile_efficiency(acc, m, n, batch))
+    hbm = gemm_hbm_bytes(m, n, k, b, ab, batch)
+    l2 = flops * b / L2_REUSE
+    return op_time(acc, eff, flops, hbm, l2, kernels=kernels, flops_per_s=rate,
+                   sharpness=GEMM_SHARPNESS)
+
+
+def split_k_gemm_cost(acc: Accelerator, eff: Efficiency, m, n, k, math, w_bytes, a_bytes,
+                      groups=1.0, peak_fraction=1.0) -> Cost:
+    """`groups` independent (m x k) @ (k x n) GEMMs in one kernel: weights (k x n) at
+    `w_bytes` per element, activations in and out at `a_bytes`, on `peak_fraction` of the
+    tensor peak (`InferencePlan.gemm_peak_fraction`); a `Cost`.
+
+    When the output, m x n counted in `TILE`-square tiles, is fewer tiles than the GPU has SMs,
+    one kernel leaves SMs idle: it runs at the busy share u = tiles / SMs of the GPU's FLOP/s
+    and bandwidth. Split-K (the standard remedy) fills every SM but needs a second kernel to
+    reduce the partial sums (they stay in L2: no extra HBM traffic counted). The cheaper of the
+    two is taken, as a library's heuristic would: skinny decode GEMMs split, GEMMs close to one
+    tile per SM do not. The cost is continuous in m; between the switch and one tile per SM it
+    falls by up to one kernel launch as fewer SMs sit idle."""
+    flops = gemm_flops(m, n, k, groups)
+    nbytes = gemm_hbm_bytes(m, n, k, w_bytes, a_bytes, groups)
+    rate = peak_matmul_flops(acc, math) * peak_fraction * matmul_efficiency(eff, m, n, k, math)
+    busy = jnp.clip(groups * m * n / TILE**2 / acc.num_sms, 1e-6, 1.0)
+    split = compute_cost(acc, eff, flops, nbytes, rate, 2.0, GEMM_SHARPNESS)
+    whole = compute_cost(acc, eff, flops, nbytes, rate * busy, 1.0, GEMM_SHARPNESS)
+    whole = eqx.tree_at(lambda c: c.memory, whole, whole.memory / busy)
+    use_split = (busy < 1.0) & (split.time < whole.time)
+    return jax.tree.map(lambda a, b: jnp.where(use_split, a, b), split, whole)

@@ -1,0 +1,303 @@
+"""The operations of one transformer layer in training: one micro-batch on one GPU of the last
+pipeline stage, each op a named function.
+
+Every op returns an `OpTime` (its forward and backward pass, s): the weight GEMMs with their
+exact local shapes (`weight_gemms`, a `LayerGemms` whose `time` is one), the attention core
+(`attention_core_time`), the element-wise kernels (`elementwise_time`) and a MoE layer's token
+permutation (`moe_permute_time`). `layer_costs` sums them, adds the recomputation
+(`recompute_time`) and the exposed tensor / context / expert parallel communication of
+`_layer_comm`, and returns a `LayerTimes`. `head_time` is the LM head, loss and embedding
+outside the layers.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..costs._attention import fused_attention_rate
+from ..costs._gemm import gemm_time
+from ..costs._roofline import op_time
+from ..specs._attention import projections
+from ..specs._efficiency import Efficiency
+from ..specs._hardware import Accelerator, System
+from ..specs._training_plan import TrainingPlan
+from ..specs._transformer import Transformer
+from ._layer_comm import cp_comm, ep_comm, tp_comm
+from ._local import activation_bytes, expert_tokens, local_tokens
+
+
+class OpTime(eqx.Module):
+    """Time of one operation of a layer for one micro-batch on one GPU, s."""
+
+    forward: jax.Array
+    backward: jax.Array
+
+
+class LayerGemms(eqx.Module):
+    """Forward times of a layer's weight GEMMs, one micro-batch, one GPU, s.
+
+    A MoE model's dense-MLP layers (share r = `dense_share`) run a dense MLP instead of the
+    router, the experts and the shared expert; `mlp_up` and `time` are means over the layers:
+    (1 - r) MoE + r dense."""
+
+    qkv: jax.Array  # the attention's input projections
+    out_proj: jax.Array  # the attention's output projection
+    moe_mlp: jax.Array  # a MoE layer's MLP GEMMs: router, experts, shared expert
+    moe_up: jax.Array  # the column-parallel ones among them (up / gate projections)
+    dense_mlp: jax.Array  # a dense-MLP layer's GEMMs (0 without such layers)
+    dense_up: jax.Array  # the column-parallel ones among them
+    dense_share: jax.Array  # r
+
+    @property
+    def mlp_up(self) -> jax.Array:
+        """The column-parallel MLP GEMMs, mean over the layers, s."""
+        return (1.0 - self.dense_share) * self.moe_up + self.dense_share * self.dense_up
+
+    @property
+    def time(self) -> OpTime:
+        """All of them, forward and backward. Each backward GEMM (data and weight gradient) is
+        a permutation of (m, n, k) with the same FLOPs and (symmetric) efficiency: backward =
+        2 x forward."""
+        r = self.dense_share
+        forward = self.qkv + self.out_proj + (1.0 - r) * self.moe_mlp + r * self.dense_mlp
+        return OpTime(forward, 2.0 * forward)
+
+
+class LayerTimes(eqx.Module):
+    """Per-layer, per-micro-batch times on one GPU, s."""
+
+    forward: jax.Array  # GEMMs + attention + element-wise, one forward pass
+    backward: jax.Array
+    recompute: jax.Array
+    # exposed communication (forward, backward, recompute), s
+    tp_comm: jax.Array  # tensor-parallel reductions
+    cp_comm: jax.Array  # context-parallel K / V exchanges
+    ep_comm: jax.Array  # expert-parallel all-to-alls
+    hidden: jax.Array  # communication hidden behind this layer's compute (async TP + EP), s
+
+    @property
+    def compute(self) -> jax.Array:
+        """Forward + backward + recomputation, s."""
+        return self.forward + self.backward + self.recompute
+
+    @property
+    def comm(self) -> jax.Array:
+        """All exposed communication of the layer, s."""
+        return self.tp_comm + self.cp_comm + self.ep_comm
+
+
+def _attention_projections(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                           eff: Efficiency) -> tuple[jax.Array, jax.Array]:
+    """(input projections, output projection) forward times, s: each projection's local
+    (tokens x k) @ (k x n) GEMM (`specs.projections`), weighted by its share of the layers."""
+    p, ab = plan.precision, activation_bytes(plan.precision)
+    tokens = local_tokens(model, plan)
+    proj = [(pr, pr.share * gemm_time(acc, eff, tokens, pr.n, pr.k, p, act_bytes=ab))
+            for pr in projections(model, plan.tp)]
+    qkv = sum(time for pr, time in proj if not pr.is_output)
+    out_proj = sum(time for pr, time in proj if pr.is_output)
+    return qkv, out_proj
+
+
+def _up_projection(model: Transformer, plan: TrainingPlan, acc: Accelerator, eff: Efficiency,
+                   m, width, batch=1.0, split=None, kernels=1.0) -> jax.Array:
+    """Forward time of the column-parallel GEMM(s) of an MLP of inner width `width` split over
+    `split` ranks (default tp): (m x h) @ (h x (mlp_matrices - 1) width / split), `batch`
+    of them in `kernels` launches, s."""
+    split = plan.tp if split is None else split
+    ab = activation_bytes(plan.precision)
+    return gemm_time(acc, eff, m, (model.mlp_matrices - 1.0) * width / split, model.hidden,
+                     plan.precision, batch=batch, act_bytes=ab, kernels=kernels)
+
+
+def _moe_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+             eff: Efficiency) -> tuple[jax.Array, jax.Array]:
+    """(column-parallel GEMMs, all GEMMs) of a MoE layer's MLPs, forward, s: the router
+    (tokens x h) @ (h x E), the local experts' up and down projections at the tokens each
+    sees, tokens * etp / t * k * ep / E, and a shared expert (f_s wide, every token, not
+    dispatched)."""
+    p, t, ab = plan.precision, plan.tp, activation_bytes(plan.precision)
+    h, f = model.hidden, model.ffn_hidden
+    tokens = local_tokens(model, plan)
+    etp, moe_tokens = expert_tokens(model, plan)
+    local_experts = model.num_experts / plan.ep
+    per_expert = moe_tokens * model.experts_per_token * plan.ep / model.num_experts
+    # The routed experts' GEMMs run one cuBLAS kernel per local expert (Transformer Engine's
+    # GroupedLinear, behind Megatron-core's grouped-GEMM expert MLP, launches `batch` GEMMs over
+    # four streams), so each pays its own launch and tail; a fused grouped GEMM is one kernel.
+    expert_kernels = jnp.where(plan.fused_expert_gemm > 0, 1.0, local_experts)
+    if model.known_absent("shared_ffn_hidden"):  # the common case, kept out of sweeps' traces
+        shared_up = shared_mlp = 0.0
+    else:
+        has, f_c = model.has_shared, model.shared_width  # f_c: f_s, finite when f_s = 0
+        shared_up = has * _up_projection(model, plan, acc, eff, tokens, f_c)
+        shared_mlp = shared_up + has * gemm_time(acc, eff, tokens, h, f_c / t, p, act_bytes=ab)
+    routed_up = _up_projection(model, plan, acc, eff, per_expert, f, local_experts, etp,
+                               expert_kernels)
+    router = jnp.where(model.num_experts > 1,
+                       gemm_time(acc, eff, tokens, model.num_experts, h, p, act_bytes=ab), 0.0)
+    mlp = (routed_up
+           + gemm_time(acc, eff, per_expert, h, f / etp, p, batch=local_experts,
+                       act_bytes=ab, kernels=expert_kernels)
+           + router
+           + shared_mlp)
+    return routed_up + shared_up, mlp
+
+
+def _dense_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+               eff: Efficiency) -> tuple[jax.Array, jax.Array]:
+    """(column-parallel GEMMs, all GEMMs) of a MoE model's dense-MLP layers (f_d wide), forward,
+    s; zero when the model has none."""
+    if model.known_absent("dense_layers"):  # the common case, kept out of sweeps' traces
+        return 0.0, 0.0
+    tokens, f_d = local_tokens(model, plan), model.dense_width
+    up = _up_projection(model, plan, acc, eff, tokens, f_d)
+    return up, up + gemm_time(acc, eff, tokens, model.hidden, f_d / plan.tp, plan.precision,
+                              act_bytes=activation_bytes(plan.precision))
+
+
+def weight_gemms(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                 eff: Efficiency) -> LayerGemms:
+    """The weight GEMMs of one layer, forward, each with its local shape, s: the attention
+    projections, a MoE layer's MLP GEMMs and those of a MoE model's dense-MLP layers (width
+    f_d, share r of the layers)."""
+    qkv, out_proj = _attention_projections(model, plan, acc, eff)
+    moe_up, moe_mlp = _moe_mlp(model, plan, acc, eff)
+    dense_up, dense_mlp = _dense_mlp(model, plan, acc, eff)
+    return LayerGemms(qkv=qkv, out_proj=out_proj, moe_mlp=moe_mlp, moe_up=moe_up,
+                      dense_mlp=dense_mlp, dense_up=dense_up, dense_share=model.dense_fraction)
+
+
+def attention_core_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                        eff: Efficiency) -> OpTime:
+    """QK^T and AV over b * heads / tp batches of (s/cp x seq x d), s.
+
+    A flash kernel skips the blocks the causal mask (and a sliding window) leaves out:
+    4 b a s keys d / 2 FLOPs at `fused_attention_rate`, reading Q, K, V and writing the output
+    once; its backward (2.5 x forward) recomputes the scores. The unfused path computes the
+    whole s x seq product as two batched GEMMs plus a scale + mask + softmax (+ dropout)
+    kernel over the score matrix; backward 2 x forward."""
+    p, ab = plan.precision, activation_bytes(plan.precision)
+    s = model.seq_len / plan.cp  # local query tokens per sequence
+    seq = model.seq_len  # keys each query attends to (the full sequence)
+    heads = model.heads / plan.tp
+    # K / V heads the attention kernel reads (replicated when tp > kv_heads; per query head
+    # with MLA) and the per-head query-key and value widths
+    kv = jnp.maximum(model.attention_kv_heads / plan.tp, 1.0)
+    qk, v = model.qk_dim, model.v_dim
+    flash = plan.flash_attention > 0
+    batch_heads = plan.micro_batch * heads
+    keys = model.attended_keys(seq)  # = seq without a sliding window
+    core = 0.5 * (qk + v)  # = d for standard attention
+    attn_flops = 4.0 * batch_heads * s * jnp.where(flash, 0.5 * keys, seq) * core
+    # Fused attention runs in 16 bit even in fp8 recipes, at its own efficiency.
+    attn_rate = fused_attention_rate(acc, eff, p, s, keys, core)
+    qkvo_bytes = local_tokens(model, plan) * (heads + kv) * (qk + v) * ab
+    flash_fwd = op_time(acc, eff, attn_flops, qkvo_bytes, kernels=1.0, flops_per_s=attn_rate)
+    scores = batch_heads * s * seq  # elements of the score matrix
+    unfused_fwd = (
+        gemm_time(acc, eff, s, seq, qk, 1.0, batch=batch_heads, act_bytes=ab)
+        + gemm_time(acc, eff, s, v, seq, 1.0, batch=batch_heads, act_bytes=ab)
+        # scale + mask + softmax, then dropout (writes its output and 1-byte mask)
+        + op_time(acc, eff, 8.0 * scores, scores * (2 * ab + model.dropout * (2 * ab + 1)),
+                  kernels=1.0 + model.dropout))
+    forward = jnp.where(flash, flash_fwd, unfused_fwd)
+    return OpTime(forward, jnp.where(flash, 2.5, 2.0) * forward)
+
+
+def elementwise_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                     eff: Efficiency) -> OpTime:
+    """Element-wise kernels: 2 layer norms, 2 bias-dropout-residual adds, the MLP activation,
+    5 kernels; backward 2 x forward, s. With sequence parallelism the first four touch
+    tokens / t per GPU."""
+    ab = activation_bytes(plan.precision)
+    h, r, t = model.hidden, model.dense_fraction, plan.tp
+    tokens = local_tokens(model, plan)
+    sp_div = jnp.where(plan.sequence_parallel > 0, t, 1.0)
+    norm_elems = tokens * h / sp_div
+    act_elems = tokens * ((1.0 - r) * (model.experts_per_token * model.ffn_hidden
+                                       + model.shared_ffn_hidden) + r * model.dense_width) / t
+    # Two bias-dropout-residual adds (read 2, write 1, a 1-byte mask each with dropout); a
+    # parallel block has one that reads the residual and both branches.
+    residual_bytes = 6 * ab + 2 * model.dropout - 2 * ab * model.parallel_attention
+    elem_bytes = norm_elems * (2 * 2 * ab + residual_bytes) + act_elems * ab * (
+        2.0 + model.gated_mlp)
+    elem_flops = norm_elems * (2 * 8 + 2 * 3) + act_elems * 8
+    forward = op_time(acc, eff, elem_flops, elem_bytes, kernels=5.0)
+    return OpTime(forward, 2.0 * forward)
+
+
+def moe_permute_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                     eff: Efficiency) -> OpTime:
+    """Token permutation of a MoE layer (Megatron-core's all-to-all dispatcher), s.
+
+    Copy each of the k routes of a token into expert order before the dispatch, regroup the
+    received tokens by local expert after it, and undo both around the combine, which then
+    sums the k weighted copies: 6 reads or writes of the k-fold tokens plus one of the result
+    (7 moe_tokens k h bytes in 4 kernels), the same again in the backward pass."""
+    if model.known_dense():
+        return OpTime(0.0, 0.0)
+    routed = expert_tokens(model, plan)[1] * model.experts_per_token * model.hidden * (
+        activation_bytes(plan.precision))
+    permute = jnp.where(model.num_experts > 1, (1.0 - model.dense_fraction) * op_time(
+        acc, eff, 0.0, 7.0 * routed, kernels=4.0), 0.0)
+    return OpTime(permute, permute)
+
+
+def recompute_time(model: Transformer, plan: TrainingPlan, forward,
+                   attention_forward) -> jax.Array:
+    """Recomputation per layer, s: full * forward + (1 - full) * (the attention core under
+    selective recompute without a fused kernel).
+
+    Fully recomputed layers (all with recompute = full, else `recompute_layers` per chunk)
+    rerun the forward pass; the others rerun the attention core under selective recompute
+    without a fused kernel (a flash kernel's recomputation is part of its backward)."""
+    full = plan.recomputed_fraction(model.layers)
+    flash = plan.flash_attention > 0
+    return full * forward + (1.0 - full) * jnp.where((plan.recompute == 1) & ~flash,
+                                                     attention_forward, 0.0)
+
+
+def layer_costs(model: Transformer, plan: TrainingPlan, system: System,
+                eff: Efficiency) -> LayerTimes:
+    """One layer's compute (the ops above) and exposed communication (`_layer_comm`), s.
+
+    forward = GEMMs + attention core + element-wise + permutation; backward likewise from each
+    op's backward; the async TP reductions hide behind the column-parallel weight-gradient
+    GEMMs, and the EP all-to-alls behind the compute those left (`_layer_comm.ep_comm`)."""
+    acc, net = system.accelerator, system.network
+    weights = weight_gemms(model, plan, acc, eff)
+    gemms = weights.time
+    attention = attention_core_time(model, plan, acc, eff)
+    elementwise = elementwise_time(model, plan, acc, eff)
+    permute = moe_permute_time(model, plan, acc, eff)
+    forward = gemms.forward + attention.forward + elementwise.forward + permute.forward
+    backward = gemms.backward + attention.backward + elementwise.backward + permute.backward
+    recompute = recompute_time(model, plan, forward, attention.forward)
+    tp_exposed, tp_hidden = tp_comm(model, plan, net, eff, weights.qkv + weights.mlp_up)
+    ep_exposed, ep_all = ep_comm(model, plan, net, eff,
+                                 forward + backward + recompute - tp_hidden)
+    return LayerTimes(forward, backward, recompute, tp_exposed, cp_comm(model, plan, net, eff),
+                      ep_exposed, tp_hidden + ep_all - ep_exposed)
+
+
+def head_time(model: Transformer, plan: TrainingPlan, system: System,
+              eff: Efficiency) -> jax.Array:
+    """LM head + cross-entropy (last stage) and embedding lookup (first stage) for one
+    micro-batch, forward + backward, s: the head GEMM (tokens x h) @ (h x V / tp) three times
+    (forward, two gradients) in at most 16 bit, an fp32 softmax-cross-entropy over the local
+    logits (10 FLOP and 12 B per logit, 3 kernels) and the embedding's 3 passes over
+    tokens x h."""
+    acc = system.accelerator
+    p = plan.precision
+    ab = activation_bytes(p)
+    tokens = plan.micro_batch * model.seq_len / plan.cp
+    v_local = model.vocab / plan.tp
+    head = 3.0 * gemm_time(acc, eff, tokens, v_local, model.hidden, jnp.minimum(p, 1.0),
+                           act_bytes=ab)
+    logits = tokens * v_local
+    loss = op_time(acc, eff, 10.0 * logits, logits * 4.0 * 3.0, kernels=3.0)  # fp32 softmax-CE
+    embed = op_time(acc, eff, 0.0, 3.0 * tokens * model.hidden * ab, kernels=2.0)
+    return head + loss + embed
