@@ -101,7 +101,8 @@ def main() -> int:
           "scale-out eff. | A100 matmul peak |")
     print("|---|---:|---|---:|---:|---:|---:|")
     best = None
-    for prior, label in ((PRIOR, f"{PRIOR:g} (none)"), (SHIPPED_PRIOR, f"{SHIPPED_PRIOR:g} (shipped)")):
+    priors = ((PRIOR, f"{PRIOR:g} (none)"), (SHIPPED_PRIOR, f"{SHIPPED_PRIOR:g} (shipped)"))
+    for prior, label in priors:
         problem = C.Problem(ds, par, prior, 10 * prior, balance=0.0)
         shares = SHARES if prior == PRIOR else (1.0, 0.5, 0.0)
         squared, absolute, theta = fit_shares(problem, shares)
@@ -126,7 +127,8 @@ def main() -> int:
         meas = np.exp(ds.y_train[a, 0] - ds.y_train[b, 0])
         pred = np.exp(papers_alone[a, 0] - papers_alone[b, 0])
         print(f"| {label} | {meas:.3f} | {pred:.3f} |")
-    print(f"\nLowest max(papers', IMEC's) MAPE over the scan: {best[0]:.2f} % (share {best[1]:.2f}, "
+    print(f"\nLowest max(papers', IMEC's) MAPE over the scan: {best[0]:.2f} % "
+          f"(share {best[1]:.2f}, "
           f"{best[2]}: {best[3]:.2f} % / {best[4]:.2f} %); {time.perf_counter() - t0:.0f} s.")
     return 0
 

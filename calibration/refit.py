@@ -112,9 +112,15 @@ def _plots(preds, cv_preds, outdir):
 def _coverage(fit, held_out):
     """Switch the fit's model error to the leave-one-source-out one and measure how often the
     90 % interval of a held-out prediction contains the measured value."""
-    from diffperf.internal import cell_parameter_sd, interval_coverage, use_cross_validated_error
-    from diffperf.internal import INFER_COLUMNS, TRAIN_COLUMNS
     import numpy as np
+
+    from diffperf.internal import (
+        INFER_COLUMNS,
+        TRAIN_COLUMNS,
+        cell_parameter_sd,
+        interval_coverage,
+        use_cross_validated_error,
+    )
     use_cross_validated_error(fit, held_out, "source")
     sd_t, sd_i = cell_parameter_sd(fit.problem, fit.theta, fit.covariance)
     par_sd = {}
@@ -146,8 +152,10 @@ def _validate_holdout(efficiency_path, path=HOLDOUT):
 
 def _moe_error_lines(fit, moe):
     """The MoE model error's row of the interval table, and how the dense error would cover."""
-    import numpy as np
     from statistics import NormalDist
+
+    import numpy as np
+
     from diffperf.internal import MOE_STEP_TIME
     r = moe["residuals"]
     if not r.size:
@@ -170,8 +178,10 @@ def _moe_error_lines(fit, moe):
 def _floor_error_lines(fit, key, result, what):
     """The report paragraph of a floor error (`infer_unseen`, `infer_moe`): what it covers
     (`what`), its size, its bias and how the throughput error would have covered its rows."""
-    import numpy as np
     from statistics import NormalDist
+
+    import numpy as np
+
     from diffperf.internal import bias_text
     if result is None or not result["residuals"].size:
         return []
@@ -263,11 +273,13 @@ def _implausible_lines(fit):
     lines = ["## Implausible measurements", "",
              "Measured values faster than ideal hardware (100 % of every datasheet peak, no "
              "overheads, perfect overlap) could run the configuration their row records "
-             "(`diffperf.plausibility`; also flagged by `diffperf validate`). No efficiency "
-             "factor can explain them; they are kept in the fit and in the tables above.", ""]
+             "(`diffperf.validation.implausible_measurements`; also flagged by `diffperf "
+             "validate`). No efficiency factor can explain them; they are kept in the fit and "
+             "in the tables above.", ""]
     if not found:
         return lines + ["None.", ""]
-    lines += ["| row | column | measured | ideal bound | times beyond |", "|---|---|---:|---:|---:|"]
+    lines += ["| row | column | measured | ideal bound | times beyond |",
+              "|---|---|---:|---:|---:|"]
     lines += [f"| {f['id']} | {f['metric']} | {f['measured']:.4g} | {f['bound']:.4g} | "
               f"{f['factor']:.2f}x |" for f in found]
     return lines + [""]
@@ -344,9 +356,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "diffperf" / "presets" / "efficiency.json"))
     ap.add_argument("--report", default=str(ROOT / "calibration" / "report.md"))
     args = ap.parse_args(argv)
-    from diffperf.internal import calibration as C
     from diffperf.calibrate import cross_validate
-    from diffperf.internal import summaries
+    from diffperf.internal import calibration as C, summaries
     C.enable_x64()
     paths = C.default_data_paths()
     t0 = time.perf_counter()
@@ -382,7 +393,7 @@ def main(argv=None) -> int:
         from diffperf.internal import moe_step_error
         moe = moe_step_error(fit, cv_preds["source"], holdout["rows"] if holdout else [])
     if infer_holdout is not None:
-        from diffperf.internal import measure_inference_errors
+        from diffperf.calibrate import measure_inference_errors
         from diffperf.validation import read_benchmark_files
         measured = measure_inference_errors(fit, INFER_HOLDOUT,
                                             read_benchmark_files([INFER_HOLDOUT]), args.out,

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 #: Largest count (layers, widths, lengths, GPUs, batch) accepted from the command line, a
 #: Hugging Face config or a benchmark CSV: float32 represents every integer only up to 2^24, so a
 #: larger count would be silently rounded (and means a typo, e.g. a 10^12-token context).
@@ -43,6 +42,21 @@ def as_float(x) -> jax.Array:
         if len(_SCALARS) < 4096:
             _SCALARS[key] = a
     return a
+
+
+def named_code(owner: str, field: str, codes: dict[str, int]):
+    """An `eqx.field` converter for a categorical field: a name of `codes` (any case) becomes
+    its integer code, a number passes through (`as_float`); an unknown name is a ValueError
+    naming `owner.field`, the choices and the value."""
+    def convert(x):
+        if isinstance(x, str):
+            try:
+                x = codes[x.lower()]
+            except KeyError:
+                raise ValueError(f"{owner}.{field} must be one of {sorted(codes)}, "
+                                 f"got {x!r}") from None
+        return as_float(x)
+    return convert
 
 
 def number_field(**kwargs):
@@ -94,7 +108,8 @@ def check_positive(owner: str, name: str, x) -> None:
     v = _values(x)
     bad = ~np.isfinite(v) | (v <= 0)
     if bad.any():
-        raise ValueError(f"{owner}.{name} must be a finite number > 0, got {_show(v[bad].ravel()[:1])}")
+        raise ValueError(f"{owner}.{name} must be a finite number > 0, "
+                         f"got {_show(v[bad].ravel()[:1])}")
 
 
 def check_nonnegative(owner: str, name: str, x) -> None:
@@ -104,7 +119,8 @@ def check_nonnegative(owner: str, name: str, x) -> None:
     v = _values(x)
     bad = ~np.isfinite(v) | (v < 0)
     if bad.any():
-        raise ValueError(f"{owner}.{name} must be a finite number >= 0, got {_show(v[bad].ravel()[:1])}")
+        raise ValueError(f"{owner}.{name} must be a finite number >= 0, "
+                         f"got {_show(v[bad].ravel()[:1])}")
 
 
 def check_integer(owner: str, name: str, x, minimum: float = 1) -> None:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from .specs._hardware import PRECISIONS, Accelerator
 from .specs._transformer import Transformer
 
+
 class Reason(enum.IntEnum):
     """Why a plan is infeasible, in the order the checks run (the first failure is reported).
 
@@ -109,9 +110,10 @@ def whole_counts(plan, positive: tuple[str, ...], nonnegative: tuple[str, ...] =
 def even_layout(model: Transformer, plan) -> jax.Array:
     """True where every pipeline stage (every interleaved chunk) holds the same whole number of
     layers: pp * vp divides the layer count (the layer count + 2 with
-    `account_embedding_loss`, where the embedding and the loss fill one slot each). `train_step` models other layouts as perfectly
-    balanced (fractional layers per stage), which needs a custom pipeline layout in practice
-    and is optimistic when the per-GPU layer counts differ, so searches skip them by default."""
+    `account_embedding_loss`, where the embedding and the loss fill one slot each).
+    `train_step` models other layouts as perfectly balanced (fractional layers per stage), which
+    needs a custom pipeline layout in practice and is optimistic when the per-GPU layer counts
+    differ, so searches skip them by default."""
     slots = model.layers + jnp.where((plan.account_embedding_loss > 0) & (plan.pp > 1), 2.0, 0.0)
     return divides(plan.pp * plan.vp, slots)
 

@@ -12,20 +12,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..validation._data import read_benchmark_files
+from ..inference._infer import infer
 from ..specs._efficiency import Efficiency
+from ..training._notes import training_notes_batch
+from ..training._step import train_step
+from ..validation._data import INFER_METRICS, TRAIN_TIME_METRICS, read_benchmark_files
 from ..validation._infer_rows import predict_infer_rows, stacked_infer_specs
 from ..validation._train_rows import predict_train_rows, stacked_train_specs
-from ..training._notes import training_notes_batch
 from ._uncertainty import decode_quantity, row_intervals, training_quantity
-from ..inference._infer import infer
-from ..training._step import train_step
 
 #: Output columns, in order: what every row says about itself, then the predictions (s, tokens,
 #: TFLOP/s, GB), then whether the plan fits in HBM and a status text.
 ROW_COLUMNS = ("id", "kind", "gpu", "num_gpus")
-TRAIN_COLUMNS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
-INFER_COLUMNS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
+TRAIN_COLUMNS, INFER_COLUMNS = TRAIN_TIME_METRICS, INFER_METRICS
 COLUMNS = ROW_COLUMNS + TRAIN_COLUMNS + INFER_COLUMNS + ("peak_memory_gb", "fits", "status")
 #: With intervals: the 90 % prediction interval of the row's headline time (step_time_s of a
 #: train row, e2e_latency_s of an infer row), s, and the model error that set its width (a
@@ -39,9 +38,9 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
     """Predict every row of the CSV files in `paths` (docs/benchmark-format.md; measured
     columns optional and ignored).
 
-    `efficiency`: as in `validate.validate` (None: the shipped calibration, per GPU).
+    `efficiency`: as in `diffperf.validation.validate` (None: the shipped calibration, per GPU).
     `intervals`: add `INTERVAL_COLUMNS`, from the uncertainty of `fit` (a fitted JSON path, or
-    None: the shipped calibration; see `calibrate_uncertainty.row_intervals`). Pass the file
+    None: the shipped calibration; see `_uncertainty.row_intervals`). Pass the file
     `efficiency` was loaded from, so that the intervals belong to the same fit.
 
     **Returns:** a DataFrame with `COLUMNS` (then `INTERVAL_COLUMNS`), one row per input row in

@@ -51,7 +51,7 @@ def cross_validate(problem, kind: str = "source", k: int = 5, batch: int = 8,
     """Held-out predictions of every row under `kind` cross-validation.
 
     **Returns:** `{"kind", "folds": [name...], "predictions": [...per cell, as
-    `calibrate.predictions_table`, plus "fold"], "summary": {...}}` where each cell's
+    `_results.predictions_table`, plus "fold"], "summary": {...}}` where each cell's
     prediction comes from the fit that did not see its row (or its twin / source)."""
     w_t, w_i = problem.base_weights()
     fl = [f for f in folds(problem.ds, kind, k) if (w_t[f[1]].sum() + w_i[f[2]].sum()) > 0]
@@ -65,8 +65,9 @@ def cross_validate(problem, kind: str = "source", k: int = 5, batch: int = 8,
         wi = np.stack([w_i * ~ti[:, None] for _, _, ti in pad])
         prog = None
         if progress:
-            prog = lambda st, s, n, l, a=start: progress(
-                f"cv {kind} folds {a + 1}-{a + len(chunk)}/{len(fl)} {st}", s, n, l)
+            last = start + len(chunk)
+            prog = lambda st, s, n, loss, a=start, b=last: progress(
+                f"cv {kind} folds {a + 1}-{b}/{len(fl)} {st}", s, n, loss)
         res = problem.optimize(np.tile(theta0, (batch, 1)), wt, wi, adam_steps, lbfgs_steps,
                                progress=prog)
         for j, (name, tt, ti) in enumerate(chunk):

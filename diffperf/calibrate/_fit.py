@@ -13,9 +13,10 @@ The fit is a grad of a loss of the same pure functions `diffperf validate` evalu
   GPU's offsets toward the shared value (partial pooling: a GPU with few rows stays near the
   shared factors); both weights are small.
 - Every measured column of every row counts: train `step_time_s`, `tokens_per_s_per_gpu`,
-  `model_tflops_per_gpu` (in the row's FLOP convention, `validate.causal_flops_convention`);
-  infer `e2e_latency_s`, `ttft_s`, `tpot_s`, `output_tok_s_per_gpu`. Rows whose plan is
-  structurally infeasible (anything but "does not fit in HBM": those ran in reality) are left out.
+  `model_tflops_per_gpu` (in the row's FLOP convention,
+  `validation._stack.causal_flops_convention`); infer `e2e_latency_s`, `ttft_s`, `tpot_s`,
+  `output_tok_s_per_gpu`. Rows whose plan is structurally infeasible (anything but "does not fit
+  in HBM": those ran in reality) are left out.
 - Predictions for all rows are one vmapped call over stacked specs (and a stacked per-row
   `Efficiency`); the loss and its gradient are jit-compiled once per dataset and reused by every
   cross-validation fold (held-out rows get weight 0; several folds run as one batch).
@@ -24,7 +25,7 @@ The fit is a grad of a loss of the same pure functions `diffperf validate` evalu
   Everything runs in float64 (`enable_x64()` is called by the entry points before the specs are
   built); there is no randomness.
 
-See `calibrate._cv` (cross-validation) and `calibrate._uncertainty` (Laplace
+See `_cv.py` (cross-validation) and `_uncertainty.py` (Laplace
 covariance, delta-method prediction intervals).
 """
 
@@ -34,9 +35,9 @@ import datetime
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -50,8 +51,8 @@ from ..validation._infer_rows import stacked_infer_specs
 from ..validation._stack import causal_flops_convention, constants_static
 from ..validation._train_rows import stacked_train_specs
 from ._parameterisation import Parameterisation, enable_x64
-from ._sources import source_of
 from ._results import INFER_COLUMNS, TRAIN_COLUMNS, Fit, mape_summary, predictions_table
+from ._sources import source_of
 from ._uncertainty import inference_support, laplace, residual_sds
 
 #: Reason codes kept in the fit: 0 feasible, and the memory reasons (those runs happened).
@@ -84,7 +85,7 @@ class Dataset:
     """Benchmark rows turned into stacked float64 specs and log targets (built once)."""
 
     paths: list
-    train: object  # validate.StackedRows
+    train: object  # validation._stack.StackedRows
     infer: object
     y_train: np.ndarray  # [Rt, 3] log measured (0 where not measured)
     m_train: np.ndarray  # [Rt, 3] 1 where measured (and the row is kept)
@@ -214,7 +215,7 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
         g_t, g_i = jnp.asarray(remap[ds.g_train]), jnp.asarray(remap[ds.g_infer])
     u0 = jnp.asarray(par.prior_center())
     has_t, has_i = len(tr.rows) > 0, len(inf.rows) > 0
-    # What every row shares enters the trace as constants (see `validate.constants_static`)
+    # What every row shares enters the trace as constants (see `validation._stack.constants_static`)
     specs_t = constants_static((tr.models, tr.systems, tr.plans)) if has_t else None
     specs_i = constants_static((inf.models, inf.systems, inf.plans)) if has_i else None
 
@@ -361,8 +362,10 @@ class Problem:
                       & (cv_np <= val_np + 1e-4 * step * np.asarray(slope)))
                 if ok.any():
                     okj = jnp.asarray(ok)
-                    sel = lambda a, b: jnp.where(okj.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
-                    new_theta, new_val, new_g = sel(cand, new_theta), sel(cv, new_val), sel(cg, new_g)
+                    sel = lambda a, b, okj=okj: jnp.where(
+                        okj.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+                    new_theta, new_val = sel(cand, new_theta), sel(cv, new_val)
+                    new_g = sel(cg, new_g)
                     new_aux = jax.tree.map(sel, caux, new_aux)
                     accepted |= ok
                 if accepted.all():
@@ -386,7 +389,7 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
               lbfgs_steps: int = 300, prior_weight: float = 1e-3,
               group_prior_weight: float = 1e-2, balance: float = 0.0,
               start: Efficiency | dict | None = None,
-              uncertainty: bool = True, progress=None, problem: "Problem | None" = None,
+              uncertainty: bool = True, progress=None, problem: Problem | None = None,
               command: str = "") -> Fit:
     """Fit the efficiency factors to benchmark rows.
 
@@ -401,9 +404,9 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
     - `prior_weight`, `group_prior_weight`: weights of the prior on the shared coordinates
       (toward the physical defaults) and on the per-GPU offsets (toward 0).
     - `balance`: 0 = every measured cell weighs the same (the plain mean); 1 = every source
-      group (`calibrate_cv.source_group`) weighs the same; in between: n_source^-balance.
+      group (`_sources.source_group`) weighs the same; in between: n_source^-balance.
     - `start`: start point (default the physical defaults; the prior always pulls toward them).
-    - `uncertainty`: compute the Laplace covariance (`calibrate_uncertainty.laplace`).
+    - `uncertainty`: compute the Laplace covariance (`_uncertainty.laplace`).
     - `progress`: optional `progress(stage, step, total, loss)` callback.
     - `problem`: a prebuilt `Problem` (reuses its compiled loss).
 
@@ -436,7 +439,7 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
     fitted_infer = [r for r, w in zip(ds.infer_rows, np.asarray(w_i)) if np.any(w > 0)]
     meta = {
         "data_sha256": ds.sha256, "data_files": [p.name for p in ds.paths],
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "loss": float(res.loss[0]), "n_cells": len(preds), "n_params": par.size,
         "iterations": res.iterations, "converged": bool(res.converged[0]),
         "in_sample_mape": mape_summary(preds), "jax_version": jax.__version__,

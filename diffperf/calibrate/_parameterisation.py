@@ -74,7 +74,8 @@ class Parameterisation:
             if f not in ALL_FIELDS:
                 raise ValueError(f"grouping: unknown factor {f!r}")
             if key not in ("gpu", None, "none"):
-                raise ValueError(f"grouping: factor {f!r} can be grouped by 'gpu' only, got {key!r}")
+                raise ValueError(f"grouping: factor {f!r} can be grouped by 'gpu' only, "
+                                 f"got {key!r}")
         grouped = tuple(f for f in fields if grouping.get(f) == "gpu") if groups else ()
         phys = Efficiency()
         center = tuple((f, float(getattr(phys, f))) for f in ALL_FIELDS)
@@ -175,7 +176,7 @@ class Parameterisation:
                 "center": dict(self.center)}
 
     @staticmethod
-    def from_json(d: dict) -> "Parameterisation":
+    def from_json(d: dict) -> Parameterisation:
         """Inverse of `to_json`; ValueError naming the key when the layout is not one
         `build` could have written (unknown or non-string factor names, a grouped factor that
         is not fitted, a base or center value missing or not a finite number)."""

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from ..specs._efficiency import Efficiency
+from ..validation._data import INFER_METRICS, TRAIN_TIME_METRICS
 from ._parameterisation import Parameterisation
 from ._sources import source_of
 
-TRAIN_COLUMNS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
-INFER_COLUMNS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
+#: The measured columns a calibration fits (every timing metric of the benchmark format).
+TRAIN_COLUMNS, INFER_COLUMNS = TRAIN_TIME_METRICS, INFER_METRICS
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Fit:
     residual_sd: dict = field(default_factory=dict)
     cv: dict = field(default_factory=dict)
     #: GPUs and GEMM precisions of the fitted inference rows
-    #: (`calibrate_uncertainty.inference_support`; None: no inference row was fitted).
+    #: (`_uncertainty.inference_support`; None: no inference row was fitted).
     inference_support: dict | None = None
     #: The compiled `Problem` (reuse it for cross-validation; not saved).
     problem: object = field(default=None, repr=False, compare=False)

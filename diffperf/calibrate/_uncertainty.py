@@ -32,18 +32,18 @@ MoE inference (`moe_inference_error`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Callable
 
 import numpy as np
 
 from .._checks import read_json
 from ..presets import _default_efficiency_data, chip_of, fitted_gpu, system_gpu
 from ..specs._hardware import PRECISION_CODES
+from ..validation._data import TRAIN_TIME_METRICS
 from ._parameterisation import Parameterisation
 from ._results import Fit
-
 
 #: Largest z * sd (log scale) of a reported interval: beyond it (a factor of e^5 = 148 each
 #: way) the fit's covariance is degenerate and an interval would say nothing.
@@ -56,7 +56,7 @@ MAX_LOG_HALF_WIDTH = 5.0
 #: output tokens/s per GPU, and its latency or TPOT when a row measures those instead
 #: (`quantity_of(metric, batch)`).
 QUANTITIES = {
-    "step_time": ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu"),
+    "step_time": TRAIN_TIME_METRICS,
     "latency": ("e2e_latency_s", "tpot_s"),
     "throughput": ("output_tok_s_per_gpu",),
     "ttft": ("ttft_s",),
@@ -88,7 +88,7 @@ def moe_step_error(fit, fitted_predictions: list[dict], held_out_rows: list[dict
     the RMS log residual log(predicted / measured) over the fit's own MoE rows and MoE runs it
     never saw, one residual per measurement (a row's columns averaged).
 
-    - `fitted_predictions`: prediction cells of the fitted rows (`calibrate.predictions_table`
+    - `fitted_predictions`: prediction cells of the fitted rows (`_results.predictions_table`
       form), cross-validated where possible; only the MoE rows' cells are used.
     - `held_out_rows`: `validate(...)["rows"]` of held-out MoE runs predicted with this fit.
 
@@ -131,7 +131,7 @@ PRECISION_CLASS_NAMES = {0: "fp32", 1: "16-bit", 2: "fp8", 3: "fp4"}
 
 
 def _precision_class(precision) -> int:
-    """The precision code (`hardware.PRECISION_CODES`: 0 fp32 / tf32, 1 bf16 / fp16, 2 fp8,
+    """The precision code (`diffperf.specs.PRECISION_CODES`: 0 fp32 / tf32, 1 bf16 / fp16, 2 fp8,
     3 fp4) of a GEMM precision name or code; a ValueError names anything else (int8 / int4
     are weight storage, not a GEMM precision)."""
     if isinstance(precision, str) and precision.strip().lower() in PRECISION_CODES:
@@ -291,7 +291,7 @@ def measurements(preds: list[dict], parameter_sd: dict | None = None) -> list[di
 def residual_sds(preds: list[dict]) -> dict:
     """RMS log residual log(predicted / measured) per quantity (`QUANTITIES`), per kind
     ("train", "infer") and over everything ("all"), one residual per measurement
-    (`measurements`), from prediction cells as `calibrate.predictions_table` makes them
+    (`measurements`), from prediction cells as `_results.predictions_table` makes them
     (in-sample or cross-validated)."""
     groups: dict = {}
     for m in measurements(preds):
@@ -370,7 +370,7 @@ def interval_coverage(preds: list[dict], residual_sd: dict, level: float = 0.9,
     """How often the `level` prediction interval contains the measured value, per measurement
     (`measurements`).
 
-    `preds`: prediction cells (use held-out ones: `calibrate_cv.cross_validate`);
+    `preds`: prediction cells (use held-out ones: `diffperf.calibrate.cross_validate`);
     `residual_sd`: the model error per quantity (`residual_sds`); `parameter_sd`: optional
     `{(id, metric): sqrt(g^T cov g)}` added in quadrature.
 

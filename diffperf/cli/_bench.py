@@ -10,13 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..specs._training_plan import TrainingPlan
-from ..presets import default_efficiency, efficiency_for, model, system
-from ..training._step import train_step
-from ._infer import bench_inference
-from ._common import BENCHMARKS
-from ..validation._data import read_benchmarks, train_specs
 from ..explore._search_training import default_training_grid, search_training
+from ..presets import default_efficiency, model, resolve_efficiency, system
+from ..specs._training_plan import TrainingPlan
+from ..training._step import train_step
+from ..validation._data import read_benchmarks, train_specs
+from ._common import BENCHMARKS
+from ._infer import bench_inference
 
 #: Configurations per compiled call: large enough to amortise dispatch, small enough that the
 #: intermediates stay in cache (measured fastest on a 2-core CPU).
@@ -160,7 +160,7 @@ _WORKER = r"""
 import json, sys, time
 import jax
 import diffperf as dp
-from diffperf.search import search_training
+from diffperf import search_training
 t0 = time.perf_counter()
 m, s = dp.model("gpt3-175b"), dp.system("a100-sxm4-80gb")
 r = search_training(m, s, 1024, 1536, progress=False)
@@ -222,7 +222,7 @@ def megatron_comparison(log=print, data=None) -> list[dict]:
     rows = []
     for rid in MEGATRON_IDS:
         m, s, plan = train_specs(by_id[rid])
-        eff = efficiency_for(None, by_id[rid].values["gpu"])  # that GPU's fitted factors
+        eff = resolve_efficiency(None, by_id[rid].values["gpu"])  # that GPU's fitted factors
         gpus, gbs = int(round(float(plan.num_gpus))), int(round(float(plan.global_batch)))
         theirs = train_step(m, s, plan, eff)
         grid = default_training_grid(m, gpus, gbs, precisions=(1,))

@@ -7,17 +7,18 @@ import json
 import sys
 import time
 from pathlib import Path
+
 from ..calibrate import _fit as C
 from ..calibrate._cv import cross_validate, summaries
-from ..calibrate._uncertainty import INFER_HOLDOUT, MOE_HOLDOUT
+from ..calibrate._fit import benchmarks_dir
+from ..calibrate._held_out import measure_inference_errors, measure_moe_step_error
+from ..calibrate._uncertainty import (
+    INFER_HOLDOUT,
+    MOE_HOLDOUT,
+    use_cross_validated_error,
+)
 from ..validation._data import read_benchmarks
 from ..validation._plausibility import implausible_measurements
-from ..calibrate._uncertainty import use_cross_validated_error
-from ..calibrate._fit import benchmarks_dir
-from ..calibrate._uncertainty import (MOE_INFERENCE, UNSEEN_INFERENCE, moe_inference_error, unseen_inference_error)
-from ..presets import efficiency_from_json
-from ..validation._validate import validate
-from ..calibrate._uncertainty import MOE_STEP_TIME, moe_step_error, training_quantity
 
 
 def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
@@ -163,7 +164,7 @@ def run_calibrate(args) -> int:
     fit.save(out)
     moe_line = None
     if holdout is not None:
-        moe_line = _measure_moe_error(fit, holdout, holdout_rows, out, fitted_predictions,
+        moe_line = measure_moe_step_error(fit, holdout, holdout_rows, out, fitted_predictions,
                                       basis)
     infer_lines = []
     if infer_holdout is not None and fit.inference_support is not None:
@@ -204,66 +205,6 @@ def _holdout_path(arg: str | None, shipped: str, option: str, what: str) -> Path
         raise ValueError(f"{option} {arg}: file not found (give a benchmark CSV of {what}, "
                          f"or 'none')")
     return Path(arg)
-
-
-def measure_inference_errors(fit, holdout: Path, holdout_rows, fitted_path: Path,
-                             validated: list[dict] | None = None) -> dict:
-    """Set `fit`'s unseen-inference and MoE-inference errors (`unseen_inference_error`,
-    `moe_inference_error`) from the inference rows of `holdout` (parsed: `holdout_rows`) it was
-    not fitted to, predicted with the saved fit at `fitted_path` (or given: `validated`, the
-    `validate(...)["rows"]` of that file with that fit); records how in the metadata (also
-    used by `calibration/refit.py`). **Returns:** `{"lines": lines to print, "unseen": ...,
-    "moe": ...}` (the two functions' results)."""
-    fitted_ids = {r.id for r in fit.problem.ds.infer_rows}
-    rows = [r for r in holdout_rows if r.kind == "infer" and r.id not in fitted_ids]
-    if validated is None and rows:
-        validated = validate([holdout], efficiency_from_json(fitted_path))["rows"]
-    result = validated if rows else []
-    unseen = unseen_inference_error(fit, result, rows)
-    moe = moe_inference_error(fit, result, rows)
-    lines = []
-    if UNSEEN_INFERENCE in fit.residual_sd:
-        how = (f"{unseen['unseen']} held-out inference rows of {holdout.name} on other GPUs "
-               f"or GEMM precisions")
-        fit.metadata["unseen_inference_error_basis"] = how
-        lines.append(f"inference outside the fitted data (GPUs "
-                     f"{', '.join(fit.inference_support['gpus'])}): model error "
-                     f"{fit.residual_sd[UNSEEN_INFERENCE] * 100:.1f} %, from {how}; "
-                     f"`diffperf infer --interval` uses it there")
-    if MOE_INFERENCE in fit.residual_sd:
-        most = fit.inference_support["max_experts"]
-        which = (f"MoE models with more than {most} experts per layer" if most > 1 else
-                 "MoE models (no fitted inference row is of one)")
-        how = f"{moe['held_out']} held-out inference rows of {holdout.name} of {which}"
-        fit.metadata["moe_inference_error_basis"] = how
-        lines.append(f"inference of {which}: model error "
-                     f"{fit.residual_sd[MOE_INFERENCE] * 100:.1f} %, from {how}; "
-                     f"`diffperf infer --interval` uses it there")
-    return {"lines": lines, "unseen": unseen, "moe": moe}
-
-
-def _measure_moe_error(fit, holdout: Path, holdout_rows, fitted_path: Path,
-                       fitted_predictions: list[dict], basis: str) -> str | None:
-    """Set `fit`'s MoE training error (`moe_step_error`) from its MoE rows and the MoE runs of
-    `holdout` (parsed: `holdout_rows`) it was not fitted to, predicted with the saved fit at
-    `fitted_path`; records how in the metadata. **Returns:** the line to print (None when there
-    is no MoE measurement)."""
-    fitted_ids = {r.id for r in fit.problem.ds.train_rows}
-    moe_ids = {r.id for r in holdout_rows
-               if r.kind == "train" and r.id not in fitted_ids
-               and training_quantity(r.values["num_experts"]) == MOE_STEP_TIME}
-    result = validate([holdout], efficiency_from_json(fitted_path))
-    moe = moe_step_error(fit, fitted_predictions,
-                         [row for row in result["rows"] if row["id"] in moe_ids])
-    if MOE_STEP_TIME not in fit.residual_sd:
-        return None
-    basis = (f"{moe['fitted']} fitted MoE rows ({basis}) and {moe['held_out']} held-out MoE "
-             f"runs of {holdout.name}")
-    fit.metadata["moe_error_basis"] = basis
-    sd, dense = fit.residual_sd[MOE_STEP_TIME], fit.residual_sd.get("step_time")
-    versus = f" (all training steps: {dense * 100:.1f} %)" if dense is not None else ""
-    return (f"MoE training steps: model error {sd * 100:.1f} %{versus}, from {basis}; "
-            f"`diffperf train --interval` uses it for MoE models")
 
 
 def format_table(ins: dict, cv: dict | None, cv_kind: str = "cv") -> str:

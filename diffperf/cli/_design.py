@@ -9,21 +9,17 @@ import sys
 
 import numpy as np
 
-from ..plots._pyplot import pyplot
+from ..design import _attribution as A, _codesign as C, _sensitivity as S, _technology as T
+from ..design._attribution import FACTORS
+from ..design._node_study import node_study
 from ..explore._what_if import add_set_argument, system_with_overrides, tag
-from ..specs._training_plan import RECOMPUTE, ZERO
-from ..design import _sensitivity as S
-from ..presets import model, system
-from ._common import _load_efficiency
-from ..specs._inference_plan import InferencePlan
 from ..feasibility import VALID_OR_OUT_OF_HBM, describe_failure, explain
 from ..inference._infer import infer
-from ..design import _attribution as A
-from ..presets import precision_label
-from ..design._attribution import FACTORS
-from ..design import _technology as T
-from ..design._node_study import node_study
-from ..design import _codesign as C
+from ..plots._pyplot import pyplot
+from ..presets import model, precision_label, system
+from ..specs._inference_plan import InferencePlan
+from ..specs._training_plan import RECOMPUTE, ZERO
+from ._common import _load_efficiency
 
 #: GPU presets that have a technology reference design.
 _REFERENCE_OF = {"a100-sxm4-80gb": "a100", "a100-sxm4-40gb": "a100", "dgx-a100": "a100",
@@ -63,7 +59,8 @@ def add_design_parsers(subparsers) -> None:
         "attribution", help="Shapley attribution of the A100 -> H100 -> B200 -> GB200 speed-up",
         description="Decompose the training speed-up base -> target over precision, tensor "
                     "FLOP/s, HBM bandwidth and capacity, NVLink bandwidth and domain, scale-out "
-                    "bandwidth and best plan (exact Shapley values over all 2^8 coalitions, vmapped).")
+                    "bandwidth and best plan (exact Shapley values over all 2^8 coalitions, "
+                    "vmapped).")
     p.add_argument("--workload", choices=["train", "infer"], default="train",
                    help="train (default): one training step on its best plan per coalition; "
                         "infer: the end-to-end latency of a fixed inference plan (--tp, "
@@ -402,10 +399,12 @@ def run_technology(args) -> int:
         return 0
     print("generated vs datasheet (ratios):")
     for r in refs:
-        print(f"  {r['gpu']:<5} bf16 {r['flops_bf16'] / 1e12:7.1f} TFLOP/s ({r['flops_bf16_ratio']:.3f})"
+        print(f"  {r['gpu']:<5} bf16 {r['flops_bf16'] / 1e12:7.1f} TFLOP/s "
+              f"({r['flops_bf16_ratio']:.3f})"
               f"  HBM {r['hbm_bandwidth'] / 1e12:5.2f} TB/s ({r['hbm_bandwidth_ratio']:.3f})"
               f"  {r['hbm_capacity'] / 1e9:4.0f} GB ({r['hbm_capacity_ratio']:.3f})"
-              f"  NVLink {r['nvlink_bandwidth'] / 1e9:4.0f} GB/s ({r['nvlink_bandwidth_ratio']:.3f})"
+              f"  NVLink {r['nvlink_bandwidth'] / 1e9:4.0f} GB/s "
+              f"({r['nvlink_bandwidth_ratio']:.3f})"
               f"  clock x{r['freq_scale']:.2f}, {r['power_w']:.0f} W, ${r['cost_usd']:,.0f}")
     if df is None:
         return 0

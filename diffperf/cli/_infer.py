@@ -14,26 +14,32 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_finite_report
-from ..feasibility import VALID_OR_OUT_OF_HBM, describe_failure, explain
-from ..specs._hardware import BYTES_PER_ELEMENT, INTEGER_WEIGHTS, precision_code, weight_storage
-from ..inference._infer import infer
-from ..specs._inference_plan import InferencePlan
-from ..presets import check_precision_names
-from ..explore._what_if import add_set_argument, change, comparison, system_with_overrides, tag
-from ..presets import default_precision
-from ._common import _load_efficiency, _load_model
-from ..presets import system
-from ..inference._boundedness import boundedness
-from ..plots._roofline_plot import roofline_plot
 from ..calibrate._uncertainty import decode_quantity, interval_summary
-from ..presets import gpu_names, model
-from ..presets import default_efficiency
+from ..explore._what_if import add_set_argument, change, comparison, system_with_overrides, tag
+from ..feasibility import VALID_OR_OUT_OF_HBM, describe_failure, explain
+from ..inference._boundedness import boundedness
+from ..inference._infer import infer
+from ..plots._roofline_plot import roofline_plot
+from ..presets import (
+    check_precision_names,
+    default_efficiency,
+    default_precision,
+    gpu_names,
+    model,
+    system,
+)
+from ..specs._hardware import BYTES_PER_ELEMENT, INTEGER_WEIGHTS, precision_code, weight_storage
+from ..specs._inference_plan import InferencePlan
 from ..validation._stack import constants_static
+from ._common import _load_efficiency, _load_model
 
 #: What `infer --set` compares with the preset: (summary key, label, unit, scale).
 _WHAT_IF_ROWS = (("ttft_s", "TTFT", "ms", 1e3), ("tpot_s", "TPOT", "ms", 1e3),
                  ("e2e_latency_s", "e2e latency", "s", 1.0),
                  ("output_tok_s_per_gpu", "tok/s per GPU", "", 1.0))
+
+#: The per-phase time terms of `infer --json`, s.
+_PHASE_TERMS = ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "total")
 
 
 def add_per_head_decode(parser) -> None:
@@ -174,10 +180,8 @@ def _summary(rep) -> dict:
         "fits": bool(rep.fits), "max_batch": int(rep.max_batch),
         "feasible": bool(rep.feasible),
         "reason": explain(int(rep.reason)),  # memory_gb has the numbers of reason 10
-        "prefill_s": {k: f(getattr(rep.prefill, k)) for k in
-                      ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "total")},
-        "decode_s": {k: f(getattr(rep.decode, k)) for k in
-                     ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "total")},
+        "prefill_s": {k: f(getattr(rep.prefill, k)) for k in _PHASE_TERMS},
+        "decode_s": {k: f(getattr(rep.decode, k)) for k in _PHASE_TERMS},
     }
 
 
@@ -350,7 +354,7 @@ def bench_inference(n: int = 100_000, repeats: int = 3, seed: int = 0,
     configurations (models, GPUs, tp, batch, lengths, KV precision), best of `repeats` runs
     after a warm-up (compilation excluded). Fields every configuration shares (e.g. none of
     the preset models has MLA) enter as constants, as in calibration
-    (`validate.constants_static`); `share_constants=False` maps every field."""
+    (`validation._stack.constants_static`); `share_constants=False` maps every field."""
     import equinox as eqx
 
     specs = _random_specs(n, seed)
@@ -369,15 +373,3 @@ def bench_inference(n: int = 100_000, repeats: int = 3, seed: int = 0,
         jax.block_until_ready(run(specs))
         best = min(best, time.perf_counter() - t0)
     return n / best
-
-
-def main(argv=None) -> int:
-    """Stand-alone entry point (`python -m diffperf._cli_infer ...`)."""
-    parser = argparse.ArgumentParser(prog="diffperf")
-    add_infer_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

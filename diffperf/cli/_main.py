@@ -12,28 +12,41 @@ import sys
 from pathlib import Path
 
 from .. import presets
-from ._checks import CliError, check_paths, check_values, resolve_hardware_names
-from ..validation._data import BenchmarkError
-from ..explore._what_if import (add_set_argument, change, comparison, parse_overrides,
-                      system_with_overrides, tag)
-from ..specs._training_plan import TrainingPlan, layer_count_error
-from ..feasibility import explain
-from ..validation._stack import capacity_warning
-from ..calibrate._uncertainty import MOE_STEP_TIME
-from ..training._step import predict_training, train_step
-from ..training._notes import training_notes
-from ..calibrate._uncertainty import interval_summary, training_quantity
-from ..validation._validate import validate
-from ..plots._validation_plot import validation_plot
-from ..validation._validate import imec_summaries
 from ..calibrate._batch_predict import predict_csv
+from ..calibrate._uncertainty import MOE_STEP_TIME, interval_summary, training_quantity
+from ..explore._what_if import (
+    add_set_argument,
+    change,
+    comparison,
+    parse_overrides,
+    system_with_overrides,
+    tag,
+)
+from ..feasibility import explain
+from ..plots._validation_plot import validation_plot
+from ..specs._training_plan import TrainingPlan, layer_count_error
+from ..training._notes import training_notes
+from ..training._step import predict_training, train_step
+from ..validation._data import BenchmarkError
+from ..validation._stack import capacity_warning
+from ..validation._validate import imec_summaries, validate
 from . import _bench as bench
-from ._common import (BENCHMARKS, DEFAULT_TRAIN_GPU, _load_efficiency, _load_model,
-                      _train_system)
+from ._calibrate import add_calibrate_parser
+from ._checks import (
+    _INPUTS,
+    _OUTPUTS,
+    CliError,
+    _opt,
+    check_paths,
+    check_values,
+    resolve_hardware_names,
+)
+from ._common import BENCHMARKS, DEFAULT_TRAIN_GPU, _load_efficiency, _load_model, _train_system
+from ._compile_cache import disable_compilation_cache, enable_compilation_cache
+from ._design import add_design_parsers
 from ._infer import add_infer_parser
 from ._search import add_search_parser
-from ._compile_cache import disable_compilation_cache, enable_compilation_cache
-from ._checks import _INPUTS, _OUTPUTS, _opt
+
 
 #: `train` / `search train` GPU when neither --gpu nor --system is given.
 # ----------------------------------------------------------------------------------- train
@@ -155,7 +168,8 @@ def _train_inputs(args):
                         flash_attention=int(args.flash_attention),
                         overlap_tp=int(args.overlap_tp),
                         overlap_tp_backward=int(args.overlap_tp_backward),
-                        overlap_dp=int(args.overlap_dp), zero3_per_matrix=int(args.zero3_per_matrix),
+                        overlap_dp=int(args.overlap_dp),
+                        zero3_per_matrix=int(args.zero3_per_matrix),
                         fp32_gradients=int(args.fp32_gradients if args.fp32_gradients is not None
                                            else args.precision != "fp16"),
                         account_embedding_loss=int(args.account_embedding_loss),
@@ -258,7 +272,8 @@ def _print_training(args, s: dict, plan, layers: float) -> None:
             why = "  (selective: flash attention recomputes inside its backward, in compute)"
         print(f"    {k:18s} {v:10.3f} s  {share:5.1f} %{why}")
     print(f"  MFU / HFU            {s['mfu'] * 100:9.1f} % / {s['hfu'] * 100:.1f} %")
-    print(f"  tokens/s             {s['tokens_per_s']:12.0f}  ({s['tokens_per_s_per_gpu']:.0f} per GPU)")
+    print(f"  tokens/s             {s['tokens_per_s']:12.0f}  "
+          f"({s['tokens_per_s_per_gpu']:.0f} per GPU)")
     m = s["memory_gb"]
     print(f"  memory per GPU       {m['total']:9.1f} GB of {m['capacity']:.1f} GB  "
           f"(weights {m['weights']:.1f}, grads {m['gradients']:.1f}, optimizer "
@@ -527,13 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_presets(sub)
     add_infer_parser(sub)
     add_search_parser(sub)
-    for module, adder in (("_cli_calibrate", "add_calibrate_parser"),
-                          ("_cli_design", "add_design_parsers")):
-        try:  # optional command groups
-            mod = __import__(f"diffperf.{module}", fromlist=[adder])
-        except ImportError:
-            continue
-        getattr(mod, adder)(sub)
+    add_calibrate_parser(sub)
+    add_design_parsers(sub)
     parser.set_defaults(func=run_quickstart)
     return parser
 
@@ -581,6 +591,3 @@ def _os_error_message(e: OSError, args) -> str:
     reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
     return f"{where}: {reason}" if where else str(e)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,18 +11,23 @@ import numpy as np
 import pandas as pd
 
 from .. import presets
-from ._checks import CliError
-from ._infer import (add_per_head_decode, add_precision_arguments, add_prefill_tokens,
-                         precisions_of, precisions_text)
-from ..specs._hardware import precision_code
-from ..explore._what_if import add_set_argument, parse_overrides, system_with_overrides, tag
-from ._common import _load_efficiency, _load_model, _train_system
-from ..explore._search_training import default_training_grid, search_training
-from ..plots._search_plot import front_plot
-from ..specs._inference_plan import InferencePlan
 from ..explore._search_inference import search_inference
-from ..feasibility import explain
+from ..explore._search_training import default_training_grid, search_training
 from ..explore._sweep import pareto_front
+from ..explore._what_if import add_set_argument, parse_overrides, system_with_overrides, tag
+from ..feasibility import explain
+from ..plots._search_plot import front_plot
+from ..specs._hardware import precision_code
+from ..specs._inference_plan import InferencePlan
+from ._checks import CliError
+from ._common import _load_efficiency, _load_model, _train_system
+from ._infer import (
+    add_per_head_decode,
+    add_precision_arguments,
+    add_prefill_tokens,
+    precisions_of,
+    precisions_text,
+)
 
 #: Exit status when the search found no plan (feasible, or meeting the target): like grep's 1
 #: for "no match", distinct from 2 for invalid input.
@@ -227,7 +232,8 @@ def write_table(df: pd.DataFrame, path: str) -> None:
         try:
             df.to_parquet(path, index=False)
         except ImportError:
-            raise ValueError("writing parquet needs pyarrow: pip install pyarrow (or use .csv)")
+            raise ValueError("writing parquet needs pyarrow: pip install pyarrow (or use .csv)"
+                             ) from None
     elif path.endswith(".csv"):
         df.to_csv(path, index=False)
     else:

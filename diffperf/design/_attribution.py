@@ -17,7 +17,7 @@ one training step is decomposed over F factors:
 Each coalition S is the base system with the factors of S swapped to the target's values. All
 2^F coalitions are evaluated in one jitted call: `vmap` over coalitions (systems stacked as
 pytree leaves selected with `jnp.where`) of `vmap` over a candidate plan set (`candidate_plans`:
-a reduced version of `search.default_training_grid`, a few thousand plans), taking the fastest
+a reduced version of `diffperf.default_training_grid`, a few thousand plans), taking the fastest
 feasible plan per coalition. The value of a coalition is v(S) = log(T_base / T_S), and the
 Shapley value of factor i is
 
@@ -36,16 +36,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..specs._efficiency import Efficiency
 from ..explore._grid import Grid
+from ..explore._search_training import plan_from_values
+from ..feasibility import VALID_OR_OUT_OF_HBM, describe_failure, even_layout
+from ..inference._infer import infer
+from ..presets import resolve_efficiency
+from ..specs._efficiency import Efficiency
 from ..specs._hardware import Accelerator, Network, System, precision_code
 from ..specs._transformer import Transformer
-from ..presets import default_efficiency
-from ..explore._search_training import plan_from_values
-from ..feasibility import VALID_OR_OUT_OF_HBM, even_layout
 from ..training._step import train_step
-from ..inference._infer import infer
-from ..feasibility import describe_failure
 
 FACTORS = ("precision", "tensor_flops", "hbm_bandwidth", "hbm_capacity", "nvlink_bandwidth",
            "nvlink_domain", "scaleout_bandwidth", "best_plan")
@@ -68,7 +67,7 @@ def candidate_plans(model: Transformer, gpus: int, global_batch: int) -> Grid:
     flash attention and both overlaps on (the choices that win for dense GPT training in the
     full search), cp = 1; for a MoE model also expert parallelism ep 1-64 (powers of two
     dividing the expert count). Precision is set per coalition; `candidate_step_time` keeps only
-    even layouts (`search.even_layout`: pp * vp divides the layer count)."""
+    even layouts (`diffperf.explore.even_layout`: pp * vp divides the layer count)."""
     layers = int(np.asarray(model.layers))
     experts = int(np.asarray(model.num_experts))
     pow2 = [p for p in (1, 2, 4, 8, 16, 32, 64) if gpus % p == 0]
@@ -87,7 +86,7 @@ def candidate_plans(model: Transformer, gpus: int, global_batch: int) -> Grid:
 def candidate_step_time(model: Transformer, system: System, values: dict, gpus, global_batch,
                         eff: Efficiency) -> jax.Array:
     """Step time of the candidate plan given by grid `values`, or inf when it is infeasible or
-    its pipeline layout is uneven (`search.even_layout`), s. Works under jit / vmap."""
+    its pipeline layout is uneven (`diffperf.explore.even_layout`), s. Works under jit / vmap."""
     plan = plan_from_values(values, gpus, global_batch)
     r = train_step(model, system, plan, eff)
     ok = r.feasible & even_layout(model, plan) & jnp.isfinite(r.step_time)
@@ -120,7 +119,7 @@ def coalition_times(model: Transformer, base: System, target: System, gpus: int,
     **Returns:** dict with `masks` (2^F, F), `step_time` (2^F,), `feasible` (2^F,),
     `plan_index` (flat index in `grid` of the plan used per coalition), `grid`, `base_plan`.
     """
-    eff = default_efficiency() if efficiency is None else efficiency
+    eff = resolve_efficiency(efficiency)
     grid = candidate_plans(model, gpus, global_batch) if grid is None else grid
     pb, pt = precision_code(base_precision), precision_code(target_precision)
     at = target.accelerator
@@ -252,7 +251,7 @@ def attribute_inference(model: Transformer, base: System, target: System, plan,
     coalition's plan is infeasible (other than by memory)."""
     import equinox as eqx
 
-    eff = default_efficiency() if efficiency is None else efficiency
+    eff = resolve_efficiency(efficiency)
     pb, pt = precision_code(base_precision), precision_code(target_precision)
     at = target.accelerator
     if pt >= 2 and float(at.peak_flops(pt)) <= 0:

@@ -7,7 +7,7 @@ Design space (continuous, the same for the gradient method and the grid):
 - `hbm_stacks` in [1, STACKS_MAX] (continuous relaxation of the stack count);
 - `nvlink_lanes` in [4, LANES_MAX] (continuous relaxation of the lane count).
 
-The compute area is what remains (`technology.generate`); the power budget is met by
+The compute area is what remains (`diffperf.design.generate`); the power budget is met by
 construction for the compute datapath (the clock is lowered by DVFS when power binds), so the
 explicit constraints are
 
@@ -19,13 +19,14 @@ explicit constraints are
 
 Objective: the workload time (training step time or inference end-to-end latency) with the
 parallel plan **fixed** (the plan is chosen once on the reference system and held; relaxing it
-would make the objective piecewise, see `sensitivity.best_training_plan`).
+would make the objective piecewise, see `_sensitivity.best_training_plan`).
 
-Gradient method: box constraints by projection (clipping in unit-box coordinates); the other constraints by an
-exact (linear) + quadratic penalty on the normalised violation, tightened by a `MARGIN` so that
-iterates converge from the feasible side; Adam (optax) from a few starts vmapped together. The
-result is the best iterate that satisfies every budget exactly (each iterate's value and
-constraints come from the same forward pass as its gradient, so they cost nothing extra).
+Gradient method: box constraints by projection (clipping in unit-box coordinates); the other
+constraints by an exact (linear) + quadratic penalty on the normalised violation, tightened by
+a `MARGIN` so that iterates converge from the feasible side; Adam (optax) from a few starts
+vmapped together. The result is the best iterate that satisfies every budget exactly (each
+iterate's value and constraints come from the same forward pass as its gradient, so they cost
+nothing extra).
 `whole_design` then finds the best buildable design near it: whole HBM stacks and NVLink lanes.
 
 Evaluation count convention: one forward+gradient (`jax.value_and_grad`) = 1 evaluation; one
@@ -44,14 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import _technology as T
+from ..inference._infer import infer
+from ..presets import model, resolve_efficiency, system
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import System
-from ..inference._infer import infer
 from ..specs._transformer import Transformer
-from ..presets import default_efficiency
 from ..training._step import train_step
-from ..presets import model, system
+from . import _technology as T
 from ._sensitivity import best_training_plan, default_inference_plan
 
 AREA_MIN = 200.0
@@ -197,7 +197,10 @@ def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
             u, s = carry
             (_, (t, cons, x)), grad = jax.vmap(vg)(u)
             grad = jnp.where(jnp.isfinite(grad), grad, 0.0)
-            upd, s = jax.vmap(opt.update)(grad, s)
+            # optax's Adam mixes its int32 step count with Python floats: its internals follow
+            # JAX's standard promotion even where a caller (the tests) asks for strict.
+            with jax.numpy_dtype_promotion("standard"):
+                upd, s = jax.vmap(opt.update)(grad, s)
             u = jnp.clip(optax.apply_updates(u, upd), 0.0, 1.0)
             return (u, s), (t, cons, x)
         _, hist = jax.lax.scan(step, (u0, state), None, length=steps)
@@ -220,7 +223,7 @@ def grid_search(prob: Problem, points_per_axis=(24, 12, 23, 18), chunk: int = 81
     """Dense grid over the same box (vmapped in chunks); best feasible time. `best`: the
     `keep` fastest feasible points, fastest first (natural coordinates)."""
     lo, hi = bounds(prob.budgets)
-    axes = [np.linspace(l, h, n) for l, h, n in zip(lo, hi, points_per_axis)]
+    axes = [np.linspace(a, b, n) for a, b, n in zip(lo, hi, points_per_axis)]
     mesh = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, lo.size)
     return _best_of(prob, mesh, chunk, keep)
 
@@ -387,7 +390,7 @@ def default_problem(workload: str = "train", node_nm: float = 3.0, memory_index:
     Default budgets: 814 mm^2, 700 W, 114 mm perimeter (a reticle-size square die), $4,000."""
     if workload not in ("train", "infer"):
         raise ValueError(f"workload must be 'train' or 'infer', got {workload!r}")
-    eff = default_efficiency() if efficiency is None else efficiency
+    eff = resolve_efficiency(efficiency)
     budgets = budgets or Budgets(area_mm2=814.0, power_w=700.0, perimeter_mm=114.0,
                                  cost_usd=4000.0)
     if workload == "train":

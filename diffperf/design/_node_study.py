@@ -10,14 +10,12 @@ import numpy as np
 
 from ..explore._search_training import plan_from_values
 from ..inference._infer import infer
-from ..presets import default_efficiency, model
+from ..presets import model, resolve_efficiency
 from ..specs._hardware import System
 from ..training._step import train_step
 from ._attribution import candidate_plans, candidate_step_time
 from ._sensitivity import GROUPS, default_inference_plan
-from ._technology import (Design, _column, architecture, generate,
-                          node_names,
-                          tables, technology)
+from ._technology import Design, _column, architecture, generate, node_names, tables, technology
 
 #: What each scaling mode takes from the swept node (the rest stays at the 12 nm era baseline).
 SCALINGS = {"logic": ("logic",), "memory": ("memory",), "network": ("network",),
@@ -57,7 +55,7 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
     import pandas as pd
 
 
-    eff = default_efficiency() if efficiency is None else efficiency
+    eff = resolve_efficiency(efficiency)
     nodes = node_names() if nodes is None else list(nodes)
     base_mem, base_net = roadmap(base_node)
     points = []

@@ -10,13 +10,13 @@ gradient, not guessed from the breakdown.
 Two workloads (`workload_time`):
 
 - `train`: one optimizer step (`TrainingReport.step_time`) of a model on a GPU count with a fixed
-  plan (default: the fastest plan of `attribution.candidate_plans` on that system, bf16);
+  plan (default: the fastest plan of `_attribution.candidate_plans` on that system, bf16);
 - `infer`: end-to-end latency (`InferenceReport.e2e_latency`) of a serving plan (default
   Llama-2 70B, tp 8, batch 1, 128 in / 128 out).
 
 Hardware elasticities are w.r.t. every `Accelerator` and `Network` leaf; technology elasticities
-are w.r.t. every leaf of `technology.TechParams`, the `Design` budgets and the `ArchParams`,
-through `technology.generate` (the GPU rebuilt from its reference design). The continuous node
+are w.r.t. every leaf of `_technology.TechParams`, the `Design` budgets and the `ArchParams`,
+through `diffperf.design.generate` (the GPU rebuilt from its reference design). The continuous node
 coordinate is included as d log T / d log node_nm, and the memory / network generation indices as
 d log T / d index (per generation step).
 """
@@ -28,18 +28,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..specs._efficiency import Efficiency
-from ..specs._hardware import System
-from ..inference._infer import infer
-from ..specs._inference_plan import InferencePlan
-from ..specs._transformer import Transformer
-from ..specs._training_plan import TrainingPlan
-from ..presets import default_efficiency
-from ..training._step import train_step
-from ._attribution import candidate_plans, candidate_step_time
-from ..specs._hardware import precision_code
 from ..explore._search_training import plan_from_values
+from ..inference._infer import infer
+from ..presets import resolve_efficiency
+from ..specs._efficiency import Efficiency
+from ..specs._hardware import System, precision_code
+from ..specs._inference_plan import InferencePlan
+from ..specs._training_plan import TrainingPlan
+from ..specs._transformer import Transformer
+from ..training._step import train_step
 from . import _technology as T
+from ._attribution import candidate_plans, candidate_step_time
 
 #: Leaves grouped by the resource they describe (for `bottlenecks`).
 GROUPS = {
@@ -53,8 +52,8 @@ GROUPS = {
 def best_training_plan(model: Transformer, system: System, gpus: int, global_batch: int,
                        precision: str = "bf16", efficiency: Efficiency | None = None
                        ) -> TrainingPlan:
-    """Fastest feasible plan of `attribution.candidate_plans` on `system` (one vmapped call)."""
-    eff = default_efficiency() if efficiency is None else efficiency
+    """Fastest feasible plan of `_attribution.candidate_plans` on `system` (one vmapped call)."""
+    eff = resolve_efficiency(efficiency)
     grid = candidate_plans(model, gpus, global_batch)
     values = grid.product(grid.names)
     n = grid.size
@@ -82,7 +81,7 @@ def default_inference_plan() -> InferencePlan:
 
 def workload_time(workload: str, model: Transformer, plan, efficiency: Efficiency | None = None):
     """A function `system -> time (s)` for `workload` in ("train", "infer") with a fixed plan."""
-    eff = default_efficiency() if efficiency is None else efficiency
+    eff = resolve_efficiency(efficiency)
     if workload == "train":
         return lambda system: train_step(model, system, plan, eff).step_time
     if workload == "infer":

@@ -366,7 +366,7 @@ def calibrate_architectures() -> dict[str, float]:
         tech, design, arch = reference_point(ref)
         target = row["target_flops_bf16"]
 
-        def flops(log_k):
+        def flops(log_k, tech=tech, design=design, arch=arch):
             return float(generate(tech, design, _arch(arch, np.exp(log_k))).accelerator.flops_bf16)
 
         lo, hi = np.log(1e-9), np.log(1e-3)

@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 
 from .. import presets
-from ._grid import Grid
-from ..specs._hardware import precision_code
 from ..inference._infer import infer
+from ..specs._hardware import precision_code
 from ..specs._inference_plan import InferencePlan
+from ._grid import Grid
 from ._sweep import evaluate_all
 
 
@@ -36,7 +36,7 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
     `precision`) that of the GEMM inputs, `kv_precision` (default: the GEMM inputs') that of
     the KV cache; `grouped_decode_attention`, `gemm_peak_fraction` and `prefill_tokens` are
     as in `InferencePlan`."""
-    eff = presets.default_efficiency() if efficiency is None else efficiency
+    eff = presets.resolve_efficiency(efficiency)
     grid = Grid(inference_candidates(max_gpus, int(float(model.num_experts))))
     code = float(precision_code(precision))
     act = code if activation_precision is None else float(precision_code(activation_precision))

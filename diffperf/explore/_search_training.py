@@ -1,6 +1,6 @@
 """Exhaustive parallel-plan search for training: every plan of a grid over TP x PP x CP x EP x
 VP x micro-batch x recompute x ZeRO x SP x flash x overlaps (DP derived from the GPU count),
-evaluated on the device with `diffperf.sweep.run_sweep`."""
+evaluated on the device with `diffperf.run_sweep`."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from ..specs._efficiency import Efficiency
 from ..feasibility import REASONS, Reason, divides, even_layout, offload_supported
-from ._grid import Grid
+from ..presets import resolve_efficiency
+from ..specs._efficiency import Efficiency
 from ..specs._hardware import PRECISIONS, System
-from ..specs._transformer import Transformer
 from ..specs._training_plan import RECOMPUTE, TrainingPlan
-from ..presets import default_efficiency
-from ._sweep import pareto_front, run_sweep
+from ..specs._transformer import Transformer
 from ..training._step import train_step
+from ._grid import Grid
+from ._sweep import pareto_front, run_sweep
 
 #: Extra reason codes used by searches (after the model's own, `feasibility.REASONS`): tp * pp
 #: * cp does not divide the GPU count; a setting has no effect (sequence parallelism or TP
@@ -99,7 +99,8 @@ def check_training_grid(grid: Grid) -> None:
 def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
     """A TrainingPlan from grid values (dp = gpus / (tp * pp * cp)). Works on traced values."""
     v = dict(values)
-    defaults = {"tp": 1.0, "pp": 1.0, "cp": 1.0, "ep": 1.0, "vp": 1.0, "micro_batch": 1.0, "recompute": 0.0,
+    defaults = {"tp": 1.0, "pp": 1.0, "cp": 1.0, "ep": 1.0, "vp": 1.0, "micro_batch": 1.0,
+                "recompute": 0.0,
                 "zero": 1.0, "sequence_parallel": 0.0, "flash_attention": 1.0,
                 "overlap_tp": 1.0, "overlap_dp": 1.0, "precision": 1.0, "fp32_gradients": 1.0,
                 "offload_layers": 0.0, "expert_tp": 0.0, "overlap_ep": 0.0}
@@ -147,7 +148,7 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     (DataFrame: step time vs memory per GPU front) and the raw `SweepResult`.
     """
     t0 = time.perf_counter()
-    eff = default_efficiency() if efficiency is None else efficiency
+    eff = resolve_efficiency(efficiency)
     grid = grid if grid is not None else default_training_grid(model, gpus, global_batch)
     check_training_grid(grid)
 
@@ -249,7 +250,7 @@ def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,
     df["recompute"] = [RECOMPUTE[int(x)] for x in df["recompute"]]
     df["precision"] = [PRECISIONS[int(x)] for x in np.asarray(plan.precision)[:n]]
     df["step_time_s"] = rep.step_time
-    for field, name in _BREAKDOWN.items():
+    for field in _BREAKDOWN:
         df[field.replace("_time", "_s")] = getattr(rep, field)
     df["memory_gb"] = rep.memory.total / 1e9
     df["mfu"] = rep.mfu

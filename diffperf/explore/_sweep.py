@@ -157,7 +157,7 @@ def run_sweep(grid: Grid, evaluate: Callable, k: int = 10, devices=None,
         top_v, top_i = -neg2, cand_i[sel]
         # scatter reductions (fast on CPU, unlike reductions over a one-hot matrix)
         hist = hist.at[jnp.where(valid, reason, n_reasons)].add(1, mode="drop")
-        nfeas = nfeas + jnp.sum(ok)
+        nfeas = nfeas + jnp.sum(ok, dtype=jnp.int32)
         # binned Pareto candidates: the best objective in each secondary bin
         b = jnp.clip(((jnp.log(sec) - lo) / (hi - lo) * PARETO_BINS).astype(jnp.int32), 0,
                      PARETO_BINS - 1)

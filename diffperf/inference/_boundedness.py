@@ -14,15 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
+from ..costs._roofline import peak_matmul_flops
+from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import System
-from ._infer import OP_KINDS, infer, inference_ops
 from ..specs._inference_plan import InferencePlan
 from ..specs._transformer import Transformer
-from ..costs._roofline import peak_matmul_flops
-from ..presets import default_efficiency
+from ._infer import OP_KINDS, infer, inference_ops
 
-#: Resources an operation can be bound by, in the order of `_components`.
+#: Resources an operation can be bound by, in the order of the `Cost` fields `boundedness` reads.
 RESOURCES = ("compute", "memory", "network", "launch")
 #: Default HBM sweep of `dram_scaling`: per-GPU bandwidth of successive HBM generations, B/s.
 HBM_GENERATIONS = {
@@ -33,11 +33,6 @@ HBM_GENERATIONS = {
     "HBM4 (13 TB/s)": 13.0e12,
 }
 
-
-def _default(efficiency):
-    if efficiency is None:
-        return default_efficiency()
-    return efficiency
 
 
 def boundedness(model: Transformer, system: System, plan: InferencePlan,
@@ -54,7 +49,7 @@ def boundedness(model: Transformer, system: System, plan: InferencePlan,
     in the phase: all layers, and all decode steps) and `share` (fraction of the phase's time).
     Operations that do not occur (e.g. the router of a dense model) are dropped.
     """
-    eff = _default(efficiency)
+    eff = resolve_efficiency(efficiency)
     ops = jax.device_get(inference_ops(model, system, plan, eff))  # eager: one config
     acc = system.accelerator
     balance = float(peak_matmul_flops(acc, plan.math_precision) / acc.hbm_bandwidth)
@@ -104,7 +99,7 @@ def dram_scaling(model: Transformer, system: System, plan: InferencePlan,
     **Returns:** a DataFrame with `memory`, `hbm_bandwidth` (B/s), `tpot_s`, `ttft_s`,
     `e2e_latency_s` (s) and `e2e_speedup` relative to the first row.
     """
-    eff = _default(efficiency)
+    eff = resolve_efficiency(efficiency)
     if bandwidths is None:
         bandwidths = HBM_GENERATIONS
     if isinstance(bandwidths, dict):

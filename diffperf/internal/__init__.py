@@ -11,8 +11,9 @@ from ..calibrate import _fit as calibration
 from ..calibrate._batch_predict import COLUMNS as COLUMNS
 from ..calibrate._cv import folds as folds, summaries as summaries
 from ..calibrate._fit import default_data_paths as default_data_paths
+from ..calibrate._held_out import measure_inference_errors as measure_inference_errors
 from ..calibrate._results import INFER_COLUMNS as INFER_COLUMNS, TRAIN_COLUMNS as TRAIN_COLUMNS
-from ..calibrate._sources import source_group as source_group
+from ..calibrate._sources import source_group as source_group, twin_key as twin_key
 from ..calibrate._uncertainty import (
     MOE_INFERENCE as MOE_INFERENCE,
     MOE_STEP_TIME as MOE_STEP_TIME,
@@ -38,8 +39,14 @@ from ..calibrate._uncertainty import (
     use_cross_validated_error as use_cross_validated_error,
 )
 from ..cli import _bench as bench
-from ..cli._calibrate import measure_inference_errors as measure_inference_errors
-from ..cli._compile_cache import cache_directory as cache_directory
+from ..cli._calibrate import (
+    add_calibrate_parser as add_calibrate_parser,
+    run_calibrate as run_calibrate,
+)
+from ..cli._compile_cache import (
+    cache_directory as cache_directory,
+    disable_compilation_cache as disable_compilation_cache,
+)
 from ..cli._infer import (
     add_infer_parser as add_infer_parser,
     bench_inference as bench_inference,
@@ -51,6 +58,7 @@ from ..cli._search import (
     _shown as search_columns_shown,
 )
 from ..costs import _collectives as collectives
+from ..costs._gemm import split_k_gemm_cost as inference_gemm
 from ..design import (
     _attribution as attribution,
     _codesign as codesign,
@@ -59,8 +67,23 @@ from ..design import (
 )
 from ..explore import _search_training as search
 from ..explore._search_training import REASON_GPUS as REASON_GPUS
-from ..inference._infer import _gemm as inference_gemm
 from ..plots._validation_plot import CLIP_PCT as CLIP_PCT
-from ..training._step import _head_time as training_head_time, _layer_costs as training_layer_costs
+from ..training._layer import head_time as training_head_time, layer_costs as training_layer_costs
 from ..validation import _data as benchmark_data, _validate as validation
 from ..validation._plausibility import SLACK as SLACK
+
+__all__ = [
+    "add_calibrate_parser", "add_infer_parser", "as_float", "attribution", "bench",
+    "bench_inference", "benchmark_data", "BENCHMARKS", "bias_text", "cache_directory",
+    "calibration", "cell_parameter_sd", "check_finite_report", "CLIP_PCT", "codesign",
+    "collectives", "COLUMNS", "decode_quantity", "default_data_paths", "disable_compilation_cache",
+    "folds", "INFER_COLUMNS", "inference_floors", "inference_gemm", "inference_support",
+    "interval_caveats", "interval_coverage", "is_unseen_inference", "latency_throughput_front",
+    "measure_inference_errors", "model_error_sd", "MOE_INFERENCE", "moe_inference_error",
+    "moe_step_error", "MOE_STEP_TIME", "os_error_message", "PRECISION_CLASS_NAMES", "QUANTITIES",
+    "quantity_of", "REASON_GPUS", "require_measured_kind", "residual_sds", "run_calibrate",
+    "run_infer", "search", "search_columns_shown", "sensitivity", "SLACK", "source_group",
+    "summaries", "technology", "TRAIN_COLUMNS", "training_head_time", "training_layer_costs",
+    "training_quantity", "twin_key", "UNSEEN_INFERENCE", "unseen_inference_error",
+    "use_cross_validated_error", "validation",
+]

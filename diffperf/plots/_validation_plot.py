@@ -1,6 +1,6 @@
 """Picture of a validation run: predicted vs measured, and the signed errors by source.
 
-`diffperf validate --plot F.png` draws it from the rows of `validate.validate`.
+`diffperf validate --plot F.png` draws it from the rows of `diffperf.validation.validate`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._pyplot import pyplot
 from ..calibrate._cv import source_group
+from ._pyplot import pyplot
 
 #: Shaded band of the error panel: +-10 %, the design target for held-out published runs.
 BAND_PCT = 10.0
@@ -20,12 +20,12 @@ CLIP_PCT = 200.0
 
 def validation_plot(rows: list[dict], path: str | Path, title: str | None = None):
     """Save a two-panel figure of validation rows (`{"id", "metric", "measured",
-    "predicted"}` as `validate.validate` returns them) to `path`; returns the figure.
+    "predicted"}` as `diffperf.validation.validate` returns them) to `path`; returns the figure.
 
     Left: predicted vs measured on log-log axes, one colour per measured column (each point
     in its column's unit: s, tokens/s, TFLOP/s, GB), with the +-10 % lines. Right: the signed
     error 100 * (predicted / measured - 1) of every value, one column of points per source
-    group (a paper table or vendor page, `calibrate_cv.source_group`), with its MAPE; errors
+    group (a paper table or vendor page, `calibrate._sources.source_group`), with its MAPE; errors
     above +200 % are drawn at 200 % as triangles."""
     plt = pyplot("the validation plot")
     rows = [r for r in rows if r["measured"] > 0 and r["predicted"] > 0]
@@ -65,7 +65,7 @@ def validation_plot(rows: list[dict], path: str | Path, title: str | None = None
     bx.axhspan(-BAND_PCT, BAND_PCT, color="0.92")
     bx.axhline(0.0, color="k", lw=0.8)
     shown = np.minimum(error, CLIP_PCT)  # a unit error in a CSV must not flatten the rest
-    for i, name in enumerate(sources):
+    for i in range(len(sources)):
         sel = src == i
         x = i + rng.uniform(-0.25, 0.25, int(sel.sum()))
         c = np.array([colours[j % len(colours)] for j in met[sel]])

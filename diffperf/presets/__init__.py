@@ -144,7 +144,7 @@ def model(name: str, max_context: bool = False) -> Transformer:
     """A `Transformer` preset, e.g. `model("gpt3-175b")` or `model("llama3-70b")`. Its `seq_len`
     is the pre-training sequence length; with `max_context`, the longest context the model
     serves where the preset records one (`max_context`, its config's max_position_embeddings),
-    as `hf_config.transformer_from_hf_config(..., max_context=True)` does for a config file."""
+    as `diffperf.transformer_from_hf_config(..., max_context=True)` does for a config file."""
     row = _lookup("models", name)
     fields = {f: row[f] for f in _MODEL_FIELDS if f in row}
     if max_context and "max_context" in row:
@@ -207,13 +207,14 @@ def fitted_gpu(gpu: str, fitted) -> str | None:
     return key if key in fitted else None
 
 
-def efficiency_for(efficiency: Efficiency | None, gpu: str | None) -> Efficiency:
-    """The factors to use for GPU `gpu`: `efficiency`'s per-GPU entry if it is a
-    `GpuEfficiency`, `efficiency` itself if it is a plain `Efficiency`, the shipped default
-    (`default_efficiency(gpu)`) if None."""
+def resolve_efficiency(efficiency: Efficiency | None, gpu: str | None = None) -> Efficiency:
+    """The one rule for which efficiency factors apply: `efficiency` when given (its entry for
+    `gpu` if it is a `GpuEfficiency` and a GPU is named), else the shipped default
+    (`default_efficiency(gpu)`: the shared factors carrying the per-GPU ones when `gpu` is
+    None). Every entry point that takes `efficiency=None` resolves it here."""
     if efficiency is None:
         return default_efficiency(gpu)
-    if isinstance(efficiency, GpuEfficiency):
+    if gpu is not None and isinstance(efficiency, GpuEfficiency):
         return efficiency.for_gpu(gpu)
     return efficiency
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import jax
 import jax.numpy as jnp
 
-if TYPE_CHECKING:  # model.py derives its attention weight count from `projections`
+if TYPE_CHECKING:  # _transformer.py derives its attention weight count from `projections`
     from ._transformer import Transformer
 
 

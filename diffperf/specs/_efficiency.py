@@ -12,9 +12,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._checks import (check_fraction, check_nonnegative, check_positive, names_number_fields,
-                      number_field as _F)
-
+from .._checks import (
+    check_fraction,
+    check_nonnegative,
+    check_positive,
+    names_number_fields,
+    number_field as _F,
+)
 
 
 @names_number_fields

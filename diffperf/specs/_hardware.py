@@ -7,9 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import (check_integer, check_nonnegative, check_positive, is_concrete,
-                      names_number_fields, number_field as _F)
-
+from .._checks import (
+    check_integer,
+    check_nonnegative,
+    check_positive,
+    is_concrete,
+    names_number_fields,
+    number_field as _F,
+)
 
 #: Precision codes used by plans: index into `Accelerator.matmul_flops`.
 PRECISIONS = {0: "fp32", 1: "bf16", 2: "fp8", 3: "fp4"}
@@ -119,7 +124,7 @@ class Network(eqx.Module):
 
     Ranks are numbered so that the first `nvlink_domain` ranks share one NVLink domain, the next
     `nvlink_domain` the next one, and so on; a group of ranks with a given stride therefore maps
-    onto the tier(s) it spans (see `diffperf.collectives`).
+    onto the tier(s) it spans (see `diffperf.costs`).
 
     **Arguments:**
 
@@ -131,7 +136,7 @@ class Network(eqx.Module):
     - `nvlink_sharp`: 1 if the NVLink switches reduce in the network (NVLink SHARP / NVLS,
       third-generation NVSwitch and later: H100 systems on): an in-domain all-reduce then pays
       the smaller of a ring's 2 (n - 1) hop latencies and NCCL's flat NVLS latency
-      (`collectives.NVLS_LATENCY`, 23 us), as NCCL's tuner picks.
+      (`costs._collectives.NVLS_LATENCY`, 23 us), as NCCL's tuner picks.
     """
 
     nvlink_domain: jax.Array = _F()

@@ -210,7 +210,8 @@ def _model_type(path, cfg: dict) -> str:
     if model_type:
         return model_type
     arch = cfg.get("architectures")
-    name = str(arch[0]) if isinstance(arch, list) and arch else ""
+    arch_name = str(arch[0]) if isinstance(arch, list) and arch else ""
+    name = arch_name
     for suffix in ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "Model"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
@@ -220,11 +221,11 @@ def _model_type(path, cfg: dict) -> str:
     guess = known.get(name.lower().replace("_", ""))
     if guess:
         warnings.warn(f"{path}: no model_type: taken as {guess!r} from architectures "
-                      f"{arch[0]!r}")
+                      f"{arch_name!r}", stacklevel=2)
         return guess
     unknown = f" (architectures {name!r} not known)" if name else ""
     warnings.warn(f"{path}: no model_type{unknown}: the MLP is taken as gated only if "
-                  f"hidden_act says so (default gelu), and dropout as on")
+                  f"hidden_act says so (default gelu), and dropout as on", stacklevel=2)
     return ""
 
 
@@ -305,7 +306,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         "ffn_hidden_size", "ffn_dim"))
     if gated and not width_named:
         warnings.warn(f"{path}: no MLP width (intermediate_size): assumed 4 x hidden = {ffn}, "
-                      f"GPT-2's convention; gated (SwiGLU) models usually differ")
+                      f"GPT-2's convention; gated (SwiGLU) models usually differ", stacklevel=2)
     # Parallel attention + MLP: Falcon's `parallel_attn` (default true), GPT-NeoX's
     # `use_parallel_residual` (default true), GPT-J / Phi-2 / Command-R always.
     parallel = (model_type in _PARALLEL_TYPES
@@ -323,7 +324,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
     context_fields = ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len")
     if all(cfg.get(k) is None for k in context_fields) and seq_len is None:
         warnings.warn(f"{path}: no context length ({', '.join(context_fields)}): assumed 2048 "
-                      f"tokens (diffperf train --seq-len sets the training length)")
+                      f"tokens (diffperf train --seq-len sets the training length)", stacklevel=2)
     longest = pick(*context_fields, default=2048)  # the longest context the model serves
     if longest < 1:
         named = next(k for k in ("max_position_embeddings", "n_positions", "seq_length",

@@ -6,8 +6,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._checks import (as_float, check_choice, check_fraction, check_integer, names_number_fields,
-                      number_field as _F)
+from .._checks import (
+    check_choice,
+    check_fraction,
+    check_integer,
+    named_code,
+    names_number_fields,
+    number_field as _F,
+)
 from ._hardware import INTEGER_WEIGHTS, PRECISION_CODES, PRECISIONS
 
 
@@ -16,15 +22,7 @@ def _precision(field: str, extra: dict | None = None):
     integer code."""
     names = {**PRECISION_CODES, **(extra or {})}
 
-    def convert(x):
-        if isinstance(x, str):
-            try:
-                x = names[x.lower()]
-            except KeyError:
-                raise ValueError(f"InferencePlan.{field} must be one of "
-                                 f"{sorted(names)}, got {x!r}") from None
-        return as_float(x)
-    return convert
+    return named_code("InferencePlan", field, names)
 
 
 @names_number_fields
@@ -41,7 +39,7 @@ class InferencePlan(eqx.Module):
       expert split over all tp GPUs). Attention stays tensor-parallel, so every GPU sees every
       token and the expert outputs are all-reduced as with ep = 1; what changes is that the
       GPU whose experts most tokens picked sets the pace (uniform routing, see
-      `inference.busiest_gpu_experts`). Must divide tp and the expert count.
+      `diffperf.inference.busiest_gpu_experts`). Must divide tp and the expert count.
     - `batch`: concurrent sequences, count.
     - `input_len`, `output_len`: prompt and generated tokens per sequence, count.
     - `weight_precision`: storage precision of the weights (code or name: fp32, bf16, fp8, fp4;
@@ -67,7 +65,7 @@ class InferencePlan(eqx.Module):
       the LM head or attention itself.
     - `prefill_tokens`: the most prompt tokens one forward pass processes, count (chunked
       prefill: TensorRT-LLM's `max_num_tokens`, vLLM's `max_num_batched_tokens`); 0 = the whole
-      batch's prompts at once. It bounds the prefill activations in `inference.inference_memory`
+      batch's prompts at once. It bounds the prefill activations in `diffperf.inference_memory`
       (and so `max_batch`); the time model keeps one pass over all prompt tokens (the FLOPs
       and bytes are the same; the smaller GEMMs of a chunk are not costed).
     """

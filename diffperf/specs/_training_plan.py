@@ -6,7 +6,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._checks import as_float, check_choice, check_integer, names_number_fields, number_field as _F
+from .._checks import (
+    check_choice,
+    check_integer,
+    named_code,
+    names_number_fields,
+    number_field as _F,
+)
 from ._hardware import PRECISION_CODES, PRECISIONS
 
 RECOMPUTE = {0: "none", 1: "selective", 2: "full"}
@@ -16,15 +22,7 @@ ZERO_CODES = {v: k for k, v in ZERO.items()}
 
 
 def _code(table: dict[str, int], field: str):
-    def convert(x):
-        if isinstance(x, str):
-            try:
-                x = table[x.lower()]
-            except KeyError:
-                raise ValueError(f"TrainingPlan.{field} must be one of {sorted(table)}, "
-                                 f"got {x!r}") from None
-        return as_float(x)
-    return convert
+    return named_code("TrainingPlan", field, table)
 
 
 def layer_count_error(layers: float, pp: float, vp: float, full_recompute: bool,
@@ -112,7 +110,7 @@ class TrainingPlan(eqx.Module):
       reduce-scatter (FSDP units: PyTorch FSDP, Megatron-FSDP), 1 one per weight matrix
       (DeepSpeed ZeRO-3 gathers parameter by parameter; biases and norms stay replicated). The
       DeepSpeed collectives are modelled as its 2021 runs behaved: 16-bit gradients, flat rings
-      through each GPU's own NIC (`collectives.all_gather` with `striped = 0`).
+      through each GPU's own NIC (`diffperf.costs.all_gather` with `striped = 0`).
     """
 
     tp: jax.Array = _F(default=1)

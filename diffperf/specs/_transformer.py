@@ -7,11 +7,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import (check_divides, check_fraction, check_integer, is_concrete,
-                      names_number_fields, number_field as _F)
+from .._checks import (
+    check_divides,
+    check_fraction,
+    check_integer,
+    is_concrete,
+    names_number_fields,
+    number_field as _F,
+)
 from ._attention import projections
-
-
 
 #: Optional sizes and counts (0 = the feature is absent or derived).
 _OPTIONAL_SIZES = ("head_width", "sliding_window", "global_layers", "dense_layers",
@@ -177,8 +181,8 @@ class Transformer(eqx.Module):
 
     def attention_weights(self) -> jax.Array:
         """Weights of the attention projections of one layer (no biases / norms), count: the
-        GEMMs of `attention.projections` on one GPU."""
-        return sum(pr.share * pr.n * pr.k for pr in projections(self, 1.0))
+        GEMMs of `diffperf.specs.projections` on one GPU."""
+        return jnp.asarray(sum(pr.share * pr.n * pr.k for pr in projections(self, 1.0)))
 
     def kv_cache_width(self, tp) -> jax.Array:
         """Elements one GPU caches per token and layer: K and V of its max(kv_heads / tp, 1)

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 
 from .._checks import MAX_EXACT_COUNT
-from ..specs._hardware import PRECISION_CODES, System, weight_storage
-from ..specs._transformer import Transformer
-from ..specs._training_plan import RECOMPUTE_CODES, TrainingPlan, layer_count_error
 from ..presets import check_precision_names, gpu_names, system
+from ..specs._hardware import PRECISION_CODES, System, weight_storage
+from ..specs._training_plan import RECOMPUTE_CODES, TrainingPlan, layer_count_error
+from ..specs._transformer import Transformer
 
 COMMON = ("id", "kind", "source", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
           "vocab", "gated_mlp", "num_experts", "experts_per_token", "gpu", "num_gpus",
@@ -67,7 +67,11 @@ INFER_OPTIONAL_FRACTIONS = {"gemm_peak_fraction": 1.0}
 #: (chunked prefill; empty or absent = 0, the whole batch at once); see
 #: `InferencePlan.prefill_tokens`.
 INFER_OPTIONAL_COUNTS = {"prefill_tokens": 0.0}
-TRAIN_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "peak_memory_gb")
+#: The measured columns of a train row that time the step (what calibration fits) ...
+TRAIN_TIME_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
+#: ... and every measured column of a train row.
+TRAIN_METRICS = (*TRAIN_TIME_METRICS, "peak_memory_gb")
+#: The measured columns of an infer row.
 INFER_METRICS = ("e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu")
 #: Documented defaults for empty plan cells (docs/benchmark-format.md).
 TRAIN_DEFAULTS = {"vp": 1, "micro_batch": 1, "zero": 1, "flash_attention": 1, "recompute": "none",
@@ -146,7 +150,7 @@ def _fractions(path, i, rec, fractions: dict[str, float]) -> dict[str, float]:
 
 def _weight_precision(path, i, rec, precision: str) -> str:
     """The optional `weight_precision` column (weight-only quantisation): the precision name of
-    the weights' storage width (`hardware.weight_storage`); empty = the row's `precision`."""
+    the weights' storage width (`diffperf.specs.weight_storage`); empty = the row's `precision`."""
     name = rec.get("weight_precision", "")
     if not name:
         return precision

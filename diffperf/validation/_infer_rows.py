@@ -5,12 +5,12 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 
-from ._data import BenchmarkRow, row_model, row_system
-from ..specs._efficiency import Efficiency
 from ..feasibility import VALID_OR_OUT_OF_HBM, explain
 from ..inference._infer import infer
+from ..specs._efficiency import Efficiency
 from ..specs._inference_plan import InferencePlan
 from ..specs._transformer import Transformer
+from ._data import BenchmarkRow, row_model, row_system
 from ._stack import FAST_COMPILE, capacity_warning, row_efficiencies, stack_specs
 
 
@@ -47,7 +47,7 @@ def _infer_batch(models, systems, plans, effs):
 
 def stacked_infer_specs(rows: list[BenchmarkRow]):
     """Stack the `(Transformer, System, InferencePlan)` of every infer row with valid specs
-    (a `diffperf.validate.StackedRows`; invalid rows go to its `failed`)."""
+    (a `_stack.StackedRows`; invalid rows go to its `failed`)."""
     return stack_specs(rows, infer_specs)
 
 

@@ -16,9 +16,9 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from ._data import BenchmarkRow
-from ..specs._efficiency import Efficiency
 from ..costs._roofline import GEMM_SHARPNESS, SHARPNESS
+from ..specs._efficiency import Efficiency
+from ._data import BenchmarkRow
 from ._infer_rows import predict_infer_rows, stacked_infer_specs
 from ._train_rows import predict_train_rows, stacked_train_specs
 
@@ -52,7 +52,7 @@ def ideal_efficiency() -> Efficiency:
 
 
 def _without_launch_cost(stacked):
-    """Stacked row specs (`validate.StackedRows`) on GPUs without kernel launch cost."""
+    """Stacked row specs (`_stack.StackedRows`) on GPUs without kernel launch cost."""
     acc = stacked.systems.accelerator
     return stacked._replace(systems=eqx.tree_at(
         lambda s: s.accelerator.launch_overhead, stacked.systems,
@@ -69,7 +69,7 @@ def _at_full_gemm_peak(stacked):
 
 def ideal_bounds(rows: list[BenchmarkRow], stacked=None) -> dict[str, dict[str, float]]:
     """`{row id: {column: ideal-hardware prediction}}` for every row that can be predicted:
-    `validate.predict_train_rows` / `inference_validate.predict_infer_rows` with
+    `diffperf.validation.predict_train_rows` / `predict_infer_rows` with
     `ideal_efficiency()` on GPUs without launch cost. `stacked`: the rows'
     `(stacked_train_specs, stacked_infer_specs)`, if already built."""
     train = [r for r in rows if r.kind == "train"]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..feasibility import explain
-from ..presets import efficiency_for
+from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ._data import BenchmarkRow
 
@@ -72,12 +72,12 @@ def stack_specs(rows: list[BenchmarkRow], to_specs) -> StackedRows:
 
 
 def row_efficiencies(rows: list[BenchmarkRow], efficiency: Efficiency | None):
-    """One `Efficiency` per row, stacked: each row's GPU factors (see `efficiency_for`)."""
+    """One `Efficiency` per row, stacked: each row's GPU factors (see `resolve_efficiency`)."""
     cache = {}
     for r in rows:
         g = r.values["gpu"]
         if g not in cache:
-            cache[g] = efficiency_for(efficiency, g)
+            cache[g] = resolve_efficiency(efficiency, g)
     return stack([cache[r.values["gpu"]] for r in rows])
 
 

@@ -10,8 +10,14 @@ from ..feasibility import MEMORY_REASONS, describe_failure
 from ..specs._efficiency import Efficiency
 from ..training._step import model_flops_per_step, train_step
 from ._data import BenchmarkRow, train_specs
-from ._stack import (FAST_COMPILE, StackedRows, capacity_warning, causal_flops_convention,
-                     row_efficiencies, stack_specs)
+from ._stack import (
+    FAST_COMPILE,
+    StackedRows,
+    capacity_warning,
+    causal_flops_convention,
+    row_efficiencies,
+    stack_specs,
+)
 
 
 @eqx.filter_jit(compiler_options=FAST_COMPILE)

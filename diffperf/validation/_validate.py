@@ -23,7 +23,7 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
     **Returns:** `{"rows": [...], "summary": {metric: {"n", "mape", "max_ape"}}, "failed": [...],
     "defaults": [...], "warnings": [...], "implausible": [...]}` as in docs/benchmark-format.md (APE
     in percent); `implausible` lists measurements faster than ideal hardware could run the
-    row's recorded configuration (`plausibility.implausible_measurements`).
+    row's recorded configuration (`diffperf.validation.implausible_measurements`).
     """
     eff = efficiency
     if isinstance(paths, (str, Path)):
@@ -94,7 +94,8 @@ def subset_summary(result: dict, prefix: str | tuple[str, ...], suffix: str | No
 
 #: Named subsets reported by `diffperf validate` (Kundu et al.'s validation points).
 IMEC_SUBSETS = {
-    "IMEC training (11 Megatron runs, IMEC values)": (("imec-korthi-", "imec-selene-"), None, "-paper"),
+    "IMEC training (11 Megatron runs, IMEC values)": (("imec-korthi-", "imec-selene-"), None,
+                                                      "-paper"),
     "IMEC training (same 11 runs, paper values)": (("imec-korthi-", "imec-selene-"), "-paper",
                                                    None),
     "IMEC inference (22 NVIDIA Llama-2 latency points)": ("imec-inf-", None, None),

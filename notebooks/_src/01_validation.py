@@ -15,14 +15,17 @@ import time
 from importlib import resources
 
 import matplotlib
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 import diffperf as dp
-from diffperf.internal import validation as V
-from diffperf.internal import BENCHMARKS  # the shipped benchmarks_data/
+from diffperf.internal import (
+    BENCHMARKS,  # the shipped benchmarks_data/
+    validation as V,
+)
 
 DATA = BENCHMARKS
 paths = [DATA / "train_calibration.csv", DATA / "infer_calibration.csv"]

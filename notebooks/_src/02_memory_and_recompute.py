@@ -10,6 +10,7 @@
 # %%
 import jax
 import matplotlib
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd

@@ -3,7 +3,7 @@
 #
 # GPT-3 175B trained on 1,024 GPUs with a global batch of 1,536 sequences. How much faster is one
 # step on DGX H100, DGX B200 and GB200 NVL72 than on DGX A100, and which hardware change buys
-# how much of it? `diffperf.attribution` swaps the target's values into the A100 system one
+# how much of it? `diffperf.design.attribute` swaps the target's values into the A100 system one
 # factor group at a time (precision, tensor FLOP/s, HBM bandwidth and capacity, NVLink bandwidth
 # and domain, scale-out bandwidth, re-optimised plan), evaluates all 2^8 = 256 coalitions, each
 # on the best of 1,680 candidate plans, in one vmapped call, and splits the log speed-up
@@ -13,6 +13,7 @@
 import time
 
 import matplotlib
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Technology nodes: 12 nm to 1 nm, and which bottleneck follows
 #
-# `diffperf.technology` builds an accelerator from a logic node, an HBM generation and a
+# `diffperf.design.generate` builds an accelerator from a logic node, an HBM generation and a
 # network generation (tables with sources in `presets/technology.json`, log-space interpolation,
 # one fitted constant per architecture). Here one H100-class design (814 mm^2 die, 700 W,
 # 6 HBM stacks, 36 NVLink lanes, Hopper architecture) is moved from 12 nm to 1 nm in four ways:
@@ -15,6 +15,7 @@
 import time
 
 import matplotlib
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np

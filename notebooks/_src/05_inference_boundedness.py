@@ -7,11 +7,13 @@
 
 # %%
 import matplotlib
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
 import diffperf as dp
+from diffperf.inference import bound_shares
 
 model = dp.model("llama2-70b")
 plan = dp.InferencePlan(tp=4, batch=1, input_len=2048, output_len=128)
@@ -29,7 +31,7 @@ summary.round(3)
 # weights once per token.
 
 # %%
-bound = {g: dp.boundedness.__globals__["bound_shares"](t) for g, t in tables.items()}
+bound = {g: bound_shares(t) for g, t in tables.items()}
 pd.concat(bound).round(2)
 
 # %%

@@ -4,7 +4,7 @@
 # Because the whole model is differentiable, one `jax.grad` gives the elasticity
 # d log(time) / d log(parameter) of a workload with respect to every hardware parameter, and,
 # through the technology generator, every technology, design and architecture parameter
-# (`diffperf.sensitivity`). The same gradients drive a co-design search (`diffperf.codesign`):
+# (`diffperf.design`). The same gradients drive a co-design search (`diffperf.design.optimise`):
 # split a die between compute and SRAM, choose HBM stacks and NVLink lanes under area, power,
 # perimeter and cost budgets, and compare with a dense grid over the same space.
 
@@ -14,14 +14,14 @@ import time
 import jax
 import jax.numpy as jnp
 import matplotlib
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 import diffperf as dp
-from diffperf.internal import codesign as C
-from diffperf.internal import sensitivity as S
+from diffperf.internal import codesign as C, sensitivity as S
 
 t0 = time.perf_counter()
 train_model, train_sys = dp.model("gpt3-175b"), dp.system("a100-sxm4-80gb")

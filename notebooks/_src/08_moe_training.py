@@ -9,6 +9,7 @@
 
 # %%
 import matplotlib
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
@@ -17,8 +18,8 @@ import pandas as pd
 import diffperf as dp
 from diffperf.calibrate import predict_csv
 from diffperf.internal import BENCHMARKS  # the shipped benchmarks_data/
+from diffperf.presets import resolve_efficiency
 from diffperf.validation import read_benchmarks
-from diffperf.presets import efficiency_for
 
 HOLDOUT = BENCHMARKS / "train_moe_holdout.csv"
 rows = {r.id: r for r in read_benchmarks(HOLDOUT)}
@@ -79,7 +80,7 @@ fig.savefig("figures/08_moe_holdout.png", dpi=110)
 # %%
 model = dp.model("deepseek-v3")
 system = dp.system("gb200-nvl72")
-eff = efficiency_for(dp.default_efficiency(), "gb200")
+eff = resolve_efficiency(dp.default_efficiency(), "gb200")
 layout = []
 for ep in (8, 16, 32, 64):
     for fused in (0, 1):
