@@ -11,9 +11,26 @@ from __future__ import annotations
 import os
 
 import equinox as eqx
+import jax
 import pytest
 
 import diffperf as dp
+
+# Guard rails (as in Equinox / Diffrax): no implicit dtype promotion (a float64 leaking into a
+# float32 computation, an int array silently widened) and no implicit rank promotion
+# (broadcasting a (3,) against a (3, 1) by accident) anywhere the tests reach.
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture(autouse=True)
+def _restore_float_width():
+    """Each test starts in the float width the session started in: a calibration run in-process
+    switches JAX to float64 (`diffperf.calibrate` does, by design), which must not leak into the
+    next test's float32 specs."""
+    x64 = bool(jax.config.jax_enable_x64)
+    yield
+    jax.config.update("jax_enable_x64", x64)
 
 # The CLI's on-disk compilation cache stays off in tests that call `main()` in-process (it would
 # reconfigure JAX for the rest of the session and write to the home directory);

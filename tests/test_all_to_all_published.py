@@ -1,4 +1,4 @@
-"""`collectives.all_to_all` against NCCL all-to-all latencies NVIDIA measured for DeepSeek-V3's
+"""`diffperf.costs.all_to_all` against NCCL all-to-all latencies NVIDIA measured for DeepSeek-V3's
 token dispatch and combine (arXiv:2603.07685 Table 7; `benchmarks_data/all_to_all_latency.csv`).
 Each rank sends its 4,096 tokens' 8 routed copies of 7,168 16-bit values. Inside an NVLink
 domain the exchange runs at the `all_to_all` fraction of NVLink, whose default is set from these
@@ -16,7 +16,7 @@ import pytest
 
 import diffperf as dp
 from diffperf.internal import collectives as coll
-from diffperf.presets import efficiency_for
+from diffperf.presets import resolve_efficiency
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks_data" / "all_to_all_latency.csv"
 
@@ -28,7 +28,7 @@ def _predicted(row) -> float:
     """The model's all-to-all time for one row of the table (EP ranks 1 apart), s."""
     size = row.tokens_per_rank * row.top_k * row.hidden * row.bytes_per_element
     net = dp.system(row.system).network
-    return float(coll.all_to_all(net, efficiency_for(None, row.gpu), size, row.ep, 1.0))
+    return float(coll.all_to_all(net, resolve_efficiency(None, row.gpu), size, row.ep, 1.0))
 
 
 def _errors(gpu):
@@ -57,7 +57,7 @@ def test_all_to_all_default_is_what_the_in_domain_rows_imply():
         net = dp.system(r.system).network
         if r.ep > float(net.nvlink_domain):
             continue
-        eff = efficiency_for(None, r.gpu)
+        eff = resolve_efficiency(None, r.gpu)
         size = r.tokens_per_rank * r.top_k * r.hidden * r.bytes_per_element
         fixed = (r.ep - 1) * float(net.nvlink_latency) + float(eff.collective_overhead)
         for measured in (r.dispatch_us, r.combine_us):

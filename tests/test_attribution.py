@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from diffperf.internal import attribution as A
 from diffperf.explore import Grid
+from diffperf.internal import attribution as A
 from diffperf.presets import model, system
 
 

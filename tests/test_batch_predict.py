@@ -1,4 +1,4 @@
-"""`diffperf predict` / `batch_predict.predict_csv`: every listed configuration predicted, as
+"""`diffperf predict` / `diffperf.calibrate.predict_csv`: every listed configuration predicted, as
 `validate` would predict it, without needing measurements."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diffperf.internal import COLUMNS
 from diffperf.calibrate import predict_csv
 from diffperf.cli import main
+from diffperf.internal import COLUMNS
 from diffperf.validation import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +23,7 @@ MEASURED = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "e2e_
             "ttft_s", "tpot_s", "output_tok_s_per_gpu", "peak_memory_gb")
 
 
+@pytest.mark.slow
 def test_predictions_equal_validates_on_the_shipped_rows():
     """Same rows, same factors: every value `validate` compares is the value `predict` lists."""
     df = predict_csv(SHIPPED).set_index("id")
@@ -60,6 +61,7 @@ def configs(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_rows_without_measurements_are_predicted_and_explained(configs):
     df = predict_csv(configs).set_index("id")
     assert list(df.reset_index().columns) == list(COLUMNS)
@@ -75,6 +77,7 @@ def test_rows_without_measurements_are_predicted_and_explained(configs):
     assert squeezed["peak_memory_gb"] > 80 and np.isfinite(squeezed["step_time_s"])
 
 
+@pytest.mark.slow
 def test_cli_writes_csv_and_json_without_nan(configs, tmp_path, capsys):
     out = tmp_path / "pred.csv"
     assert main(["predict", "--data", str(configs), "--out", str(out)]) == 0
@@ -92,6 +95,7 @@ def test_cli_writes_csv_and_json_without_nan(configs, tmp_path, capsys):
     assert "invalid: tp does not divide heads" in table and "does not fit in HBM" in table
 
 
+@pytest.mark.slow
 def test_cli_fails_when_no_row_can_be_evaluated_and_checks_the_output_name(configs, tmp_path,
                                                                             capsys):
     only_bad = tmp_path / "bad.csv"
@@ -116,6 +120,7 @@ def test_a_write_failure_names_the_output_option(configs, tmp_path, capsys, monk
         f"error: --out {out}: [Errno {errno.ENOSPC}] No space left on device")
 
 
+@pytest.mark.slow
 def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path):
     """The batched delta method (one Jacobian for all rows) gives each row the interval that
     `prediction_interval` (one gradient per configuration, what `train --interval` prints)
@@ -136,8 +141,8 @@ def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path
     assert pd.isna(df.loc["tp5", "interval_low_s"])
     # the same row with one output token: its latency is a first-token latency, with that
     # quantity's (larger) model error
-    from diffperf.validation import infer_specs
     from diffperf.inference import infer as infer_fn
+    from diffperf.validation import infer_specs
     one = tmp_path / "one_token.csv"
     with open(configs, newline="") as f:
         recs = list(csv.DictReader(f))
@@ -162,6 +167,7 @@ def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path
     assert "no interval (" in ok["status"] and "no uncertainty section" in ok["status"]
 
 
+@pytest.mark.slow
 def test_cli_interval_column(configs, capsys, tmp_path):
     out = tmp_path / "pred.csv"
     assert main(["predict", "--data", str(configs), "--interval", "--out", str(out)]) == 0

@@ -29,11 +29,12 @@ SCRIPT = textwrap.dedent(r'''
     import numpy as np
     import pandas as pd
     from pathlib import Path
-    from diffperf import calibrate as C
-    from diffperf.calibrate_cv import folds, twin_key
-    from diffperf.data import BenchmarkError
-    from diffperf.efficiency import Efficiency
-    tmp, train_csv, true, start = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    from diffperf.internal import calibration as C
+    from diffperf.internal import folds, twin_key
+    from diffperf.validation import BenchmarkError
+    from diffperf.specs import Efficiency
+    tmp, train_csv = Path(sys.argv[1]), sys.argv[2]
+    true, start = json.loads(sys.argv[3]), json.loads(sys.argv[4])
     out = {}
 
     # Malformed CSV: the error names the file, the row and the column (before x64 is enabled).
@@ -50,8 +51,7 @@ SCRIPT = textwrap.dedent(r'''
 
     # Synthetic data: the model itself with the TRUE factors (float64) on 16 real train plans
     C.enable_x64()
-    from diffperf.validate import predict_train_rows
-    from diffperf.data import read_benchmarks
+    from diffperf.validation import predict_train_rows, read_benchmarks
     # Megatron 2022 rows (TP communication not overlapped) and NeMo rows (overlapped), so that
     # tp_overlap is identifiable.
     sel = df[df["id"].str.startswith(("imec-korthi", "nemo24.07"))].copy()
@@ -92,8 +92,8 @@ SCRIPT = textwrap.dedent(r'''
     out["grad"] = g.tolist(); out["grad_fd"] = fd
 
     # Prediction interval from this fit (Laplace covariance + model error).
-    from diffperf.calibrate_uncertainty import prediction_interval
-    from diffperf.data import train_specs
+    from diffperf.calibrate import prediction_interval
+    from diffperf.validation import train_specs
     m, s, p = train_specs(read_benchmarks(syn)[0])
     from diffperf.training import train_step
     pi = prediction_interval(lambda e: train_step(m, s, p, e).step_time, fit, 0.9)
@@ -116,7 +116,7 @@ SCRIPT = textwrap.dedent(r'''
     out["twins_ok"] = twins_ok; out["n_folds"] = n_folds
 
     # The CLI on the synthetic file, with k-fold CV.
-    from diffperf._cli_calibrate import add_calibrate_parser, run_calibrate
+    from diffperf.internal import add_calibrate_parser, run_calibrate
     import argparse
     ap = argparse.ArgumentParser(); sub = ap.add_subparsers()
     add_calibrate_parser(sub)
@@ -146,6 +146,7 @@ def report(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_malformed_csv_names_file_row_column(report):
     msg = report["malformed"]
     assert msg is not None
@@ -153,6 +154,7 @@ def test_malformed_csv_names_file_row_column(report):
     assert report["x64_after_error"] is False  # failed before switching to float64
 
 
+@pytest.mark.slow
 def test_synthetic_recovery_within_one_percent(report):
     for f, v in TRUE.items():
         got = report["recovered"][f]
@@ -160,10 +162,12 @@ def test_synthetic_recovery_within_one_percent(report):
     assert report["synthetic_loss"] < 1e-8
 
 
+@pytest.mark.slow
 def test_refit_is_identical(report):
     assert report["refit_identical"]
 
 
+@pytest.mark.slow
 def test_loss_gradient_matches_finite_differences(report):
     import numpy as np
     g, fd = np.array(report["grad"]), np.array(report["grad_fd"])
@@ -171,12 +175,14 @@ def test_loss_gradient_matches_finite_differences(report):
     assert np.allclose(g, fd, rtol=1e-4, atol=1e-8 * max(1.0, np.abs(g).max())), (g, fd)
 
 
+@pytest.mark.slow
 def test_prediction_interval_brackets_the_prediction(report):
     low, value, high, text = report["interval"]
     assert 0 < low < value < high
     assert "90% interval" in text and text.endswith(" s)")
 
 
+@pytest.mark.slow
 def test_cv_keeps_paper_twins_together(report):
     assert report["twins_ok"]
     assert report["n_folds"]["kfold"] == 5
@@ -184,6 +190,7 @@ def test_cv_keeps_paper_twins_together(report):
     assert report["n_folds"]["source"] >= 12
 
 
+@pytest.mark.slow
 def test_cli_writes_loadable_fit(report):
     data = report["cli_json"]
     assert set(data) >= {"factors", "per_gpu", "metadata", "uncertainty", "crossval"}
@@ -289,6 +296,7 @@ def test_a_system_id_gets_its_gpus_fitted_factors_and_a_typo_is_refused():
         presets.default_efficiency("h100")
 
 
+@pytest.mark.slow
 def test_calibrate_warns_about_impossible_rows_and_too_few_values(tmp_path):
     """A measurement 30x faster than the shipped Korthikanti 22B run cannot be real (it beats
     the ideal-hardware bound), and one value cannot determine two factors: the fit still runs

@@ -11,9 +11,8 @@ import pytest
 
 import diffperf as dp
 from diffperf.cli import main
-from diffperf.validation import BenchmarkError, read_benchmarks
 from diffperf.inference import infer, inference_memory, max_batch
-from diffperf.validation import infer_specs
+from diffperf.validation import BenchmarkError, infer_specs, read_benchmarks
 
 
 def _plan(**kw):

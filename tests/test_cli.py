@@ -299,6 +299,7 @@ def test_train_notes_that_sp_does_nothing_at_tp_1(capsys):
     assert json.loads(with_sp)["step_time_s"] == json.loads(without)["step_time_s"]
 
 
+@pytest.mark.slow
 def test_unconverged_calibration_warns_and_its_intervals_are_refused(capsys, tmp_path):
     import pandas as pd
     small = tmp_path / "three.csv"
@@ -350,8 +351,8 @@ def test_a_prediction_that_overflows_float32_is_an_error_not_nan():
 
 def _overflow_checks():
     import diffperf as dp
-    from diffperf.internal import check_finite_report
     from diffperf.inference import infer
+    from diffperf.internal import check_finite_report
     from diffperf.training import predict_training
     big = dp.Transformer(layers=24, hidden=2304, heads=24, kv_heads=24, ffn_hidden=9216,
                          vocab=51200, seq_len=1e15)
@@ -420,6 +421,7 @@ def test_an_efficiency_factor_beyond_float_range_is_named(capsys, tmp_path):
     assert code == 2 and "Efficiency.hbm must lie in (0, 1], got inf" in err
 
 
+@pytest.mark.slow
 def test_a_measurement_off_by_orders_of_magnitude_prints_compactly(capsys, tmp_path):
     import pandas as pd
     df = pd.read_csv("benchmarks_data/infer_calibration.csv", dtype=str, keep_default_na=False)

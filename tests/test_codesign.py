@@ -4,8 +4,11 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-
 from diffperf.internal import codesign as C
+
+# The co-design studies compile the technology generator and the optimiser (~100 s of the
+# suite): run by .ci/run, not by the default fast set.
+pytestmark = pytest.mark.slow
 
 
 def _assert_within(prob, x, budgets):

@@ -8,6 +8,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from diffperf.internal import cache_directory
 
 TRAIN = ["-m", "diffperf.cli", "train", "--model", "gpt3-175b", "--gpus", "64", "--tp", "8",
@@ -34,6 +36,7 @@ def test_cache_directory_follows_the_environment(monkeypatch, tmp_path):
     assert cache_directory() == tmp_path / "diffperf" / "jax"
 
 
+@pytest.mark.slow
 def test_second_run_reuses_the_private_cache_with_identical_output(tmp_path):
     cache = tmp_path / "jaxcache"
     first = _run(str(cache), tmp_path)
@@ -45,11 +48,13 @@ def test_second_run_reuses_the_private_cache_with_identical_output(tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == entries  # all hits, nothing new
 
 
+@pytest.mark.slow
 def test_turned_off_writes_nothing(tmp_path):
     _run("0", tmp_path)
     assert not (tmp_path / "diffperf").exists()
 
 
+@pytest.mark.slow
 def test_a_directory_others_can_write_is_not_trusted(tmp_path):
     cache = tmp_path / "shared"
     cache.mkdir()
@@ -62,7 +67,7 @@ def test_disabled_for_benchmarks_even_with_jax_cache_set(tmp_path):
     """`diffperf bench` measures cold: `disable_compilation_cache` keeps a cache set through
     JAX_COMPILATION_CACHE_DIR unused (the control run without it does write there)."""
     code = ("import sys, jax, jax.numpy as jnp\n"
-            "from diffperf.compile_cache import disable_compilation_cache\n"
+            "from diffperf.internal import disable_compilation_cache\n"
             "if sys.argv[1] == 'off': disable_compilation_cache()\n"
             "jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(3)).block_until_ready()\n")
     for mode in ("off", "on"):

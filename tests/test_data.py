@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.validation import BenchmarkError, read_benchmarks, train_specs
-from diffperf.validation import validate
+from diffperf.validation import BenchmarkError, read_benchmarks, train_specs, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_CSV = ROOT / "benchmarks_data" / "train_calibration.csv"
@@ -156,6 +155,7 @@ def calibration_result():
     return validate(str(TRAIN_CSV), dp.Efficiency())  # uncalibrated physical defaults
 
 
+@pytest.mark.slow
 def test_validate_puts_unevaluable_rows_in_failed_with_reason(tmp_path, calibration_result):
     """The shipped train CSV with one row made invalid (tp = 5 does not divide 96 heads) and one
     extra row whose tp * pp * dp != num_gpus: both go to `failed` with their reason, every
@@ -180,6 +180,7 @@ def test_validate_puts_unevaluable_rows_in_failed_with_reason(tmp_path, calibrat
                                    / r["measured"] * 100, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_validate_evaluates_every_train_row(calibration_result):
     ids = {r.id for r in read_benchmarks(TRAIN_CSV) if r.kind == "train"}
     assert len(ids) > 100
@@ -200,6 +201,7 @@ def test_validate_evaluates_every_train_row(calibration_result):
         np.testing.assert_allclose(s["max_ape"], np.max(apes))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("paper", [False, True], ids=["imec", "imec-paper"])
 def test_imec_validation_mape_within_15_percent(calibration_result, paper):
     rows = [r for r in calibration_result["rows"]
@@ -216,6 +218,7 @@ def shipped_fit_result():
     return validate([str(TRAIN_CSV), str(TRAIN_CSV.with_name("infer_calibration.csv"))])
 
 
+@pytest.mark.slow
 def test_shipped_fit_accuracy_on_published_data(shipped_fit_result):
     """In-sample accuracy of the shipped fit on the real published measurements (measured at
     the commit that shipped it: 8.5 % per training row, 4.1 % on the Llama-2 latency points,
@@ -301,7 +304,7 @@ def test_transformer_from_mixtral_hf_config(tmp_path):
 ])
 def test_hf_config_parallel_attention(tmp_path, cfg, parallel):
     base = {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 4,
-            "vocab_size": 1000, "intermediate_size": 16384}
+            "vocab_size": 1000, "intermediate_size": 16384, "max_position_embeddings": 2048}
     (tmp_path / "config.json").write_text(json.dumps({**base, **cfg}))
     assert float(dp.transformer_from_hf_config(tmp_path).parallel_attention) == parallel
 
@@ -424,6 +427,7 @@ def test_narayanan_table1_rows_follow_nvidias_reproduction_script():
     assert seen == 7 + 6
 
 
+@pytest.mark.slow
 def test_benchmark_format_doc_example_validates_and_lists_every_extension_column(tmp_path):
     """docs/benchmark-format.md stays true: its example file (one train, one infer row) is
     predicted without failures, and its extension-column table names exactly the optional
@@ -528,6 +532,7 @@ def test_predict_ignores_the_measured_columns(tmp_path):
     _error(path, "row 1", "step_time_s")  # validation still needs a number
 
 
+@pytest.mark.slow
 def test_a_measurement_in_the_wrong_unit_is_flagged(tmp_path):
     """A step time entered in ms (13,750 for 13.75 s) is ~1000x off its prediction: validate
     flags it as a likely unit mix-up; the correct row is not flagged."""

@@ -19,7 +19,7 @@ def _script():
 
 
 def _stub_problem(ids):
-    """What `variant_weights` reads of a `calibrate.Problem`: the rows and their weights (the
+    """What `variant_weights` reads of a `calibrate._fit.Problem`: the rows and their weights (the
     balance factors make them differ from 1; one row is unmeasured)."""
     w_t = np.array([[0.7, 0.0, 0.0], [1.3, 0.0, 0.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0],
                     [0.5, 0.0, 0.0], [0.9, 0.0, 0.0]])

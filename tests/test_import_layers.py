@@ -1,4 +1,4 @@
-"""The package's imports form layers that only point down, with no cycle (architecture.md).
+"""The package's imports form layers that only point down, with no cycle (docs/development.md).
 
 Every `diffperf` module's intra-package imports are read from its AST (imports under
 `if TYPE_CHECKING:` are ignored: they never run). A module may import a module of its own layer

@@ -131,8 +131,7 @@ def test_infer_command_takes_ep_and_names_a_bad_one(capsys):
 
 
 def test_csv_rows_read_an_optional_ep_column(tmp_path):
-    from diffperf.validation import read_benchmarks
-    from diffperf.validation import predict_infer_rows
+    from diffperf.validation import predict_infer_rows, read_benchmarks
     header = ("id,kind,source,model,layers,hidden,heads,kv_heads,ffn_hidden,vocab,gated_mlp,"
               "num_experts,experts_per_token,gpu,num_gpus,gpus_per_node,tp,pp,precision,batch,"
               "input_len,output_len,ep,tpot_s\n")
@@ -148,6 +147,7 @@ def test_csv_rows_read_an_optional_ep_column(tmp_path):
     assert tpot["ep8"] == pytest.approx(float(direct), rel=0.02)  # preset vs row's model
 
 
+@pytest.mark.slow
 def test_search_infer_sweeps_ep_for_moe_models_only(capsys):
     code = main(["search", "infer", "--model", "mixtral-8x7b", "--max-gpus", "4", "--json"])
     r = json.loads(capsys.readouterr().out)

@@ -7,13 +7,15 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import jax
     jax.config.update("jax_enable_x64", True)
     import equinox as eqx, jax.numpy as jnp, numpy as np
-    from diffperf.efficiency import Efficiency
+    from diffperf.specs import Efficiency
     from diffperf.inference import infer
-    from diffperf.inference_plan import InferencePlan
+    from diffperf.specs import InferencePlan
     from diffperf.presets import model, system
 
     # One MoE case (covers the dense terms too); each case costs ~10 s of compilation.
@@ -52,6 +54,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_gradients_match_finite_differences():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                          timeout=300)

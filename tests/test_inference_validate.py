@@ -7,9 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diffperf.validation import read_benchmarks
 from diffperf.specs import Efficiency
-from diffperf.validation import predict_infer_rows
+from diffperf.validation import predict_infer_rows, read_benchmarks
 
 CSV = Path(__file__).resolve().parents[1] / "benchmarks_data" / "infer_calibration.csv"
 #: Measured MAPE on the 22 imec-inf-* rows with the physical defaults `Efficiency()`: 8.4 %.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 import diffperf as dp
-from diffperf.presets import efficiency_for
 from diffperf.internal import training_layer_costs as _layer_costs
+from diffperf.presets import resolve_efficiency
 
 TABLE4_MS = {  # (sequence parallel, recompute): forward + backward per layer, ms
     "baseline": ((0, 0), 19.6),
@@ -26,7 +26,7 @@ TABLE4_MS = {  # (sequence parallel, recompute): forward + backward per layer, m
 def _layer_ms(sp, recompute):
     model = dp.model("gpt-22b")
     system = dp.system("dgx-a100")
-    eff = efficiency_for(dp.default_efficiency(), "a100-sxm4-80gb")
+    eff = resolve_efficiency(dp.default_efficiency(), "a100-sxm4-80gb")
     plan = dp.TrainingPlan(tp=8, pp=1, dp=1, micro_batch=4, global_batch=4, flash_attention=0,
                            sequence_parallel=sp, recompute=recompute, overlap_tp=0, zero=0)
     c = _layer_costs(model, plan, system, eff)

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from diffperf.internal import default_data_paths
-from diffperf.validation import read_benchmarks, train_specs
-from diffperf.validation import validate
+from diffperf.validation import read_benchmarks, train_specs, validate
 
 HOLDOUT = Path(__file__).resolve().parent.parent / "benchmarks_data" / "train_moe_holdout.csv"
 
@@ -45,6 +44,7 @@ def test_holdout_rows_are_valid_not_in_the_fit_and_no_worse_than_measured():
     assert len(mcore) == 9 and np.mean(mcore) <= 17.0
 
 
+@pytest.mark.slow
 def test_holdout_rows_fall_inside_their_intervals_as_often_as_stated():
     """`diffperf validate --interval` gives MoE rows the MoE model error (`step_time_moe`,
     measured by calibration/refit.py on these rows and the fitted MoE rows' held-out
@@ -54,6 +54,7 @@ def test_holdout_rows_fall_inside_their_intervals_as_often_as_stated():
     import math
     from importlib import resources
     from statistics import NormalDist
+
     from diffperf.calibrate import predict_csv
     df = predict_csv(HOLDOUT, intervals=True)
     measured = {r.id: r.measured["tokens_per_s_per_gpu"] for r in read_benchmarks(HOLDOUT)}
@@ -87,6 +88,7 @@ def _calibrate(capsys, tmp_path, data, *extra):
     return code, summary, saved, cap.err
 
 
+@pytest.mark.slow
 def test_calibrate_measures_the_moe_error_on_held_out_runs_only(capsys, tmp_path):
     """`diffperf calibrate` sets the MoE training error from the held-out MoE runs predicted
     with its own fit (by default the shipped ones); runs it was fitted to are not counted as

@@ -15,6 +15,7 @@ def test_there_are_notebooks():
     assert len(NOTEBOOKS) >= 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path, tmp_path):
     nb = nbformat.read(path, as_version=4)

@@ -6,10 +6,13 @@ import dataclasses
 
 import pytest
 
-from diffperf.validation import read_benchmarks
 from diffperf.internal import SLACK
-from diffperf.validation import ideal_bounds, implausible_measurements
-from diffperf.validation import predict_train_rows
+from diffperf.validation import (
+    ideal_bounds,
+    implausible_measurements,
+    predict_train_rows,
+    read_benchmarks,
+)
 
 TRAIN = "benchmarks_data/train_calibration.csv"
 INFER = "benchmarks_data/infer_calibration.csv"
@@ -26,6 +29,7 @@ def bounds(rows):
     return ideal_bounds(rows)
 
 
+@pytest.mark.slow
 def test_ideal_hardware_is_never_slower_than_the_calibrated_model(rows, bounds):
     train = [r for r in rows if r.kind == "train"]
     predicted, failed = predict_train_rows(train)
@@ -36,6 +40,7 @@ def test_ideal_hardware_is_never_slower_than_the_calibrated_model(rows, bounds):
         assert b["tokens_per_s_per_gpu"] >= pred["tokens_per_s_per_gpu"], row.id
 
 
+@pytest.mark.slow
 def test_ideal_inference_is_never_slower_than_the_calibrated_model(rows, bounds):
     from diffperf.validation import predict_infer_rows
     predicted, failed = predict_infer_rows([r for r in rows if r.kind == "infer"])
@@ -51,6 +56,7 @@ def test_slack_is_the_largest_overshoot_of_the_nested_smooth_maximum():
     """A GEMM's time smooth_max(smooth_max(compute, HBM, 0.3), L2, 0.1) exceeds the largest of
     the three by at most 1.339x (scanned); SLACK adds the overlap smoothing's 0.05 on top."""
     import numpy as np
+
     from diffperf.costs import GEMM_SHARPNESS, SHARPNESS, smooth_max
     b = np.linspace(0.0, 1.5, 151)[:, None]
     c = np.linspace(0.0, 2.0, 201)[None, :]
@@ -59,6 +65,7 @@ def test_slack_is_the_largest_overshoot_of_the_nested_smooth_maximum():
     assert ratio.max() == pytest.approx(SLACK - SHARPNESS / 2, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_a_measurement_faster_than_ideal_hardware_is_flagged(rows, bounds):
     row = next(r for r in rows if r.id == "imec-korthi-175b-selsp-paper")
     bound = bounds[row.id]["step_time_s"]
@@ -68,9 +75,11 @@ def test_a_measurement_faster_than_ideal_hardware_is_flagged(rows, bounds):
     assert found[0]["factor"] == pytest.approx(2.0, rel=1e-6)
     assert "ideal-hardware bound" in found[0]["warning"]
     # At the bound itself (within the smooth maximum's slack) nothing is flagged.
-    assert implausible_measurements([dataclasses.replace(row, measured={"step_time_s": bound})]) == []
+    at_bound = dataclasses.replace(row, measured={"step_time_s": bound})
+    assert implausible_measurements([at_bound]) == []
 
 
+@pytest.mark.slow
 def test_no_shipped_measurement_beats_its_ideal_bound(rows, bounds):
     """TensorRT-LLM 0.9's Mixtral 8x7B on two A100s, batch 32, 2048 in / 2048 out, at 801
     output tokens/s per GPU: every decode step must stream all eight experts' weights (32
@@ -91,6 +100,7 @@ def test_no_shipped_measurement_beats_its_ideal_bound(rows, bounds):
     assert found[0]["factor"] > SLACK
 
 
+@pytest.mark.slow
 def test_ideal_bound_ignores_the_rows_gemm_peak_fraction(rows, bounds):
     """The bound is datasheet peak: a row's `gemm_peak_fraction` (an annotation about its
     software's kernels) does not make it slower, so it cannot make a measurement implausible."""

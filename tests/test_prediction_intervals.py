@@ -11,10 +11,17 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from diffperf.calibrate import Parameterisation
-from diffperf.internal import MOE_STEP_TIME, interval_coverage, model_error_sd, quantity_of, residual_sds, decode_quantity, training_quantity
-from diffperf.calibrate import FitUncertainty, prediction_interval
+from diffperf.calibrate import FitUncertainty, Parameterisation, prediction_interval
 from diffperf.cli import main
+from diffperf.internal import (
+    MOE_STEP_TIME,
+    decode_quantity,
+    interval_coverage,
+    model_error_sd,
+    quantity_of,
+    residual_sds,
+    training_quantity,
+)
 
 Z90 = NormalDist().inv_cdf(0.95)
 
@@ -42,7 +49,8 @@ def test_residual_sds_are_rms_log_ratios_per_quantity_kind_and_overall():
     e = math.e
     preds = [cell("step_time_s", "train", e ** 0.1, id_="a"),
              cell("model_tflops_per_gpu", "train", e ** -0.3, id_="b"),
-             cell("ttft_s", "infer", e ** 0.2, id_="c"), cell("e2e_latency_s", "infer", 1.0, id_="c")]
+             cell("ttft_s", "infer", e ** 0.2, id_="c"),
+             cell("e2e_latency_s", "infer", 1.0, id_="c")]
     sd = residual_sds(preds)
     assert sd["step_time"] == pytest.approx(math.sqrt((0.01 + 0.09) / 2))
     assert sd["train"] == sd["step_time"]
@@ -129,6 +137,7 @@ def test_moe_training_steps_use_their_own_model_error():
     assert iv.high / iv.value == pytest.approx(math.exp(Z90 * 0.4), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_train_cli_interval_of_a_moe_model_uses_the_moe_error(capsys):
     shipped = _shipped()["uncertainty"]["residual_sd"]
     # Held-out MoE runs miss by far more than the fitted (mostly dense) tables
@@ -149,6 +158,7 @@ def test_train_cli_interval_of_a_moe_model_uses_the_moe_error(capsys):
     assert "(MoE runs' model error)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch, output, e2e_quantity",
                          [(1, 64, "latency"), (8, 64, "throughput"), (1, 1, "ttft")])
 def test_infer_cli_prints_ttft_and_e2e_intervals(capsys, batch, output, e2e_quantity):
@@ -248,8 +258,8 @@ def test_interval_caveats_say_what_the_fit_did_not_see():
     recorded quantity get no caveat."""
     import dataclasses
 
-    from diffperf.internal import interval_caveats
     from diffperf.calibrate import load_uncertainty
+    from diffperf.internal import interval_caveats
     u = load_uncertainty(None)
     assert interval_caveats(u, "a100-sxm4-80gb", "train", "step_time") == []
     assert interval_caveats(u, "h800-sxm5-80gb", "train", "step_time") == []

@@ -11,12 +11,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import diffperf as dp
+from diffperf.costs import (
+    SHARPNESS,
+    ceil_div,
+    exposed_after_overlap,
+    gemm_time,
+    op_time,
+    smooth_max,
+)
 from diffperf.internal import collectives as coll
-from diffperf.costs import SHARPNESS, ceil_div, exposed_after_overlap, gemm_time, op_time, smooth_max
 
 # A hand-made network with round numbers so every term is visible.
 NET = dp.Network(nvlink_domain=8, nvlink_bandwidth=300e9, nvlink_latency=2e-6,
@@ -310,7 +316,8 @@ def test_nvlink_sharp_caps_small_all_reduce_latency_at_nccl_nvls_latency():
     close(float(coll.all_reduce(nvl72, EFF, tiny, 72, 1)), 2 * 71 / 72 * tiny / BW_IN + 23e-6 + OVH)
     # large messages: identical bandwidth term, so the same time up to the latency difference
     big = 1e9
-    diff = float(coll.all_reduce(NET, EFF, big, 8, 1)) - float(coll.all_reduce(sharp, EFF, big, 8, 1))
+    diff = (float(coll.all_reduce(NET, EFF, big, 8, 1))
+            - float(coll.all_reduce(sharp, EFF, big, 8, 1)))
     close(diff, 14 * 2e-6 - 23e-6, rtol=1e-3)
 
 

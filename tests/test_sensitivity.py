@@ -6,14 +6,16 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, equinox as eqx
     import diffperf as dp
-    from diffperf import sensitivity as S
+    from diffperf.internal import sensitivity as S
     from diffperf.presets import model, system
-    from diffperf.plans import TrainingPlan
-    from diffperf.inference_plan import InferencePlan
+    from diffperf.specs import TrainingPlan
+    from diffperf.specs import InferencePlan
     out = {}
     sys_ = system("dgx-a100")
     plan = TrainingPlan(tp=8, pp=8, dp=16, micro_batch=1, global_batch=1536, vp=3,
@@ -38,7 +40,7 @@ SCRIPT = textwrap.dedent("""
     # technology elasticities through the generator
     fn = cases["infer"]
     v, el = S.technology_elasticities(fn, "a100")
-    from diffperf import technology as T
+    from diffperf.internal import technology as T
     tech, design, arch = T.reference_point("a100")
     archp = T.architecture(arch)
     def t_of(tech_):
@@ -54,6 +56,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_elasticities_match_finite_differences_in_float64():
     env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
     res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,

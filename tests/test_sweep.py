@@ -15,10 +15,15 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.explore import Grid
+from diffperf.explore import (
+    Grid,
+    evaluate_all,
+    pareto_front,
+    plan_from_values,
+    run_sweep,
+    search_training,
+)
 from diffperf.internal import REASON_GPUS
-from diffperf.explore import plan_from_values, search_training
-from diffperf.explore import evaluate_all, pareto_front, run_sweep
 
 GPUS, GBS = 32, 64
 AXES = {"tp": [1, 2, 4, 8], "pp": [1, 2, 3, 4], "micro_batch": [1, 2, 4], "recompute": [0, 1, 2],
@@ -77,6 +82,7 @@ def test_grid_rejects_bad_axes():
         Grid({"tp": [1, float("nan")]})
 
 
+@pytest.mark.slow
 def test_search_equals_brute_force(setup, brute_force):
     model, system, eff, grid = setup
     res = run_sweep(grid, _evaluate(model, system, eff), k=5, progress=False)
@@ -181,6 +187,7 @@ def test_search_training_reports(setup):
         assert np.isclose(float(alone.memory.total) / 1e9, row["memory_gb"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_search_skips_uneven_pipeline_layouts_unless_asked():
     """pp * vp must divide the layer count by default; with `even_layouts=False` exactly those
     plans come back (the model itself treats them as perfectly balanced)."""
@@ -202,9 +209,7 @@ def test_search_skips_uneven_pipeline_layouts_unless_asked():
 
 _SHARDED = r"""
 import json, jax, numpy as np, diffperf as dp
-from diffperf.grid import Grid
-from diffperf.search import plan_from_values
-from diffperf.sweep import run_sweep
+from diffperf.explore import Grid, plan_from_values, run_sweep
 m, s, e = dp.model("gpt-7.5b"), dp.system("a100-sxm4-40gb"), dp.Efficiency()
 grid = Grid({"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch": [1, 2, 4],
              "recompute": [0, 1, 2], "zero": [0, 1, 3], "vp": [1, 2], "flash_attention": [0, 1]})
@@ -233,8 +238,8 @@ def test_sharded_equals_unsharded():
 
 
 def test_search_infer_meets_latency_target_and_front():
-    from diffperf.internal import latency_throughput_front as _latency_throughput_front
     from diffperf.explore import search_inference
+    from diffperf.internal import latency_throughput_front as _latency_throughput_front
     df = search_inference(dp.model("llama2-7b"), dp.system("h100-sxm5-80gb"), 512, 64,
                           max_gpus=4)
     ok = df[df["feasible"]]
@@ -264,12 +269,13 @@ def test_search_infer_per_head_decode_is_slower_for_gqa():
     assert (per_head["tpot_s"] > 1.1 * grouped["tpot_s"]).any()
 
 
+@pytest.mark.slow
 def test_search_infer_weight_only_on_a_gpu_without_narrow_tensor_cores(capsys):
     """A100 has no fp4 tensor cores: fp4 math is infeasible everywhere, but 4-bit weights with
     16-bit GEMMs (weight-only) are feasible, hold less memory than bf16 weights and decode
     faster at batch 1 (a quarter of the weight bytes to stream)."""
-    from diffperf.explore import search_inference
     from diffperf.cli import main
+    from diffperf.explore import search_inference
     args = (dp.model("llama2-70b"), dp.system("a100-sxm4-80gb"), 512, 64)
     fp4 = search_inference(*args, max_gpus=4, precision="fp4")
     w4 = search_inference(*args, max_gpus=4, precision="fp4", activation_precision="bf16",
@@ -301,6 +307,7 @@ print(json.dumps({"procs": jax.process_count(), "top": res.top_index.tolist(),
 """
 
 
+@pytest.mark.slow
 def test_two_processes_with_jax_distributed_equal_one():
     """The multi-host path (jax.distributed on loopback, CPU collectives over gloo): two
     processes split the blocks, merge their reductions, and agree with a single process."""
@@ -313,7 +320,7 @@ def test_two_processes_with_jax_distributed_equal_one():
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     for r in results:
@@ -338,6 +345,7 @@ print(json.dumps({"top": res.top_index.tolist(), "reasons": res.reasons.tolist()
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_default_efficiency_built_inside_a_trace_does_not_leak_into_later_jits():
     """Regression: `train_step(..., efficiency=None)` builds the shipped efficiency while being
     traced; a cached object from that trace used to break the next compiled sweep."""
@@ -355,9 +363,10 @@ def test_search_reason_codes_extend_the_models_without_collision():
     """Search-only reason codes must not reuse a code of the model's own (`REASONS`): a
     histogram bin would then count two different failures under one message."""
     import inspect
-    from diffperf.internal import search as search
-    from diffperf.feasibility import REASONS
+
     from diffperf.explore import run_sweep
+    from diffperf.feasibility import REASONS
+    from diffperf.internal import search as search
     codes = [search.REASON_GPUS, search.REASON_DUPLICATE, search.REASON_UNEVEN,
              search.REASON_OFFLOAD]
     assert len(set(codes)) == len(codes)

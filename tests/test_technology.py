@@ -96,6 +96,7 @@ def test_every_table_row_has_a_source():
         assert t["references"][name]["source"]
 
 
+@pytest.mark.slow
 def test_technology_cli_takes_an_inference_workload(capsys):
     """`diffperf technology --infer-model/--tp/--batch/--input/--output` studies that plan (the
     JSON says which), and a plan whose tp does not divide the heads is refused by name."""

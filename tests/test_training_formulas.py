@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.training import hardware_flops_per_step
-from diffperf.training import in_flight_factor, training_memory
+from diffperf.training import hardware_flops_per_step, in_flight_factor, training_memory
 
 A100_BF16 = 312e12  # dense bf16 tensor FLOP/s of an A100 (datasheet)
 
@@ -376,7 +375,8 @@ def test_deepspeed_per_matrix_collectives_move_every_byte_through_the_ranks_own_
     for n in (384.0, 1536.0):
         n_out = n / 8
         want = ((n - 1) / n * size / (float(net.scaleout_bandwidth) * float(e.scaleout))
-                + (n_out - 1) * float(net.scaleout_latency) + (n - n_out) * float(net.nvlink_latency)
+                + (n_out - 1) * float(net.scaleout_latency)
+                + (n - n_out) * float(net.nvlink_latency)
                 + float(e.collective_overhead))
         got = float(coll.all_gather(net, e, size, n, striped=0.0))
         assert got == pytest.approx(want, rel=1e-5)

@@ -58,6 +58,7 @@ def _leaves_by_name(grads):
     return out
 
 
+@pytest.mark.slow
 def test_every_hardware_and_efficiency_gradient_is_finite(batched_grads):
     leaves = _leaves_by_name(batched_grads)
     # Accelerator (incl. host_bandwidth, host_memory), Network (incl. the nvlink_sharp flag),
@@ -68,6 +69,7 @@ def test_every_hardware_and_efficiency_gradient_is_finite(batched_grads):
         assert np.all(np.isfinite(g)), (name, g)
 
 
+@pytest.mark.slow
 def test_gradient_signs_are_physical(batched_grads):
     g = _leaves_by_name(batched_grads)
     feasible = slice(0, 7)
@@ -92,6 +94,7 @@ def test_gradient_signs_are_physical(batched_grads):
         assert np.all(g[name][feasible] == 0), (name, g[name])
 
 
+@pytest.mark.slow
 def test_inter_node_bandwidth_matters_only_when_a_group_leaves_the_node(batched_grads):
     g = _leaves_by_name(batched_grads)["network.scaleout_bandwidth"]
     # plan 1 (tp=8 on one 8-GPU node, no dp/pp) never touches the scale-out fabric
@@ -164,6 +167,7 @@ def fd_result():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_grad_matches_central_finite_differences_float64(fd_result):
     step = fd_result["step"]
     assert np.isfinite(step) and step > 0

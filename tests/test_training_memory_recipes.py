@@ -4,15 +4,16 @@ GEMM inputs, fp8 weights, 16-bit gradients, block recompute of some layers, acti
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import equinox as eqx
 import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.validation import read_benchmarks, train_specs
 from diffperf.specs import transformer_from_hf_config
 from diffperf.training import in_flight_factor, training_memory
+from diffperf.validation import read_benchmarks, train_specs
 
 S, T = 2048, 8
 H, A, L = 12288, 96, 96  # GPT-3 175B: f = 4h, MHA
@@ -166,6 +167,7 @@ def test_offloading_every_layer_keeps_one_layer_in_hbm(eff):
                                L / 2 * stored + stored + sbh / T + logits, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_offloaded_activations_must_fit_in_host_memory(step, gpt22b, dgx_a100, eff):
     """Offloaded layers move their stored activations to host memory: pp = 1 holds one
     micro-batch, so the host needs offload_layers x the layer's stored bytes. A host smaller
@@ -189,6 +191,7 @@ def test_offloaded_activations_must_fit_in_host_memory(step, gpt22b, dgx_a100, e
     assert float(none.memory.host) == 0.0 and int(none.reason) == 0
 
 
+@pytest.mark.slow
 def test_offload_time_is_exposed_copy_time(step, gpt22b, dgx_a100, eff):
     """A fast host link hides the copies; a slow one exposes about 2 x copy - (fwd + bwd) per
     offloaded layer and micro-batch; the step stays the sum of its parts."""
@@ -227,7 +230,7 @@ def test_hf_config_without_dropout_fields_takes_the_family_default(tmp_path):
     """Llama-2's config.json names no dropout: Llama models train without it. An unknown
     family without dropout fields keeps the conservative default (dropout on)."""
     base = {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
-            "intermediate_size": 11008, "vocab_size": 32000}
+            "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096}
     for model_type, want in (("llama", 0.0), ("mistral", 0.0), ("somethingnew", 1.0)):
         p = tmp_path / f"{model_type}.json"
         p.write_text(json.dumps(base | {"model_type": model_type}))
@@ -237,9 +240,10 @@ def test_hf_config_without_dropout_fields_takes_the_family_default(tmp_path):
 def test_hf_config_dropout(tmp_path):
     llama = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
              "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 32000,
-             "attention_dropout": 0.0, "hidden_act": "silu"}
+             "attention_dropout": 0.0, "hidden_act": "silu", "max_position_embeddings": 4096}
     gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12,
-            "vocab_size": 50257, "resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1}
+            "vocab_size": 50257, "resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1,
+            "n_positions": 1024}
     for cfg, want in ((llama, 0.0), (gpt2, 1.0)):
         p = tmp_path / f"{cfg['model_type']}.json"
         p.write_text(json.dumps(cfg))
@@ -271,7 +275,7 @@ def test_csv_extension_columns(tmp_path):
     korthi = train_specs(rows["imec-korthi-22b-full"])
     assert float(korthi[0].dropout) == 1 and float(korthi[2].fp32_gradients) == 1
     assert float(korthi[2].fp32_optimizer_moments) == 1  # column absent: fp32 moments
-    text = open(src).read().splitlines()
+    text = Path(src).read_text().splitlines()
     header = text[0].split(",")
     col = header.index("offload_layers")
     bad = tmp_path / "bad.csv"
@@ -333,8 +337,7 @@ def test_published_inference_runs_fit():
 def test_search_offloading_only_where_megatron_supports_it():
     """`search train --offload-layers`: offloading plans with pp > 1 or recomputation are
     excluded under their own reason; the ones kept are pp = 1 without recomputation."""
-    from diffperf.explore import Grid
-    from diffperf.explore import search_training
+    from diffperf.explore import Grid, search_training
     model = dp.model("llama3-8b")
     system = dp.system("h100-sxm5-80gb")
     grid = Grid({"tp": [1, 2], "pp": [1, 2], "micro_batch": [1, 2], "recompute": [0, 2],
@@ -360,7 +363,8 @@ def test_embedding_and_loss_count_as_pipeline_layers(step, dgx_h100, eff):
     kw = dict(tp=8, dp=1, global_batch=64, sequence_parallel=1, recompute="none")
     on = dp.TrainingPlan(pp=8, vp=8, account_embedding_loss=1, **kw)
     off = dp.TrainingPlan(pp=8, vp=8, **kw)
-    assert float(on.end_stage_layers(126.0)) == 15.0 and float(on.middle_stage_layers(126.0)) == 16.0
+    assert float(on.end_stage_layers(126.0)) == 15.0
+    assert float(on.middle_stage_layers(126.0)) == 16.0
     assert float(off.end_stage_layers(126.0)) == 126 / 8
     assert bool(even_layout(m, on)) and not bool(even_layout(m, off))
     # First stage: 15 layers' activations and weights instead of 15.75.

@@ -21,8 +21,7 @@ from __future__ import annotations
 import equinox as eqx
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import diffperf as dp
 

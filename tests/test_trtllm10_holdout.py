@@ -10,9 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diffperf.validation import BenchmarkError, read_benchmarks
-from diffperf.validation import infer_specs
-from diffperf.validation import validate
+from diffperf.validation import BenchmarkError, infer_specs, read_benchmarks, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "benchmarks_data" / "infer_trtllm10_holdout.csv"
@@ -85,6 +83,7 @@ def test_kv_precision_column_halves_the_kv_cache_and_names_bad_values(tmp_path):
         read_benchmarks(path)
 
 
+@pytest.mark.slow
 def test_shipped_fit_predicts_the_held_out_table_within_bounds():
     """Never fitted: MAPE 13.7 % on the 100 dense-model rows at the shipped fit (README,
     Accuracy). The bound leaves room for refits; a model change that breaks the

@@ -1,6 +1,6 @@
 """The model errors of inference outside the fit's inference data, measured on held-out
 inference rows of that kind (`benchmarks_data/infer_trtllm10_holdout.csv`): a GPU no fitted
-inference row ran on, or a GEMM precision none used (`calibrate_uncertainty.UNSEEN_INFERENCE`),
+inference row ran on, or a GEMM precision none used (`diffperf.internal.UNSEEN_INFERENCE`),
 and a MoE model with more experts than any fitted inference row (`MOE_INFERENCE`)."""
 
 from __future__ import annotations
@@ -15,11 +15,24 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diffperf.calibrate import Parameterisation
-from diffperf.internal import default_data_paths
-from diffperf.internal import MOE_INFERENCE, UNSEEN_INFERENCE, inference_floors, inference_support, is_unseen_inference, model_error_sd, moe_inference_error, unseen_inference_error
-from diffperf.calibrate import FitUncertainty, load_uncertainty, prediction_interval
+from diffperf.calibrate import (
+    FitUncertainty,
+    Parameterisation,
+    load_uncertainty,
+    prediction_interval,
+)
 from diffperf.cli import main
+from diffperf.internal import (
+    MOE_INFERENCE,
+    UNSEEN_INFERENCE,
+    default_data_paths,
+    inference_floors,
+    inference_support,
+    is_unseen_inference,
+    model_error_sd,
+    moe_inference_error,
+    unseen_inference_error,
+)
 
 Z90 = NormalDist().inv_cdf(0.95)
 DATA = Path(__file__).resolve().parent.parent / "benchmarks_data"
@@ -129,6 +142,7 @@ def test_shipped_fit_records_its_inference_data_and_a_wider_error_outside_it():
     assert u.residual_sd[MOE_INFERENCE] > 2 * u.residual_sd[UNSEEN_INFERENCE]
 
 
+@pytest.mark.slow
 def test_held_out_intervals_widen_outside_the_fit_and_cover_the_table(capsys):
     """`predict --interval` on the held-out TensorRT-LLM 1.0 table: the Qwen3-30B-A3B rows
     (128 experts) get the MoE error, the other Blackwell FP4 rows (outside the fit's
@@ -163,6 +177,7 @@ def test_held_out_intervals_widen_outside_the_fit_and_cover_the_table(capsys):
     assert hopper_inside >= 54  # out of sample: 90 % of 60
 
 
+@pytest.mark.slow
 def test_infer_cli_notes_an_unseen_gpu_or_precision(capsys):
     base = ["infer", "--model", "llama3-70b", "--batch", "64", "--input", "512",
             "--output", "256", "--interval", "--json"]
@@ -184,6 +199,7 @@ def test_infer_cli_notes_an_unseen_gpu_or_precision(capsys):
     assert math.log(iv["high"] / iv["low"]) / 2 >= Z90 * u.residual_sd[UNSEEN_INFERENCE] > narrow
 
 
+@pytest.mark.slow
 def test_moe_notes_name_the_floor_that_applies_and_old_fits_still_warn(capsys, tmp_path):
     args = ["infer", "--model", "deepseek-v3", "--gpu", "b200", "--tp", "8", "--precision",
             "fp8", "--interval", "--json"]
@@ -218,6 +234,7 @@ def _calibrate(capsys, tmp_path, data, *extra):
     return code, json.loads(fitted.read_text()) if code == 0 else None, cap.err
 
 
+@pytest.mark.slow
 def test_calibrate_measures_the_unseen_error_on_held_out_rows(capsys, tmp_path):
     """`diffperf calibrate` records its inference data and measures the unseen error on the
     held-out rows outside it, predicted with its own saved fit; `--infer-holdout none` and a

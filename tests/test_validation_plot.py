@@ -34,6 +34,7 @@ def test_no_usable_row_is_an_error(tmp_path):
         validation_plot([dict(ROWS[0], measured=0.0)], tmp_path / "v.png")
 
 
+@pytest.mark.slow
 def test_cli_validate_writes_the_plot(tmp_path, capsys):
     out = tmp_path / "validation.png"
     assert main(["validate", "--summary", "--data", "benchmarks_data/infer_calibration.csv",

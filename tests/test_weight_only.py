@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from diffperf.validation import BenchmarkError, read_benchmarks
-from diffperf.specs import Efficiency
 from diffperf.inference import inference_ops, weight_bytes_per_gpu
-from diffperf.specs import InferencePlan
-from diffperf.validation import infer_specs
 from diffperf.presets import model, system
+from diffperf.specs import Efficiency, InferencePlan
+from diffperf.validation import BenchmarkError, infer_specs, read_benchmarks
 
 ROOT = Path(__file__).resolve().parent.parent
 INFER_CSV = ROOT / "benchmarks_data" / "infer_calibration.csv"
@@ -138,8 +136,8 @@ def test_shipped_trtllm09_mixtral_rows_are_int8_weight_only():
 
 
 def test_cli_gemm_peak_fraction(capsys):
-    from diffperf.internal import run_infer
     from diffperf.cli import build_parser
+    from diffperf.internal import run_infer
     argv = ["infer", "--model", "mixtral-8x7b", "--gpu", H100, "--tp", "2", "--input", "2048",
             "--output", "1", "--precision", "fp8", "--activation-precision", "fp16",
             "--kv-precision", "fp16"]
@@ -162,8 +160,8 @@ def test_cli_integer_weight_names(capsys):
     """`--precision int8 / int4` are weight-only formats: the same prediction as fp8 / fp4
     weights with the given 16-bit GEMM precision (the KV cache defaults to that precision);
     without one, a one-line error."""
-    from diffperf.internal import run_infer
     from diffperf.cli import build_parser
+    from diffperf.internal import run_infer
     parser = build_parser()
     base = ["infer", "--model", "llama2-70b", "--gpu", "a100-sxm4-80gb", "--tp", "4", "--json"]
     out = {}
