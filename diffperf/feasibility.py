@@ -45,7 +45,9 @@ _TEXT = {
     Reason.TP_FFN: "tp does not divide ffn_hidden (or dense_ffn_hidden / shared_ffn_hidden), or "
                    "expert_tp does not divide a MoE model's expert ffn_hidden",
     Reason.BATCH_SPLIT: "dp * micro_batch does not divide global_batch",
-    Reason.PIPELINE_LAYERS: "pp * vp exceeds layers",
+    Reason.PIPELINE_LAYERS: "pp * vp exceeds the layer slots (layers, + 2 for the embedding and "
+                            "the loss with account_embedding_loss), or an end stage would hold "
+                            "no transformer layer",
     Reason.INTERLEAVING: "interleaving (vp > 1) needs pp > 1 and a number of micro-batches "
                          "divisible by pp",
     Reason.CP_SEQUENCE: "2 * cp does not divide seq_len (context parallelism splits each sequence "
@@ -114,8 +116,7 @@ def even_layout(model: Transformer, plan) -> jax.Array:
     `train_step` models other layouts as perfectly balanced (fractional layers per stage), which
     needs a custom pipeline layout in practice and is optimistic when the per-GPU layer counts
     differ, so searches skip them by default."""
-    slots = model.layers + jnp.where((plan.account_embedding_loss > 0) & (plan.pp > 1), 2.0, 0.0)
-    return divides(plan.pp * plan.vp, slots)
+    return divides(plan.pp * plan.vp, plan.pipeline_slots(model.layers))
 
 
 def offload_supported(model: Transformer, plan) -> jax.Array:
@@ -151,7 +152,8 @@ def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
         divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp),
         tp_divides_mlps(plan.tp, model, etp),
         divides(plan.dp * plan.micro_batch, plan.global_batch),
-        plan.pp * plan.vp <= model.layers,
+        (plan.pp * plan.vp <= plan.pipeline_slots(model.layers))
+        & (plan.end_stage_layers(model.layers) > 0),
         (plan.vp == 1) | ((plan.pp > 1) & divides(plan.pp, m)),
         (plan.cp == 1) | divides(2.0 * plan.cp, model.seq_len),
         divides(plan.ep, model.num_experts) & divides(etp * plan.ep, plan.tp * plan.cp * plan.dp),

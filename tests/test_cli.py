@@ -38,8 +38,15 @@ def test_train_memory_recipe_flags(capsys):
                             "--json")[1])
     assert not plain["fits"] and recipe["fits"]
     assert recipe["memory_gb"]["gradients"] == pytest.approx(plain["memory_gb"]["gradients"] / 2)
-    assert recipe["breakdown_s"]["offload_exposed"] >= 0.0
     assert plain["breakdown_s"]["offload_exposed"] == 0.0
+    # The exposed copy time follows the host link: a quarter of its bandwidth exposes far more
+    # (the copies outlast the layers they hide behind), a 1000x faster link hides them all.
+    exposed = {bw: json.loads(run(capsys, *base, "--no-fp32-gradients", "--offload-layers", "40",
+                                  "--set", f"host_bandwidth=x{bw}", "--json")[1])
+               ["breakdown_s"]["offload_exposed"] for bw in (0.25, 1000)}
+    assert recipe["breakdown_s"]["offload_exposed"] > 0.01
+    assert exposed[0.25] > 10 * recipe["breakdown_s"]["offload_exposed"]
+    assert exposed[1000] < 1e-6
     assert sum(recipe["breakdown_s"].values()) == pytest.approx(recipe["step_time_s"], rel=1e-5)
     code, out, _ = run(capsys, *base, "--offload-layers", "40")
     assert code == 0 and "offload_exposed" in out and "offload 40 layers/chunk" in out

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+HERE = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = sorted(HERE.glob("*.ipynb"))
 
 
-def test_there_are_notebooks():
-    assert len(NOTEBOOKS) >= 3
+def test_every_notebook_is_its_source():
+    """Each notebook's cells are exactly those of its plain-Python source in `notebooks/_src`
+    (what reviewers read and `notebooks/_build.py` builds from), and every source has its
+    notebook: an edit to one side only fails here."""
+    sys.path.insert(0, str(HERE))
+    try:
+        from _build import cells
+    finally:
+        sys.path.remove(str(HERE))
+    sources = sorted((HERE / "_src").glob("*.py"))
+    assert [p.stem for p in sources] == [p.stem for p in NOTEBOOKS]
+    for src, path in zip(sources, NOTEBOOKS):
+        nb = nbformat.read(path, as_version=4)
+        assert [(c.cell_type, c.source) for c in nb.cells] == cells(src.read_text()), path.name
 
 
 @pytest.mark.slow

@@ -3,7 +3,9 @@ that never contain NaN / inf, whether feasible or not."""
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -169,3 +171,27 @@ def test_traced_bad_counts_are_infeasible_with_reason_11():
                 (1.0, 128.0, 0.0), (1.0, -5.0, 128.0), (1.5, 128.0, 128.0)]:
         assert int(infer(*bad)) == 11, bad
     assert "whole number" in dp.explain(11)
+
+
+def test_embedding_and_loss_slots_count_in_the_pipeline_split():
+    """NVIDIA's Llama 3.1 405B layout on GB200 (pp 16, vp 8, embedding and loss counted as
+    pipeline layers): 126 + 2 = 128 slots for 128 chunks. It was refused as 'pp * vp exceeds
+    layers' (issue 41, item 4); one chunk more than the slots, or a split that leaves an end
+    stage without a transformer layer, is still reason 5."""
+    model, system = dp.model("llama3-405b"), dp.system("gb200-nvl72")
+    kw = dict(tp=4, dp=4, global_batch=64, sequence_parallel=1, precision="fp8", fp32_gradients=0,
+              account_embedding_loss=1)
+    recipe = dp.train_step(model, system, dp.TrainingPlan(pp=16, vp=8, **kw))
+    assert int(recipe.reason) == 0 and bool(recipe.feasible)
+    assert np.isfinite(float(recipe.step_time))
+    assert float(dp.TrainingPlan(pp=16, vp=8, **kw).end_stage_layers(126.0)) == 7.0
+    without = dp.train_step(model, system, dp.TrainingPlan(
+        pp=16, vp=8, **{**kw, "account_embedding_loss": 0}))
+    assert int(without.reason) == 5  # 128 chunks for 126 layers
+    too_many = dp.train_step(model, system, dp.TrainingPlan(pp=26, vp=5, **{**kw, "dp": 2,
+                                                                            "global_batch": 52}))
+    assert int(too_many.reason) == 5  # 130 chunks for 128 slots
+    small = eqx.tree_at(lambda t: t.layers, dp.model("llama2-7b"), jnp.asarray(30.0))
+    empty_end = dp.train_step(small, system, dp.TrainingPlan(
+        pp=32, dp=2, global_batch=2, zero=3, account_embedding_loss=1))
+    assert int(empty_end.reason) == 5  # 32 slots for 32 stages: the end stages hold no layer

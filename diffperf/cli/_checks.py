@@ -27,8 +27,12 @@ _AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "m
 _FLOAT32_EXACT = tuple(k for k in _AT_LEAST_ONE if k not in ("n", "starts"))
 #: Options that are physical budgets or targets: > 0.
 _POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")
-#: Options where 0 is meaningful (no L-BFGS stage, no prior, expert TP = TP).
-_NON_NEGATIVE = ("lbfgs_steps", "prior_weight", "expert_tp")
+#: Options where 0 is meaningful (no L-BFGS stage, no prior, expert TP = TP, no prefill cap).
+_NON_NEGATIVE = ("lbfgs_steps", "prior_weight", "expert_tp", "prefill_tokens")
+#: Counts where 0 is meaningful that the model also computes with in float32.
+_FLOAT32_EXACT_OR_ZERO = ("expert_tp", "prefill_tokens")
+#: Shares in (0, 1]: the fraction of the tensor peak a GEMM kernel can reach.
+_FRACTIONS = ("gemm_peak_fraction",)
 
 
 def _opt(dest: str) -> str:
@@ -45,7 +49,7 @@ def check_values(args) -> None:
     for k in _AT_LEAST_ONE:
         if get(k) is not None and get(k) < 1:
             raise CliError(f"{_opt(k)} must be >= 1, got {get(k)}")
-    for k in _FLOAT32_EXACT:
+    for k in (*_FLOAT32_EXACT, *_FLOAT32_EXACT_OR_ZERO):
         if get(k) is not None and get(k) > MAX_EXACT_COUNT:
             raise CliError(f"{_opt(k)} must be <= {MAX_EXACT_COUNT} (2^24: larger counts are "
                            f"not exact in float32), got {get(k)}")
@@ -55,6 +59,9 @@ def check_values(args) -> None:
     for k in _NON_NEGATIVE:
         if get(k) is not None and get(k) < 0:
             raise CliError(f"{_opt(k)} must be >= 0, got {get(k)}")
+    for k in _FRACTIONS:
+        if get(k) is not None and not 0 < get(k) <= 1:
+            raise CliError(f"{_opt(k)} must lie in (0, 1], got {get(k):g}")
     command = get("command")
     if get("top") is not None:
         # `sensitivity --top 0` (its default) means every row; elsewhere top counts plans.
@@ -151,6 +158,23 @@ def check_paths(args) -> None:
         if not os.access(p.resolve().parent, os.W_OK):
             raise CliError(f"{_opt(k)}: directory is not writable: {p.parent}")
         _check_format(args, k, p)
+        check_writable(_opt(k), p)
+
+
+def check_writable(option: str, path: Path | str) -> None:
+    """Open `path` for writing without changing it (an existing file is opened for appending
+    and closed; a new one is created and removed), so that an output that cannot be written
+    fails before the work, not after it (`os.access` says yes to root on a read-only file
+    system)."""
+    p = Path(path)
+    existed = p.exists()
+    try:
+        with p.open("a"):
+            pass
+    except OSError as e:
+        raise CliError(f"{option}: cannot write {path}: {e.strerror or e}") from None
+    if not existed:
+        p.unlink(missing_ok=True)
 
 
 def _check_format(args, option: str, path: Path) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,7 @@ from ..feasibility import explain
 from ..plots._search_plot import front_plot
 from ..specs._hardware import precision_code
 from ..specs._inference_plan import InferencePlan
-from ._checks import CliError
+from ._checks import CliError, check_writable
 from ._common import _load_efficiency, _load_model, _train_system
 from ._infer import (
     add_per_head_decode,
@@ -120,6 +121,8 @@ def run_search_train(args) -> int:
     if offload[-1] >= float(model.layers):
         raise CliError(f"--offload-layers must be fewer than the model's {float(model.layers):g} "
                        f"layers (a pipeline chunk holds at most that many), got {offload[-1]}")
+    if args.out:  # the Pareto table's file too, before the search (--out itself: check_paths)
+        check_writable("--out", _suffixed(args.out, "-pareto"))
     grid = default_training_grid(model, args.gpus, args.global_batch, precisions=codes,
                                  fp32_gradients=[int(args.fp32_gradients)],
                                  offload_layers=offload)
@@ -130,9 +133,12 @@ def run_search_train(args) -> int:
     for df in (top, pareto, result["least_memory"]):
         if df is not None and len(df):
             df["precision"] = [presets.precision_label(args.gpu, p) for p in df["precision"]]
-    if args.out:
+    if args.out and len(top):
         write_table(top, args.out)
         write_table(pareto, _suffixed(args.out, "-pareto"))
+    elif args.out:  # a run that found nothing leaves existing files alone
+        print(f"note: no feasible plan: {args.out} and {_suffixed(args.out, '-pareto')} not "
+              f"written", file=sys.stderr)
     if args.plot:
         _plot(args, pareto, top, "memory_gb", "step_time_s", _train_label,
               "memory per GPU (GB)", "step time (s)",
@@ -221,7 +227,6 @@ def _plot(args, front, best, x, y, label, xlabel, ylabel, title) -> None:
 
 
 def _suffixed(path: str, suffix: str) -> str:
-    from pathlib import Path
     p = Path(path)
     return str(p.with_name(p.stem + suffix + p.suffix))
 

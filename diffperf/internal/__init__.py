@@ -43,6 +43,7 @@ from ..cli._calibrate import (
     add_calibrate_parser as add_calibrate_parser,
     run_calibrate as run_calibrate,
 )
+from ..cli._checks import check_writable as check_writable
 from ..cli._compile_cache import (
     cache_directory as cache_directory,
     disable_compilation_cache as disable_compilation_cache,
@@ -75,15 +76,15 @@ from ..validation._plausibility import SLACK as SLACK
 __all__ = [
     "add_calibrate_parser", "add_infer_parser", "as_float", "attribution", "bench",
     "bench_inference", "benchmark_data", "BENCHMARKS", "bias_text", "cache_directory",
-    "calibration", "cell_parameter_sd", "check_finite_report", "CLIP_PCT", "codesign",
-    "collectives", "COLUMNS", "decode_quantity", "default_data_paths", "disable_compilation_cache",
-    "folds", "INFER_COLUMNS", "inference_floors", "inference_gemm", "inference_support",
-    "interval_caveats", "interval_coverage", "is_unseen_inference", "latency_throughput_front",
-    "measure_inference_errors", "model_error_sd", "MOE_INFERENCE", "moe_inference_error",
-    "moe_step_error", "MOE_STEP_TIME", "os_error_message", "PRECISION_CLASS_NAMES", "QUANTITIES",
-    "quantity_of", "REASON_GPUS", "require_measured_kind", "residual_sds", "run_calibrate",
-    "run_infer", "search", "search_columns_shown", "sensitivity", "SLACK", "source_group",
-    "summaries", "technology", "TRAIN_COLUMNS", "training_head_time", "training_layer_costs",
-    "training_quantity", "twin_key", "UNSEEN_INFERENCE", "unseen_inference_error",
-    "use_cross_validated_error", "validation",
+    "calibration", "cell_parameter_sd", "check_finite_report", "check_writable", "CLIP_PCT",
+    "codesign", "collectives", "COLUMNS", "decode_quantity", "default_data_paths",
+    "disable_compilation_cache", "folds", "INFER_COLUMNS", "inference_floors", "inference_gemm",
+    "inference_support", "interval_caveats", "interval_coverage", "is_unseen_inference",
+    "latency_throughput_front", "measure_inference_errors", "model_error_sd", "MOE_INFERENCE",
+    "moe_inference_error", "moe_step_error", "MOE_STEP_TIME", "os_error_message",
+    "PRECISION_CLASS_NAMES", "QUANTITIES", "quantity_of", "REASON_GPUS", "require_measured_kind",
+    "residual_sds", "run_calibrate", "run_infer", "search", "search_columns_shown", "sensitivity",
+    "SLACK", "source_group", "summaries", "technology", "TRAIN_COLUMNS", "training_head_time",
+    "training_layer_costs", "training_quantity", "twin_key", "UNSEEN_INFERENCE",
+    "unseen_inference_error", "use_cross_validated_error", "validation",
 ]

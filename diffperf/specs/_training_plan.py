@@ -187,6 +187,11 @@ class TrainingPlan(eqx.Module):
         """True where the embedding and the loss each take one layer slot of the split."""
         return (self.account_embedding_loss > 0) & (self.pp > 1)
 
+    def pipeline_slots(self, layers) -> jax.Array:
+        """Layer slots the pipeline split divides: the transformer layers, plus the embedding
+        and the loss (one slot each) with `account_embedding_loss` and pp > 1."""
+        return layers + jnp.where(self._split_slots(), 2.0, 0.0)
+
     def end_stage_layers(self, layers) -> jax.Array:
         """Transformer layers on the first (and on the last) pipeline stage: layers / pp, or
         (layers + 2) / pp - 1 with `account_embedding_loss`."""
