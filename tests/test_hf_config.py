@@ -278,3 +278,28 @@ def test_a_missing_context_length_warns_unless_the_length_is_given(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert float(load(tmp_path, cfg, seq_len=4096).seq_len) == 4096
+
+
+@pytest.mark.parametrize("value, shown", [("-Infinity", "-inf"), ("Infinity", "inf"),
+                                          ("NaN", "nan")])
+def test_a_non_finite_count_names_the_file_and_the_field(tmp_path, value, shown):
+    """JSON's NaN / Infinity parse as floats: -Infinity layers ended in a Python OverflowError
+    and NaN in a message naming neither the file nor the field (issue 41, item 7)."""
+    text = json.dumps(LLAMA3_8B).replace('"num_hidden_layers": 32',
+                                         f'"num_hidden_layers": {value}')
+    assert value in text
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"config.json: field 'num_hidden_layers' must be a "
+                                         rf"finite number, got {shown}$"):
+        transformer_from_hf_config(path)
+
+
+def test_a_non_finite_layer_count_of_a_moe_config_is_not_a_traceback(tmp_path):
+    """In a MoE config the layer count also lays out the dense / MoE layers, where -Infinity
+    raised OverflowError from `int()`."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_30B_A3B).replace('"num_hidden_layers": 48',
+                                                      '"num_hidden_layers": -Infinity'))
+    with pytest.raises(ValueError, match="field 'num_hidden_layers' must be a finite number"):
+        transformer_from_hf_config(path)

@@ -23,6 +23,7 @@ multi-token-prediction layers.
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -75,9 +76,12 @@ def _is_number(v) -> bool:
 
 
 def _count(path: Path, name: str, v):
-    """A numeric config value, checked: a number (not a bool), at most 2^24."""
+    """A numeric config value, checked: a finite number (not a bool; JSON's NaN and Infinity
+    parse as floats), at most 2^24."""
     if not _is_number(v):
         raise ValueError(f"{path}: field {name!r} must be a number, got {v!r}")
+    if not math.isfinite(v):
+        raise ValueError(f"{path}: field {name!r} must be a finite number, got {v!r}")
     if v > MAX_EXACT_COUNT:
         shown = (f"{v:.6g}" if isinstance(v, float) or len(str(v)) <= 20
                  else f"an integer of {len(str(v))} digits")
