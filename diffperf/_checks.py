@@ -6,8 +6,10 @@ checked by the feasibility logic of the phase models instead).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from types import MappingProxyType
 
 import equinox as eqx
 import jax
@@ -69,8 +71,6 @@ def names_number_fields(cls):
     """Class decorator: each `number_field` of spec class `cls` converts with an error naming
     it (`TrainingPlan.tp must be a number or an array of numbers, got None`), not JAX's. The
     class and field names come from the class itself."""
-    import dataclasses
-    from types import MappingProxyType
     for f in dataclasses.fields(cls):
         if f.metadata.get("converter") is as_float:
             f.metadata = MappingProxyType({**f.metadata,

@@ -78,7 +78,7 @@ def test_cli_prefill_tokens(capsys):
     assert chunked["max_batch"] > whole["max_batch"]
     assert chunked["e2e_latency_s"] == pytest.approx(whole["e2e_latency_s"])
     assert main(args + ["--prefill-tokens", "-5"]) == 2
-    assert "prefill_tokens must be a whole number >= 0" in capsys.readouterr().err
+    assert "error: --prefill-tokens must be >= 0, got -5" in capsys.readouterr().err
     # search infer: with long prompts the activations of a whole batch's prefill rule out
     # large batches; with chunked prefill more plans fit
     search = ["search", "infer", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import numpy as np
 import pandas as pd
 
@@ -106,7 +107,6 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
 def _intervals(kind: str, stacked, fit) -> dict:
     """`{row id: (low, high, model error key)}`: 90 % intervals of the headline time of
     `stacked`'s rows."""
-    import jax
     ms, ss, ps = stacked.models, stacked.systems, stacked.plans
     if kind == "train":
         predict = lambda e: jax.vmap(train_step)(ms, ss, ps, e).step_time  # noqa: E731

@@ -34,12 +34,17 @@ from __future__ import annotations
 import datetime
 import hashlib
 import math
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 
 from .._paths import BENCHMARKS_DATA
 from ..feasibility import MEMORY_REASONS, explain
@@ -129,16 +134,11 @@ def _rows_from(data) -> tuple[list[BenchmarkRow], list]:
         data = default_data_paths()
     if isinstance(data, (str, Path)):
         data = [data]
-    try:
-        import pandas as pd
-        if isinstance(data, pd.DataFrame):
-            import tempfile
-            with tempfile.TemporaryDirectory() as d:
-                p = Path(d) / "dataframe.csv"
-                data.to_csv(p, index=False)
-                return read_benchmarks(p), []
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(data, pd.DataFrame):
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "dataframe.csv"
+            data.to_csv(p, index=False)
+            return read_benchmarks(p), []
     data = list(data)
     if data and all(isinstance(r, BenchmarkRow) for r in data):
         return data, []
@@ -154,7 +154,6 @@ def build_dataset(data=None) -> Dataset:
 
     Call `enable_x64()` first for float64 leaves. Raises `BenchmarkError` (file, row, column)
     for a malformed CSV."""
-    import jax
     rows, paths = data if isinstance(data, _Parsed) else _rows_from(data)
     ids = [r.id for r in rows]
     dup = sorted({i for i in ids if ids.count(i) > 1})
@@ -202,8 +201,6 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
     `w_train` [Rt, 3] and `w_infer` [Ri, 4] weight each cell's squared log ratio (0 = not
     used: unmeasured, excluded or held out); the data term is their weighted mean. `aux` =
     (log predictions train [Rt, 3], infer [Ri, 4], reason codes train, infer)."""
-    import equinox as eqx
-    import jax.numpy as jnp
     tr, inf = ds.train, ds.infer
     y_t, y_i = jnp.asarray(ds.y_train), jnp.asarray(ds.y_infer)
     c_t = jnp.asarray(ds.c_train)
@@ -267,7 +264,6 @@ class Problem:
 
     def __init__(self, ds: Dataset, par: Parameterisation, prior_weight=1e-3,
                  group_prior_weight=1e-2, balance: float = 0.0):
-        import jax
         import optax
         self.ds, self.par = ds, par
         self.prior_weight, self.group_prior_weight = prior_weight, group_prior_weight
@@ -320,8 +316,6 @@ class Problem:
     def optimize(self, theta0, w_t, w_i, adam_steps=150, lbfgs_steps=300, lr=0.05,
                  ftol=1e-12, gtol=1e-8, progress=None) -> OptimResult:
         """Minimise the loss for F folds at once (theta0 [F, P] or [P])."""
-        import jax
-        import jax.numpy as jnp
         import optax
         theta = jnp.asarray(np.atleast_2d(theta0), dtype=jnp.result_type(float))
         nf = theta.shape[0]
@@ -412,7 +406,6 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
 
     **Returns:** a `Fit`. Enables float64 (`jax_enable_x64`).
     """
-    import jax
     t0 = time.perf_counter()
     if problem is None:
         parsed = _Parsed(_rows_from(data))  # raises BenchmarkError (file, row, column) first

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._checks import read_json
@@ -354,8 +356,6 @@ def cell_parameter_sd(problem, theta, covariance) -> tuple[np.ndarray, np.ndarra
     """Parameter part of the log-prediction standard deviation, sqrt(g^T cov g), of every
     train [Rt, 3] and infer [Ri, 4] cell of `problem` at `theta` (forward-mode Jacobian of
     the batched model, one pass per parameter)."""
-    import jax
-    import jax.numpy as jnp
     w_t, w_i = (jnp.asarray(w) for w in problem.base_weights())
     lp = lambda th: problem.loss(th, w_t, w_i)[1][:2]
     j_t, j_i = jax.jit(jax.jacfwd(lp))(jnp.asarray(theta))
@@ -416,8 +416,6 @@ def hessian(problem, theta, w_t, w_i, method: str = "fd") -> np.ndarray:
     model a second time, forward-over-reverse: slow on 2 CPU cores); `"fd"` (default) = central
     differences of the exact autodiff gradient, reusing the compiled loss (relative error
     ~1e-8 in float64)."""
-    import jax
-    import jax.numpy as jnp
     if method == "autodiff":
         f = lambda th: problem.loss(th, jnp.asarray(w_t), jnp.asarray(w_i))[0]
         return np.asarray(jax.jit(jax.hessian(f))(jnp.asarray(theta)))
@@ -439,7 +437,6 @@ def hessian(problem, theta, w_t, w_i, method: str = "fd") -> np.ndarray:
 
 def laplace(problem, theta, w_t, w_i, method: str = "fd") -> np.ndarray:
     """Covariance of the unconstrained parameters at the optimum `theta` (see module doc)."""
-    import jax.numpy as jnp
     w_t, w_i = np.asarray(w_t), np.asarray(w_i)
     hess = hessian(problem, theta, w_t, w_i, method)
     theta = jnp.asarray(theta)
@@ -624,8 +621,6 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
 
     **Returns:** a `PredictionInterval` (`str()` gives "12.9 s (90% interval 12.1 to 13.8 s)").
     """
-    import jax
-    import jax.numpy as jnp
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     if quantity is not None and quantity not in (*QUANTITIES, MOE_STEP_TIME):
@@ -684,8 +679,6 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
     would be wider than `MAX_LOG_HALF_WIDTH` or not finite (no interval, never a silent one),
     and each row's `governing_error` key (the model error that set its width).
     """
-    import jax
-    import jax.numpy as jnp
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     u = load_uncertainty(fit)

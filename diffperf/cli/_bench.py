@@ -3,6 +3,9 @@ and the cost of a reverse-mode gradient relative to a forward evaluation."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import time
 
@@ -171,10 +174,6 @@ print(json.dumps({"devices": jax.device_count(), "evaluated": r["evaluated"],
 
 
 def _run_worker(devices: int) -> dict:
-    import json
-    import os
-    import subprocess
-    import sys
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # cold: compilation included
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +

@@ -8,6 +8,7 @@ import json
 import sys
 
 import numpy as np
+import pandas as pd
 
 from ..design import _attribution as A, _codesign as C, _sensitivity as S, _technology as T
 from ..design._attribution import FACTORS
@@ -411,7 +412,6 @@ def run_technology(args) -> int:
     cols = ["scaling", "node_nm", "flops_bf16_tflops", "hbm_tb_s", "nvlink_gb_s", "train_step_s",
             "train_compute", "train_memory", "train_network", "train_latency", "infer_tpot_ms",
             "infer_compute", "infer_memory", "infer_network", "infer_latency", "train_plan"]
-    import pandas as pd
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(f"\nnode exploration (shares = minus elasticities w.r.t. each resource's rates); "
               f"inference: {args.infer_model}, tp {args.tp}, batch {args.batch}, {args.input} in "

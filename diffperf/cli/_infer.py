@@ -9,6 +9,7 @@ import math
 import sys
 import time
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -355,7 +356,6 @@ def bench_inference(n: int = 100_000, repeats: int = 3, seed: int = 0,
     after a warm-up (compilation excluded). Fields every configuration shares (e.g. none of
     the preset models has MLA) enter as constants, as in calibration
     (`validation._stack.constants_static`); `share_constants=False` maps every field."""
-    import equinox as eqx
 
     specs = _random_specs(n, seed)
     if share_constants:

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+
+import jax
+import numpy as np
+import pandas as pd
 
 from .. import presets
 from ..calibrate._batch_predict import predict_csv
@@ -183,7 +188,6 @@ def _train_inputs(args):
 
 def training_summary(report, system) -> dict:
     """Plain-Python dict of a scalar TrainingReport (what `--json` prints)."""
-    import jax
     r = jax.device_get(report)
     mem = r.memory
     reason = int(r.reason)
@@ -234,7 +238,6 @@ def _tf32_note(args) -> str:
 
 
 def _print_training(args, s: dict, plan, layers: float) -> None:
-    import numpy as np
     rc = {0: "none", 1: "selective", 2: "full"}[int(np.asarray(plan.recompute))]
     if args.recompute_layers and rc != "full":
         rc += f" + {args.recompute_layers} full layers/chunk"
@@ -429,7 +432,6 @@ def _add_predict(sub):
 
 
 def run_predict(args) -> int:
-    import pandas as pd
     df = predict_csv(args.data, _load_efficiency(args.efficiency), intervals=args.interval,
                      fit=args.efficiency)
     if df.empty:
@@ -565,7 +567,6 @@ def main(argv=None) -> int:
         return 2
     except BrokenPipeError:
         # The reader of our output went away (`diffperf train | head`): stop quietly.
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:  # unreadable / unwritable files named by the user

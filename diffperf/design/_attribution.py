@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -249,7 +250,6 @@ def attribute_inference(model: Transformer, base: System, target: System, plan,
     **Returns:** dict with `speedup`, `log_speedup`, `base_e2e_s`, `target_e2e_s`, `base_tpot_s`,
     `target_tpot_s` and `factors` {name: {"shapley_log", "speedup", "alone"}}; ValueError if a
     coalition's plan is infeasible (other than by memory)."""
-    import equinox as eqx
 
     eff = resolve_efficiency(efficiency)
     pb, pt = precision_code(base_precision), precision_code(target_precision)

@@ -37,6 +37,7 @@ compute is several times smaller than the saving in evaluations.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import equinox as eqx
@@ -307,7 +308,6 @@ def budget_margins(prob: Problem, x, rel: float = 0.05, steps: int = 100,
     budget's unit), `time_s`, `change` (relative time change, <= 0), `elasticity`
     (d log time / d log budget over the usable loosening; 0 when none is usable) and
     `per_unit` (s per usable unit of budget, e.g. s per mm^2; 0 when none is usable)."""
-    import dataclasses
     if not rel > 0:
         raise ValueError(f"rel must be > 0, got {rel}")
     base = optimise(prob, steps=steps, starts=starts, start=x)

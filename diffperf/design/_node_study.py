@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 
 from ..explore._search_training import plan_from_values
 from ..inference._infer import infer
@@ -52,7 +53,6 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
     (compute / memory / network / latency) from the elasticities at every point.
 
     **Returns:** a pandas DataFrame, one row per (scaling, node)."""
-    import pandas as pd
 
 
     eff = resolve_efficiency(efficiency)

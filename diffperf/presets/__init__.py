@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 import equinox as eqx
+import jax
 
 from .._checks import read_json
 from ..specs._efficiency import Efficiency
@@ -287,7 +288,6 @@ def _default_gpu_efficiency() -> GpuEfficiency:
     # Built afresh each call (only the parsed JSON is cached) and always as concrete arrays:
     # `train_step(..., efficiency=None)` asks for it while being traced, and an object cached
     # from inside one trace must never leak into another.
-    import jax
     with jax.ensure_compile_time_eval():
         return _gpu_efficiency(_default_efficiency_data(), "diffperf/presets/efficiency.json")
 

@@ -80,7 +80,7 @@ def _count(path: Path, name: str, v):
     parse as floats), at most 2^24."""
     if not _is_number(v):
         raise ValueError(f"{path}: field {name!r} must be a number, got {v!r}")
-    if not math.isfinite(v):
+    if isinstance(v, float) and not math.isfinite(v):
         raise ValueError(f"{path}: field {name!r} must be a finite number, got {v!r}")
     if v > MAX_EXACT_COUNT:
         shown = (f"{v:.6g}" if isinstance(v, float) or len(str(v)) <= 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,7 +216,6 @@ def _leading_comments(path: Path) -> int:
 def _check_field_counts(path: Path) -> None:
     """Raise naming the first row whose field count differs from the header's (pandas would
     silently fill a short row with empty cells)."""
-    import csv
     with open(path, newline="", encoding="utf-8", errors="replace") as fh:
         for _ in range(_leading_comments(path)):
             next(fh)
