@@ -293,7 +293,7 @@ def head_time(model: Transformer, plan: TrainingPlan, system: System,
     acc = system.accelerator
     p = plan.precision
     ab = activation_bytes(p)
-    tokens = plan.micro_batch * model.seq_len / plan.cp
+    tokens = local_tokens(model, plan)
     v_local = model.vocab / plan.tp
     head = 3.0 * gemm_time(acc, eff, tokens, v_local, model.hidden, jnp.minimum(p, 1.0),
                            act_bytes=ab)
