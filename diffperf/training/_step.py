@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from .._checks import check_finite_report
 from ..costs._roofline import peak_matmul_flops
-from ..feasibility import MEMORY_REASONS, describe_failure, training_reason
+from ..feasibility import MEMORY_REASONS, blank_invalid, describe_failure, training_reason
 from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import System
@@ -81,8 +81,9 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
 
     Pure JAX: works unchanged under `jit`, `vmap` (over any leaves of the four arguments) and
     `grad`. Invalid plans are not rejected here; they come back with `feasible = False` and a
-    `reason` code (see `diffperf.feasibility.explain`). Use `diffperf.predict_training` for a
-    checked single prediction.
+    `reason` code (see `diffperf.feasibility.explain`); every number of a structurally invalid
+    plan's report is NaN (`diffperf.feasibility.blank_invalid`). Use
+    `diffperf.predict_training` for a checked single prediction.
 
     **Arguments:**
 
@@ -107,12 +108,13 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     bubble = pipeline_bubble(model, plan, layer)
     pp_comm = pipeline_p2p(model, plan, net, eff)
     # The window-based overlaps in turn (the overlap rule: `_terms`): offloading, then DP.
-    offload, free = offload_exposed(model, plan, acc, layer, free_compute_share(layer))
+    offload, offload_hidden = offload_exposed(model, plan, acc, layer,
+                                              free_compute_share(layer))
     params = local_params(model, plan)
     dp_total = jnp.where(plan.zero >= 3, zero3_collectives(model, plan, net, eff, params),
                          dp_collectives(model, plan, net, eff, params))
     dp_comm = dp_exposed(model, plan, dp_total,
-                         dp_overlap_window(model, plan, eff, layer, compute, free))
+                         dp_overlap_window(model, plan, eff, layer, compute, offload_hidden))
     optimizer = optimizer_time(model, plan, acc, eff, params)
 
     step = (compute + tp_comm + cp_comm + ep_comm + bubble + pp_comm + dp_comm + optimizer
@@ -124,14 +126,14 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     hflops = hardware_flops_per_step(model, plan)
     tokens = plan.global_batch * model.seq_len
     reason = training_reason(model, plan, acc, memory.total, memory.host)
-    return TrainingReport(
+    return blank_invalid(TrainingReport(
         step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_comm,
         cp_comm_time=cp_comm, ep_comm_time=ep_comm, pp_comm_time=pp_comm, dp_comm_time=dp_comm,
         bubble_time=bubble, optimizer_time=optimizer, offload_time=offload, memory=memory,
         fits=memory.total <= acc.hbm_capacity, model_flops=mflops, hardware_flops=hflops,
         mfu=mflops / (step * n_gpus * peak), hfu=hflops / (step * n_gpus * peak),
         tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n_gpus,
-        num_gpus=n_gpus, feasible=reason == 0, reason=reason)
+        num_gpus=n_gpus, feasible=reason == 0, reason=reason))
 
 
 def predict_training(model: Transformer, system: System, plan: TrainingPlan,
