@@ -153,9 +153,8 @@ TRAIN_CASES = {
         dict(tp=1, dp=32, global_batch=64, zero=3, recompute="full", zero3_per_matrix=1)),
     # Megatron-core offloads only without pipelining and recomputation; with ZeRO-3 the
     # offload copies, the parameter gathers and the gradient reduce-scatters share one window.
-    # (Issue 41 item 3, faster hardware up to 0.012 % slower with ZeRO-3 + offload, does not
-    # show on this case, nor on ~2,600 random feasible ZeRO-3 + offload plans searched when the
-    # table was written, so the monotonicity property stays strict for it.)
+    # (Issue 41 item 3, faster hardware slower with ZeRO-3 + offload, needs an LM head as
+    # costly as several layers: `tests/test_training_monotonic.py`, HEAD_HEAVY_ZERO3_OFFLOAD.)
     "offload-zero3-llama2-7b": Case(
         "offload zero3 dense tensor_parallel bf16", "llama2-7b", "dgx-h100",
         dict(tp=2, dp=4, global_batch=32, recompute="none", offload_layers=8, zero=3,

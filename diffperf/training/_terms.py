@@ -8,8 +8,8 @@ hides each transfer once: the overlaps that share a layer's compute take it in t
 getting what the earlier ones left, so faster compute never exposes more communication than it
 saves. The order is: the asynchronous TP reductions and the EP all-to-alls inside the layer
 (`LayerTimes.hidden`), then activation offloading (`free_compute_share`), then the DP / ZeRO-3
-collectives (the share `offload_exposed` leaves). The overlaps modelled as fixed fractions (TP
-GEMM-collective, CP, PP) take nothing from the window.
+collectives (the compute the first two left: `dp_overlap_window`). The overlaps modelled as
+fixed fractions (TP GEMM-collective, CP, PP) take nothing from the window.
 """
 
 from __future__ import annotations
@@ -82,22 +82,24 @@ def free_compute_share(layer: LayerTimes) -> jax.Array:
 
 def offload_exposed(model: Transformer, plan: TrainingPlan, acc: Accelerator,
                     layer: LayerTimes, free) -> tuple[jax.Array, jax.Array]:
-    """`(exposed offload time per step, s; compute share still free after it)`.
+    """`(exposed offload time per step, s; offload copy time hidden per layer and micro-batch,
+    s)`.
 
     Each offloaded layer copies its activations (`stored_bytes_per_layer`) to host memory
     during the forward pass and back during the backward pass, c = bytes / host_bandwidth
     each, each copy overlapping the compute of one layer (Megatron-core's CPU offloading runs
     them on side streams) that the layer's TP / EP overlaps left free (share `free`):
     exposed = m L o (x(c, free fwd) + x(c, free bwd)), o the offloaded share of the layers and
-    x = `exposed_after_overlap`. The offloaded bytes must fit in `host_memory` (reason 12).
-    Not modelled: GPUs that share one PCIe uplink (each gets `host_bandwidth`)."""
+    x = `exposed_after_overlap`; hidden = o (2 c - x(c, free fwd) - x(c, free bwd)), the layer
+    compute the copies occupy (averaged over the layers), which the DP window then cannot use.
+    The offloaded bytes must fit in `host_memory` (reason 12). Not modelled: GPUs that share
+    one PCIe uplink (each gets `host_bandwidth`)."""
     copy = stored_bytes_per_layer(model, plan) / acc.host_bandwidth
     share = plan.offloaded_fraction(model.layers)
     per_layer = (exposed_after_overlap(copy, free * layer.forward)
                  + exposed_after_overlap(copy, free * layer.backward))
     exposed = plan.num_micro_batches * plan.end_stage_layers(model.layers) * share * per_layer
-    still_free = jnp.maximum(free - share * (2.0 * copy - per_layer) / layer.compute, 0.0)
-    return exposed, still_free
+    return exposed, share * (2.0 * copy - per_layer)
 
 
 def data_parallel_ranks(model: Transformer, plan: TrainingPlan) -> jax.Array:
@@ -180,28 +182,42 @@ def zero3_collectives(model: Transformer, plan: TrainingPlan, net: Network, eff:
 
 
 def dp_overlap_window(model: Transformer, plan: TrainingPlan, eff: Efficiency,
-                      layer: LayerTimes, compute, free) -> jax.Array:
+                      layer: LayerTimes, compute, offload_hidden) -> jax.Array:
     """Compute time that can hide the data-parallel communication, s.
 
-    ZeRO-3 prefetches all along: e_zero3_overlap * `compute` (the whole step's). Otherwise
-    (with `overlap_dp`) gradients are reduced during the backward pass of the last micro-batch
-    (and, with a sharded optimizer, parameters are gathered during the first forward): with vp
-    interleaved chunks, chunk c is done (vp - 1 - c) * pp chunk passes before the end of the
-    cool-down, so the window is w = min(((vp - 1) pp + 1) / vp, m) micro-batch passes of the
-    stage, e_dp_overlap * w * L * (backward [+ forward]) (NeMo's communication-overlap guide:
-    the DP communication is chunked per virtual stage and only about one chunk stays exposed).
-    ZeRO-2's per-micro-batch reductions each overlap their own micro-batch's backward pass
-    (the parameter all-gather, once, the first forward): L (m backward + forward). Both
-    windows shrink to the `free` share of the layers' compute that the layer-level overlaps
-    (async TP, EP, activation offloading) left."""
+    ZeRO-3 prefetches all along, during the whole step's `compute` less what the layer-level
+    overlaps already occupy (each layer's hidden TP / EP communication, at most its compute,
+    and `offload_hidden`, the offload copies hidden per layer and micro-batch:
+    `offload_exposed`), times e_zero3_overlap:
+
+        w = e_zero3 * max(compute - m L (min(hidden, layer compute) + offload_hidden), 0)
+
+    Subtracting these as times, not as a share of `compute`, matters: `compute` includes the
+    LM head, which hides no layer communication, and a share of it taken by the layers' overlaps
+    made the window shrink faster than compute when compute got faster (issue 41 item 3: 4x
+    FLOP/s up to 0.5 % slower, a 4x lower launch overhead up to 1.1 %, with ZeRO-3 + offload).
+
+    Otherwise (with `overlap_dp`) gradients are reduced during the backward pass of the last
+    micro-batch (and, with a sharded optimizer, parameters are gathered during the first
+    forward): with vp interleaved chunks, chunk c is done (vp - 1 - c) * pp chunk passes before
+    the end of the cool-down, so the window is w = min(((vp - 1) pp + 1) / vp, m) micro-batch
+    passes of the stage, e_dp_overlap * w * L * (backward [+ forward]) (NeMo's
+    communication-overlap guide: the DP communication is chunked per virtual stage and only
+    about one chunk stays exposed). ZeRO-2's per-micro-batch reductions each overlap their own
+    micro-batch's backward pass (the parameter all-gather, once, the first forward):
+    L (m backward + forward). These windows hold layers only; each shrinks to the share of
+    the layers' compute that the layer-level overlaps left free,
+    max(1 - (hidden + offload_hidden) / layer compute, 0)."""
     m = plan.num_micro_batches
     layers = plan.end_stage_layers(model.layers)
+    used = jnp.minimum(layer.hidden, layer.compute) + offload_hidden  # per layer, s
     passes = jnp.minimum(((plan.vp - 1.0) * plan.pp + 1.0) / plan.vp, m)
     last_mb = passes * layers * (
         layer.backward + jnp.where(plan.zero >= 1, layer.forward, 0.0))
     last_mb = jnp.where(plan.zero == 2, layers * (m * layer.backward + layer.forward), last_mb)
-    return free * jnp.where(plan.zero >= 3, eff.zero3_overlap * compute,
-                            plan.overlap_dp * eff.dp_overlap * last_mb)
+    free = jnp.maximum(1.0 - used / layer.compute, 0.0)
+    zero3 = eff.zero3_overlap * jnp.maximum(compute - m * layers * used, 0.0)
+    return jnp.where(plan.zero >= 3, zero3, free * plan.overlap_dp * eff.dp_overlap * last_mb)
 
 
 def dp_exposed(model: Transformer, plan: TrainingPlan, total, window) -> jax.Array:
