@@ -12,7 +12,7 @@ from ._memory import (
     sharded_params_per_gpu as sharded_params_per_gpu,
     training_memory as training_memory,
 )
-from ._notes import training_notes as training_notes
+from ._notes import training_notes as training_notes, utilisation_notes as utilisation_notes
 from ._step import (
     TrainingReport as TrainingReport,
     predict_training as predict_training,

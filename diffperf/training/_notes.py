@@ -51,6 +51,28 @@ def training_notes_batch(model: Transformer, plan: TrainingPlan) -> list[list[st
     return out
 
 
+def utilisation_notes(mfu: float, hfu: float, flash_attention: float) -> list[str]:
+    """What an MFU or HFU above 100 % means, for one report (none at or below 100 %).
+
+    Model FLOPs (the MFU numerator) follow Megatron's convention: the full s x s attention
+    product, and a backward pass of twice the forward. The GEMMs and an unfused attention do
+    exactly that work at most at the tensor peak, so they cannot pass 100 %; a causal flash
+    kernel computes only the unmasked half of the product (with a 2.5x backward), so where
+    attention dominates (long sequences) and its kernel runs near the peak the counted FLOPs
+    exceed the work done, and the ratio to the peak can pass 100 %. Without flash attention an
+    MFU above 100 % would mean the count and the modelled rates disagree: a defect."""
+    worst = max(mfu, hfu)
+    if not worst > 1.0:
+        return []
+    if flash_attention > 0:
+        return [f"MFU / HFU above 100 % ({worst:.0%}): model FLOPs count the full s x s "
+                "attention product (Megatron's convention), while the causal flash kernel "
+                "computes only its unmasked half; at this sequence length attention dominates "
+                "the step. The time is the model's; the utilisation is the convention's count"]
+    return [f"MFU / HFU above 100 % ({worst:.0%}) without flash attention: the FLOP count "
+            "and the modelled rates disagree; please report this configuration"]
+
+
 def training_notes(model: Transformer, plan: TrainingPlan) -> list[str]:
     """The caveats of one configuration (scalar leaves): one sentence each, none if none."""
     return training_notes_batch(model, plan)[0]
