@@ -39,6 +39,8 @@ from .presets import (
     gpu_names,
     model,
     model_names,
+    runtime,
+    runtime_names,
     system,
     system_names,
 )
@@ -47,6 +49,7 @@ from .specs import (
     Efficiency,
     InferencePlan,
     Network,
+    Runtime,
     System,
     TrainingPlan,
     Transformer,
@@ -68,12 +71,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Accelerator", "Efficiency", "Grid", "HBM_GENERATIONS", "InferenceMemory", "InferencePlan",
-    "InferenceReport", "Network", "REASONS", "System", "TrainingMemory", "TrainingPlan",
+    "InferenceReport", "Network", "REASONS", "Runtime", "System", "TrainingMemory", "TrainingPlan",
     "TrainingReport", "Transformer", "activation_bytes_per_layer", "boundedness",
     "default_efficiency", "default_training_grid", "dram_scaling", "efficiency_from_json",
     "evaluate_all", "experts_touched", "explain", "gpu", "gpu_names", "infer", "inference_memory",
     "kv_cache_bytes_per_gpu", "matmul_efficiency", "max_batch", "model", "model_flops_per_step",
     "model_names", "pareto_front", "precision_code", "predict_training", "roofline_plot",
-    "run_sweep", "search_inference", "search_training", "system", "system_names", "train_step",
-    "training_memory", "transformer_from_hf_config", "weight_bytes_per_gpu",
+    "run_sweep", "runtime", "runtime_names", "search_inference", "search_training", "system",
+    "system_names", "train_step", "training_memory", "transformer_from_hf_config",
+    "weight_bytes_per_gpu",
 ]

@@ -13,6 +13,7 @@ import jax
 from .._checks import read_json
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import Accelerator, Network, System
+from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
 
 _ACCEL_FIELDS = ("flops_fp32", "flops_bf16", "flops_fp8", "flops_fp4", "vector_flops",
@@ -139,6 +140,28 @@ def system(name: str, nvlink_domain: int | None = None) -> System:
     if nvlink_domain is not None:
         row["nvlink_domain"] = nvlink_domain
     return System(accelerator or gpu(row["gpu"]), Network(**{f: row[f] for f in _NET_FIELDS}))
+
+
+#: The runtime of the calibration set, used when nothing names one.
+DEFAULT_RUNTIME = "megatron-core"
+_RUNTIME_FIELDS = ("host_op_time", "host_backward_op_time", "host_collective_time",
+                   "ops_per_layer", "backward_ops_per_op", "cuda_graph")
+
+
+def runtime_names() -> list[str]:
+    """Ids of the shipped software-runtime presets."""
+    return sorted(_table("runtimes"))
+
+
+def runtime(name: str | None = None) -> Runtime:
+    """A `Runtime` preset by id (`megatron-deepspeed-2023`); None: `DEFAULT_RUNTIME`."""
+    row = _lookup("runtimes", DEFAULT_RUNTIME if name is None else name)
+    return Runtime(**{f: row[f] for f in _RUNTIME_FIELDS if f in row})
+
+
+def runtime_info(name: str) -> dict:
+    """The preset's JSON record (fields, `description`, `source`)."""
+    return dict(_lookup("runtimes", name))
 
 
 def model(name: str, max_context: bool = False) -> Transformer:

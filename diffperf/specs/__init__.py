@@ -16,6 +16,7 @@ from ._hardware import (
 )
 from ._hf_config import transformer_from_hf_config as transformer_from_hf_config
 from ._inference_plan import InferencePlan as InferencePlan
+from ._runtime import Runtime as Runtime
 from ._training_plan import (
     RECOMPUTE_CODES as RECOMPUTE_CODES,
     ZERO_CODES as ZERO_CODES,

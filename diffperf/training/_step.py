@@ -19,9 +19,11 @@ from ..feasibility import MEMORY_REASONS, blank_invalid, describe_failure, train
 from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import System
+from ..specs._runtime import Runtime
 from ..specs._training_plan import TrainingPlan, layer_count_error
 from ..specs._transformer import Transformer
 from ._flops import hardware_flops_per_step, model_flops_per_step
+from ._host import host_wait
 from ._layer import head_time, layer_costs
 from ._memory import TrainingMemory, training_memory
 from ._terms import (
@@ -43,8 +45,8 @@ class TrainingReport(eqx.Module):
     """Prediction for one optimizer step. Times in s, memory in B, rates per second.
 
     The step time is `compute + tp_comm + cp_comm + ep_comm + pp_comm + dp_comm + bubble +
-    optimizer + offload`, where the communication and offload terms are only the parts not
-    hidden behind compute.
+    optimizer + offload + host`, where the communication and offload terms are only the parts
+    not hidden behind compute, and `host` the time the GPU waits for the host to issue work.
     """
 
     step_time: jax.Array
@@ -58,6 +60,7 @@ class TrainingReport(eqx.Module):
     bubble_time: jax.Array  # pipeline fill and drain
     optimizer_time: jax.Array
     offload_time: jax.Array  # exposed activation copies to / from host memory
+    host_time: jax.Array  # the GPU waiting for the host to issue the layers' work (`_host`)
     memory: TrainingMemory
     fits: jax.Array  # total memory <= HBM capacity
     model_flops: jax.Array  # per step, whole job, without recomputation (MFU numerator), FLOP
@@ -72,12 +75,13 @@ class TrainingReport(eqx.Module):
 
 
 def train_step(model: Transformer, system: System, plan: TrainingPlan,
-               efficiency: Efficiency | None = None) -> TrainingReport:
+               efficiency: Efficiency | None = None,
+               runtime: Runtime | None = None) -> TrainingReport:
     """Predict one optimizer step of `model` trained on `system` with `plan`.
 
     step = compute + tp_comm + cp_comm + ep_comm + bubble + pp_comm + dp_comm + optimizer +
-    offload, each term a function of `_layer` / `_terms` (communication and offload counted
-    only where not hidden behind compute).
+    offload + host, each term a function of `_layer` / `_terms` / `_host` (communication and
+    offload counted only where not hidden behind compute, host where the GPU waits for it).
 
     Pure JAX: works unchanged under `jit`, `vmap` (over any leaves of the four arguments) and
     `grad`. Invalid plans are not rejected here; they come back with `feasible = False` and a
@@ -91,12 +95,16 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     - `system`: GPUs and network.
     - `plan`: the parallel plan.
     - `efficiency`: calibrated factors (default: the shipped `default_efficiency()`).
+    - `runtime`: the software runtime's host costs (default `Runtime()`: a host that never
+      binds, the calibration set's Megatron-Core / NeMo; presets: `diffperf.presets.runtime`).
 
     **Returns:** a `TrainingReport`.
     """
     eff = resolve_efficiency(efficiency)
+    runtime = Runtime() if runtime is None else runtime
     acc, net = system.accelerator, system.network
     layer = layer_costs(model, plan, system, eff)
+    wait = host_wait(model, plan, layer, runtime)
     m = plan.num_micro_batches
     stage_layers = plan.end_stage_layers(model.layers)
 
@@ -105,7 +113,8 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     recompute = m * stage_layers * layer.recompute
     tp_comm, cp_comm, ep_comm = (m * stage_layers * c
                                  for c in (layer.tp_comm, layer.cp_comm, layer.ep_comm))
-    bubble = pipeline_bubble(model, plan, layer)
+    host = m * stage_layers * wait
+    bubble = pipeline_bubble(model, plan, layer, wait)
     pp_comm = pipeline_p2p(model, plan, net, eff)
     # The window-based overlaps in turn (the overlap rule: `_terms`): offloading, then DP.
     offload, offload_hidden = offload_exposed(model, plan, acc, layer,
@@ -118,7 +127,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     optimizer = optimizer_time(model, plan, acc, eff, params)
 
     step = (compute + tp_comm + cp_comm + ep_comm + bubble + pp_comm + dp_comm + optimizer
-            + offload)
+            + offload + host)
     memory = training_memory(model, plan, eff)
     n_gpus = plan.num_gpus
     peak = peak_matmul_flops(acc, plan.precision)
@@ -129,7 +138,8 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     return blank_invalid(TrainingReport(
         step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_comm,
         cp_comm_time=cp_comm, ep_comm_time=ep_comm, pp_comm_time=pp_comm, dp_comm_time=dp_comm,
-        bubble_time=bubble, optimizer_time=optimizer, offload_time=offload, memory=memory,
+        bubble_time=bubble, optimizer_time=optimizer, offload_time=offload, host_time=host,
+        memory=memory,
         fits=memory.total <= acc.hbm_capacity, model_flops=mflops, hardware_flops=hflops,
         mfu=mflops / (step * n_gpus * peak), hfu=hflops / (step * n_gpus * peak),
         tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n_gpus,
@@ -137,11 +147,13 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
 
 
 def predict_training(model: Transformer, system: System, plan: TrainingPlan,
-                     efficiency: Efficiency | None = None) -> TrainingReport:
+                     efficiency: Efficiency | None = None,
+                     runtime: Runtime | None = None) -> TrainingReport:
     """`train_step` for one configuration, checked: raises ValueError naming the fields and
     values when the plan is structurally invalid (a plan that merely does not fit in HBM or,
     with offloading, in host memory is returned with `feasible` False)."""
-    batched = [n for n, leaf in (("model", model), ("system", system), ("plan", plan))
+    batched = [n for n, leaf in (("model", model), ("system", system), ("plan", plan),
+                                 ("runtime", runtime))
                if any(jnp.ndim(x) for x in jax.tree.leaves(leaf))]
     if batched:
         raise ValueError(f"predict_training takes one configuration, but the {batched[0]} has "
@@ -152,7 +164,7 @@ def predict_training(model: Transformer, system: System, plan: TrainingPlan,
         name=lambda f: f"TrainingPlan.{f}")
     if problem:
         raise ValueError(problem)
-    report = _jitted_train_step(model, system, plan, efficiency)
+    report = _jitted_train_step(model, system, plan, efficiency, runtime)
     reason = int(jax.device_get(report.reason))
     if reason not in (0, *MEMORY_REASONS):
         raise ValueError(f"infeasible plan: {describe_failure(reason, model, plan)}")
@@ -163,6 +175,6 @@ def predict_training(model: Transformer, system: System, plan: TrainingPlan,
 
 
 @jax.jit
-def _jitted_train_step(model, system, plan, efficiency):
-    return train_step(model, system, plan, efficiency)
+def _jitted_train_step(model, system, plan, efficiency, runtime):
+    return train_step(model, system, plan, efficiency, runtime)
 

@@ -48,11 +48,14 @@ def stage_compute(model: Transformer, plan: TrainingPlan, layer: LayerTimes,
     return layers * layer.compute + jnp.maximum(extra * (layer.compute + layer.comm), head)
 
 
-def pipeline_bubble(model: Transformer, plan: TrainingPlan, layer: LayerTimes) -> jax.Array:
+def pipeline_bubble(model: Transformer, plan: TrainingPlan, layer: LayerTimes,
+                    host_wait=0.0) -> jax.Array:
     """Pipeline fill and drain, s: (pp - 1) / vp * layers / pp * (layer compute + its exposed
-    communication). Filling and draining passes the other pp - 1 stages, which carry only
-    their layers (not the LM head); interleaving vp chunks per stage divides it by vp."""
-    return (plan.pp - 1.0) / plan.vp * model.layers / plan.pp * (layer.compute + layer.comm)
+    communication + the GPU's wait for the host, `host_wait`). Filling and draining passes the
+    other pp - 1 stages, which carry only their layers (not the LM head); interleaving vp
+    chunks per stage divides it by vp."""
+    return (plan.pp - 1.0) / plan.vp * model.layers / plan.pp * (
+        layer.compute + layer.comm + host_wait)
 
 
 def pipeline_p2p(model: Transformer, plan: TrainingPlan, net: Network,

@@ -1,0 +1,98 @@
+"""Fit and check the host costs of the `megatron-deepspeed-2023` runtime on the vTrain runs.
+
+The runtime's operator counts and its collective host cost come from the code and published
+measurements (diffperf/presets/runtimes.json); one value is fitted: the host time per eager
+operator (forward and backward tied), by a grid search of the mean absolute percentage error of
+the step time, with 5-fold cross-validation (random folds, seed 0). The efficiency factors are
+the shipped A100 ones, untouched.
+
+    python calibration/fit_runtime.py            # prints the fit, CV MAPE, errors by TP / mb / pp
+    python calibration/fit_runtime.py --json     # the same, as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import diffperf as dp  # noqa: E402
+from diffperf.presets import runtime  # noqa: E402
+from diffperf.validation import stack  # noqa: E402
+from diffperf.validation._data import read_benchmarks, train_specs  # noqa: E402
+
+DATA = ROOT / "benchmarks_data" / "train_vtrain_h2048.csv"
+GRID = np.arange(0.0, 60.5e-6, 1e-6)  # host time per operator, s
+FOLDS, SEED = 5, 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = read_benchmarks(DATA)
+    specs = [train_specs(r) for r in rows]
+    models, systems, plans = (stack([s[i] for s in specs]) for i in range(3))
+    measured = np.array([r.measured["step_time_s"] for r in rows])
+    eff = dp.default_efficiency("a100-sxm4-80gb")
+    preset = runtime("megatron-deepspeed-2023")
+
+    @jax.jit
+    def step_times(t_op):
+        rt = eqx.tree_at(lambda r: (r.host_op_time, r.host_backward_op_time), preset,
+                         (t_op, t_op))
+        return jax.vmap(lambda m, s, p: dp.train_step(m, s, p, eff, rt).step_time)(
+            models, systems, plans)
+
+    predicted = np.stack([np.asarray(step_times(jnp.float32(t))) for t in GRID])
+    errors = np.abs(predicted / measured - 1.0)  # [grid, rows]
+    folds = np.random.default_rng(SEED).permutation(len(rows)) % FOLDS
+    ratio_cv, chosen = np.zeros(len(rows)), []
+    for k in range(FOLDS):
+        train, test = folds != k, folds == k
+        best = int(np.argmin(errors[:, train].mean(axis=1)))
+        chosen.append(float(GRID[best]))
+        ratio_cv[test] = (predicted[best] / measured)[test]
+    best_all = int(np.argmin(errors.mean(axis=1)))
+    no_host = np.asarray(step_times(jnp.float32(0.0))) / measured
+    plans_np = jax.device_get(plans)
+    groups = {}
+    for name, key in (("tp", plans_np.tp), ("micro_batch", plans_np.micro_batch),
+                      ("pp", plans_np.pp)):
+        groups[name] = {int(v): {"rows": int((key == v).sum()),
+                                 "median_pred_over_measured": float(np.median(ratio_cv[key == v])),
+                                 "mape_pct": 100 * float(np.mean(np.abs(ratio_cv[key == v] - 1)))}
+                        for v in np.unique(key)}
+    out = {"rows": len(rows), "fitted_host_op_time_s": float(GRID[best_all]),
+           "preset_host_op_time_s": float(preset.host_op_time),
+           "fold_choices_s": chosen,
+           "cv_mape_pct": 100 * float(np.mean(np.abs(ratio_cv - 1))),
+           "in_sample_mape_pct": 100 * float(errors[best_all].mean()),
+           "no_host_mape_pct": 100 * float(np.mean(np.abs(no_host - 1))), "by": groups}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"{out['rows']} vTrain runs; host time per operator fitted: "
+          f"{out['fitted_host_op_time_s'] * 1e6:.0f} us (preset: "
+          f"{out['preset_host_op_time_s'] * 1e6:.0f} us; folds chose "
+          f"{', '.join(f'{c * 1e6:.0f}' for c in chosen)} us)")
+    print(f"MAPE: without a host stream {out['no_host_mape_pct']:.1f} %, fitted in-sample "
+          f"{out['in_sample_mape_pct']:.1f} %, 5-fold cross-validated {out['cv_mape_pct']:.1f} %")
+    for name, table in groups.items():
+        cells = "; ".join(f"{v}: {c['mape_pct']:.1f} % (median ratio "
+                          f"{c['median_pred_over_measured']:.2f}, {c['rows']} rows)"
+                          for v, c in table.items())
+        print(f"  by {name}: {cells}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The host stream of a training step (`diffperf.training._host`, `diffperf.specs.Runtime`):
+the GPU waits for the host where issuing a layer's work takes longer than running it."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import diffperf as dp
+from diffperf.presets import runtime, runtime_names
+from diffperf.specs import Runtime
+from diffperf.training._host import collectives_per_layer, host_time_per_layer
+
+EAGER = runtime("megatron-deepspeed-2023")
+A100 = dp.system("dgx-a100")
+EFF = dp.default_efficiency("a100-sxm4-80gb")
+#: vTrain's model family: GPT, hidden 2048, 16 heads, sequence 1024, fp16, full recompute
+SMALL = dp.Transformer(layers=24, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192,
+                       vocab=50257, seq_len=1024)
+SMALL_PLAN = dict(tp=8, global_batch=8, recompute="full", precision="fp16", flash_attention=0,
+                  overlap_dp=0)
+
+
+def test_presets_and_default():
+    assert {"megatron-core", "megatron-deepspeed-2023"} <= set(runtime_names())
+    default = runtime()
+    assert float(default.host_op_time) == float(default.host_collective_time) == 0.0
+    with pytest.raises(ValueError, match="Runtime.host_op_time must be a finite number >= 0"):
+        Runtime(host_op_time=-1e-6)
+    with pytest.raises(ValueError, match="Runtime.cuda_graph must lie in"):
+        Runtime(cuda_graph=2.0)
+
+
+def test_collective_calls_per_layer_by_hand():
+    """TP without SP: 2 all-reduces per pass, 3 passes with full recompute (forward,
+    recompute, backward) = 6; SP turns each into an all-gather + a reduce-scatter; no TP, no
+    calls; a parallel block reduces once per pass."""
+    calls = lambda model, **kw: float(collectives_per_layer(model, dp.TrainingPlan(**kw)))  # noqa: E731
+    assert calls(SMALL, tp=8, global_batch=8, recompute="full") == 6.0
+    assert calls(SMALL, tp=8, global_batch=8, recompute="full", sequence_parallel=1) == 12.0
+    assert calls(SMALL, tp=8, global_batch=8, recompute="none") == 4.0
+    assert calls(SMALL, tp=1, global_batch=8, recompute="full") == 0.0
+    parallel = eqx.tree_at(lambda m: m.parallel_attention, SMALL, 1.0)
+    assert calls(parallel, tp=8, global_batch=8, recompute="none") == 2.0
+
+
+def test_host_time_per_layer_by_hand():
+    """H = n (1 + f) t_op + n b t_bwd + c t_coll: 55 ops, full recompute (f = 1), b = 1.1,
+    6 collectives at 20 us, 19 us per op: 55 * 2 * 19 + 55 * 1.1 * 19 + 6 * 20 us."""
+    plan = dp.TrainingPlan(**SMALL_PLAN)
+    want = 55 * 2 * 19e-6 + 55 * 1.1 * 19e-6 + 6 * 20e-6
+    assert float(host_time_per_layer(SMALL, plan, EAGER)) == pytest.approx(want, rel=1e-5)
+    graph = eqx.tree_at(lambda r: r.cuda_graph, EAGER, 1.0)
+    assert float(host_time_per_layer(SMALL, plan, graph)) == 0.0
+
+
+def test_a_gpu_bound_step_is_unchanged_by_an_eager_host():
+    """GPT-3 175B on 1,024 A100s: a layer's kernels take tens of ms per micro-batch, the eager
+    host needs ~2 ms to issue them: the host never binds and the step is the same, but for
+    the smooth clip's tail (k^2 H^2 / (4 G) per layer, 1e-4 of the step here)."""
+    model, plan = dp.model("gpt3-175b"), dp.TrainingPlan(
+        tp=8, pp=8, dp=16, vp=3, global_batch=1536, recompute="selective", sequence_parallel=1)
+    base = dp.train_step(model, A100, plan, EFF)
+    eager = dp.train_step(model, A100, plan, EFF, EAGER)
+    assert float(eager.host_time) < 1e-4 * float(base.step_time)
+    assert float(eager.step_time) == pytest.approx(float(base.step_time), rel=1e-4)
+    assert float(base.host_time) == 0.0
+
+
+def test_a_host_bound_step_takes_the_host_time():
+    """A tiny model (hidden 128, 32 tokens) on one GPU: each layer's kernels take microseconds,
+    its eager host 100x longer. Every layer then costs its host time H: the step is
+    m * L * H plus the LM head and optimizer, and host_time = m * L * (H - G) within the
+    smooth clip's ~k^2/4 = 0.25 %."""
+    model = dp.Transformer(layers=4, hidden=128, heads=2, kv_heads=2, ffn_hidden=512,
+                           vocab=1000, seq_len=32)
+    plan = dp.TrainingPlan(global_batch=4, recompute="none")
+    slow_host = eqx.tree_at(lambda r: (r.host_op_time, r.host_backward_op_time), EAGER,
+                            (1e-3, 1e-3))
+    base = dp.train_step(model, A100, plan, EFF)
+    r = dp.train_step(model, A100, plan, EFF, slow_host)
+    h = float(host_time_per_layer(model, plan, slow_host))
+    assert h == pytest.approx(55 * 1e-3 + 55 * 1.1 * 1e-3, rel=1e-5)
+    m_l = 4 * 4  # 4 micro-batches x 4 layers
+    layer_gpu = float(base.compute_time - 0.0) / m_l  # an upper bound: includes the head
+    assert layer_gpu < 0.01 * h
+    assert float(r.host_time) == pytest.approx(m_l * h, rel=0.01)
+    assert float(r.step_time) == pytest.approx(float(base.step_time) + float(r.host_time),
+                                               rel=1e-6)
+
+
+FIELDS = ("host_op_time", "host_backward_op_time", "host_collective_time", "ops_per_layer",
+          "backward_ops_per_op")
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_more_host_time_is_never_faster(field):
+    """Along each host field, on vTrain-like plans from GPU-bound to host-bound (tp 1 -> 8,
+    micro-batch 8 -> 1): the step time never falls."""
+    plans = [dp.TrainingPlan(**{**SMALL_PLAN, "tp": tp, "micro_batch": mb})
+             for tp, mb in ((1, 8), (2, 4), (4, 2), (8, 1))]
+    scales = jnp.linspace(0.0, 3.0, 13)
+
+    def times(plan):
+        def one(k):
+            rt = eqx.tree_at(lambda r: getattr(r, field), EAGER, getattr(EAGER, field) * k)
+            return dp.train_step(SMALL, A100, plan, EFF, rt).step_time
+        return np.asarray(jax.jit(jax.vmap(one))(scales))
+
+    for plan in plans:
+        t = times(plan)
+        assert np.all(np.diff(t) >= -1e-6 * t[:-1]), (field, float(plan.tp), t)
+    assert times(plans[-1])[-1] > times(plans[-1])[0]  # and it binds somewhere
+
+
+def test_vmap_over_runtimes_equals_a_loop():
+    runtimes = [runtime("megatron-core"), EAGER,
+                eqx.tree_at(lambda r: r.cuda_graph, EAGER, 1.0),
+                eqx.tree_at(lambda r: r.host_op_time, EAGER, 40e-6)]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *runtimes)
+    plan = dp.TrainingPlan(**SMALL_PLAN)
+    batch = jax.jit(jax.vmap(lambda r: dp.train_step(SMALL, A100, plan, EFF, r)))(stacked)
+    for i, rt in enumerate(runtimes):
+        one = dp.train_step(SMALL, A100, plan, EFF, rt)
+        for name in ("step_time", "host_time", "bubble_time"):
+            assert float(getattr(batch, name)[i]) == pytest.approx(
+                float(getattr(one, name)), rel=1e-6), (i, name)
+    # the graph-captured runtime is the default's step; the eager one is slower
+    assert float(batch.step_time[2]) == pytest.approx(float(batch.step_time[0]), rel=1e-7)
+    assert float(batch.step_time[1]) > 1.5 * float(batch.step_time[0])
+
+
+def test_gradients_of_runtime_fields_match_finite_differences():
+    """d step / d (each runtime field) in float64 against central differences, on a plan that
+    is host-bound (tp 4, micro-batch 1) and pipelined (the bubble carries the wait too)."""
+    jax.config.update("jax_enable_x64", True)  # conftest restores it after the test
+    plan = dp.TrainingPlan(**{**SMALL_PLAN, "pp": 2, "tp": 4, "global_batch": 8})
+    to64 = lambda t: jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), t)  # noqa: E731
+    model, system, eff, rt = to64(SMALL), to64(A100), to64(EFF), to64(EAGER)
+    f = jax.jit(lambda r: dp.train_step(model, system, plan, eff, r).step_time)
+    grad = jax.grad(f)(rt)
+    for field in FIELDS:
+        x = float(getattr(rt, field))
+        h = 1e-6 * x
+        up = eqx.tree_at(lambda r, f_=field: getattr(r, f_), rt, jnp.float64(x + h))
+        down = eqx.tree_at(lambda r, f_=field: getattr(r, f_), rt, jnp.float64(x - h))
+        fd = (float(f(up)) - float(f(down))) / (2 * h)
+        assert float(getattr(grad, field)) == pytest.approx(fd, rel=1e-4, abs=1e-9), field
+    assert float(grad.host_op_time) > 0
