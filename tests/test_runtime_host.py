@@ -3,6 +3,8 @@ the GPU waits for the host where issuing a layer's work takes longer than runnin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -150,3 +152,29 @@ def test_gradients_of_runtime_fields_match_finite_differences():
         fd = (float(f(up)) - float(f(down))) / (2 * h)
         assert float(getattr(grad, field)) == pytest.approx(fd, rel=1e-4, abs=1e-9), field
     assert float(grad.host_op_time) > 0
+
+
+def test_a_rows_runtime_column_sets_its_runtime_and_plan_defaults(tmp_path):
+    """`runtime` names a preset (empty: the default); the runtime's plan defaults (Megatron-
+    DeepSpeed: no TP overlap, no asynchronous backward TP all-reduce) fill the cells a row
+    leaves empty, and a value in the row wins; an unknown runtime names row and column."""
+    from diffperf.validation._data import read_benchmarks, row_runtime, train_specs
+    src = Path(__file__).resolve().parent.parent / "benchmarks_data" / "train_vtrain_h2048.csv"
+    lines = src.read_text().splitlines()
+    header = lines[0].split(",")
+    assert "runtime" in header and "overlap_tp" not in header
+    rows = read_benchmarks(src)
+    assert {r.values["runtime"] for r in rows} == {"megatron-deepspeed-2023"}
+    plan = train_specs(rows[0])[2]
+    assert float(plan.overlap_tp) == 0.0 and float(plan.overlap_tp_backward) == 0.0
+    assert float(row_runtime(rows[0]).host_op_time) == float(EAGER.host_op_time)
+    # an explicit overlap_tp = 1 wins over the runtime's default
+    text = "\n".join([lines[0] + ",overlap_tp", lines[1] + ",1"])
+    (tmp_path / "one.csv").write_text(text + "\n")
+    (row,) = read_benchmarks(tmp_path / "one.csv")
+    assert float(train_specs(row)[2].overlap_tp) == 1.0
+    bad = lines[1].replace("megatron-deepspeed-2023", "tensorflow-1")
+    (tmp_path / "bad.csv").write_text("\n".join([lines[0], bad]) + "\n")
+    with pytest.raises(ValueError, match=r"row 1, column 'runtime': unknown runtime "
+                                         r"'tensorflow-1'"):
+        read_benchmarks(tmp_path / "bad.csv")

@@ -159,6 +159,13 @@ def runtime(name: str | None = None) -> Runtime:
     return Runtime(**{f: row[f] for f in _RUNTIME_FIELDS if f in row})
 
 
+def runtime_plan_defaults(name: str | None = None) -> dict[str, float]:
+    """The plan options the runtime's software fixes (`TrainingPlan` field -> value), for
+    plans that leave them unset; explicit values win. None: `DEFAULT_RUNTIME`'s (none)."""
+    row = _lookup("runtimes", DEFAULT_RUNTIME if name is None else name)
+    return {k: float(v) for k, v in row.get("plan_defaults", {}).items()}
+
+
 def runtime_info(name: str) -> dict:
     """The preset's JSON record (fields, `description`, `source`)."""
     return dict(_lookup("runtimes", name))

@@ -10,8 +10,17 @@ import numpy as np
 import pandas as pd
 
 from .._checks import MAX_EXACT_COUNT
-from ..presets import check_precision_names, gpu_names, system
+from ..presets import (
+    DEFAULT_RUNTIME,
+    check_precision_names,
+    gpu_names,
+    runtime,
+    runtime_names,
+    runtime_plan_defaults,
+    system,
+)
 from ..specs._hardware import PRECISION_CODES, System, weight_storage
+from ..specs._runtime import Runtime
 from ..specs._training_plan import RECOMPUTE_CODES, TrainingPlan, layer_count_error
 from ..specs._transformer import Transformer
 
@@ -296,6 +305,10 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
                 raise _err(path, i, c, str(e).split(": ", 1)[1]) from None
         values = {c: _number(path, i, c, rec[c]) for c in _REQUIRED_NUMBERS}
         values["gpu"] = rec["gpu"]
+        values["runtime"] = (rec.get("runtime") or DEFAULT_RUNTIME).lower()
+        if values["runtime"] not in runtime_names():
+            raise _err(path, i, "runtime", f"unknown runtime {rec['runtime']!r}; known: "
+                                           f"{', '.join(runtime_names())}")
         values["precision"] = rec["precision"].lower()
         values.update(_flags(path, i, rec, MODEL_OPTIONAL_FLAGS))
         values.update(_optional_counts(path, i, rec, MODEL_OPTIONAL_COUNTS))
@@ -315,7 +328,8 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
                 if values[c] is None:
                     values[c] = d
                     defaults.append(c)
-            values.update(_flags(path, i, rec, TRAIN_OPTIONAL_FLAGS))
+            values.update(_flags(path, i, rec, {**TRAIN_OPTIONAL_FLAGS,
+                                                **runtime_plan_defaults(values["runtime"])}))
             values.update(_optional_counts(path, i, rec, TRAIN_OPTIONAL_COUNTS))
             if values["sequence_parallel"] is None:
                 values["sequence_parallel"] = 1 if values["tp"] > 1 else 0
@@ -371,6 +385,11 @@ def row_system(v: dict) -> System:
     if not (n >= 1 and n == round(n)):
         raise ValueError(f"gpus_per_node must be a whole number >= 1, got {n:g}")
     return system(v["gpu"], nvlink_domain=n)
+
+
+def row_runtime(row: BenchmarkRow) -> Runtime:
+    """The `Runtime` of a row: its `runtime` column's preset (empty: the default runtime)."""
+    return runtime(row.values.get("runtime", DEFAULT_RUNTIME))
 
 
 def train_specs(row: BenchmarkRow):
