@@ -109,24 +109,6 @@ def whole_counts(plan, positive: tuple[str, ...], nonnegative: tuple[str, ...] =
     return ok
 
 
-def blank_invalid(report):
-    """`report` (a training or inference report) with every floating-point field NaN where its
-    plan is structurally invalid: a `reason` other than 0 (feasible), 10 (HBM) or 12 (host
-    memory). Such a plan has no prediction; its arithmetic would give numbers that mean nothing
-    (a NaN from 0 / 0, an infinity, a negative time, or a plausible-looking value that a sweep
-    forgetting to mask could rank first), so all of them are NaN, by rule. `reason`, `feasible`
-    and `fits` keep their values. A valid plan (0, 10, 12) is unchanged: its numbers are never
-    NaN or infinite (`tests/test_no_silent_nan.py`). Gradients of valid plans are unaffected
-    (the `where` passes their cotangents through)."""
-    r = report.reason
-    valid = (r == Reason.FEASIBLE) | (r == Reason.HBM) | (r == Reason.HOST_MEMORY)
-
-    def one(x):
-        x = jnp.asarray(x)
-        return jnp.where(valid, x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x
-    return jax.tree.map(one, report)
-
-
 def even_layout(model: Transformer, plan) -> jax.Array:
     """True where every pipeline stage (every interleaved chunk) holds the same whole number of
     layers: pp * vp divides the layer count (the layer count + 2 with

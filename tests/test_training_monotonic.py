@@ -36,8 +36,8 @@ EFF = dp.Efficiency()
 
 
 def _assume_valid(*reports):
-    """Only structurally valid plans (reason 0, 10 or 12) have numbers to compare; the others
-    are NaN by rule (`blank_invalid`). Hypothesis draws further examples in their place."""
+    """Only structurally valid plans (reason 0, 10 or 12) have numbers to compare; the others'
+    are not a prediction (docs/python-api.md). Hypothesis draws further examples instead."""
     assume(all(int(r.reason) in (0, 10, 12) for r in reports))
 
 
@@ -75,8 +75,6 @@ def _scaled(system, where, factor):
 def _assert_not_slower(step, model, slow_sys, fast_sys, plan):
     slow, fast = step(model, slow_sys, plan, EFF), step(model, fast_sys, plan, EFF)
     t_slow, t_fast = float(slow.step_time), float(fast.step_time)
-    if int(slow.reason) not in (0, 10, 12):  # structurally invalid: no prediction (NaN)
-        assert int(fast.reason) == int(slow.reason) and np.isnan(t_slow) and np.isnan(t_fast)
     _assume_valid(slow)
     assert np.isfinite(t_slow) and np.isfinite(t_fast)
     assert t_fast <= t_slow * (1 + RTOL), (t_fast, t_slow)

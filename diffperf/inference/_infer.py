@@ -49,7 +49,7 @@ from ..costs._attention import fused_attention_rate
 from ..costs._cost import Cost, compute_cost, network_cost
 from ..costs._gemm import split_k_gemm_cost
 from ..costs._roofline import bytes_per_element, peak_matmul_flops
-from ..feasibility import blank_invalid, divides, tp_divides_mlps, whole_counts
+from ..feasibility import divides, tp_divides_mlps, whole_counts
 from ..presets import resolve_efficiency
 from ..specs._attention import projections
 from ..specs._efficiency import Efficiency, matmul_efficiency
@@ -529,8 +529,9 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
     """Predict serving `plan` for `model` on `system`.
 
     Pure JAX: works unchanged under `jit`, `vmap` and `grad`. Invalid plans come back with
-    `feasible = False` and a `reason` code (see `diffperf.feasibility.explain`); every number
-    of a structurally invalid plan's report is NaN (`diffperf.feasibility.blank_invalid`).
+    `feasible = False` and a `reason` code (see `diffperf.feasibility.explain`); the numbers of
+    a structurally invalid plan are not a prediction and may be anything, NaN included: mask
+    them.
 
     **Arguments:**
 
@@ -555,10 +556,10 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
     fits = memory.total <= system.accelerator.hbm_capacity
     reason = inference_reason(model, plan, system, memory.total)
     out_tokens = plan.batch * plan.output_len
-    return blank_invalid(InferenceReport(
+    return InferenceReport(
         ttft=ttft, tpot=tpot, e2e_latency=e2e,
         output_tok_s_per_gpu=out_tokens / e2e / plan.num_gpus, throughput=out_tokens / e2e,
         prefill=prefill, decode=decode, memory=memory, fits=fits,
         max_batch=max_batch(model, system, plan, eff), num_gpus=plan.num_gpus,
-        feasible=reason == 0, reason=reason))
+        feasible=reason == 0, reason=reason)
 

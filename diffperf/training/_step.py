@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from .._checks import check_finite_report
 from ..costs._roofline import peak_matmul_flops
-from ..feasibility import MEMORY_REASONS, blank_invalid, describe_failure, training_reason
+from ..feasibility import MEMORY_REASONS, describe_failure, training_reason
 from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import System
@@ -85,9 +85,9 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
 
     Pure JAX: works unchanged under `jit`, `vmap` (over any leaves of the four arguments) and
     `grad`. Invalid plans are not rejected here; they come back with `feasible = False` and a
-    `reason` code (see `diffperf.feasibility.explain`); every number of a structurally invalid
-    plan's report is NaN (`diffperf.feasibility.blank_invalid`). Use
-    `diffperf.predict_training` for a checked single prediction.
+    `reason` code (see `diffperf.feasibility.explain`); the numbers of a structurally invalid
+    plan (a reason other than 0, 10, 12) are not a prediction and may be anything, NaN
+    included: mask them. Use `diffperf.predict_training` for a checked single prediction.
 
     **Arguments:**
 
@@ -135,7 +135,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     hflops = hardware_flops_per_step(model, plan)
     tokens = plan.global_batch * model.seq_len
     reason = training_reason(model, plan, acc, memory.total, memory.host)
-    return blank_invalid(TrainingReport(
+    return TrainingReport(
         step_time=step, compute_time=compute, recompute_time=recompute, tp_comm_time=tp_comm,
         cp_comm_time=cp_comm, ep_comm_time=ep_comm, pp_comm_time=pp_comm, dp_comm_time=dp_comm,
         bubble_time=bubble, optimizer_time=optimizer, offload_time=offload, host_time=host,
@@ -143,7 +143,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
         fits=memory.total <= acc.hbm_capacity, model_flops=mflops, hardware_flops=hflops,
         mfu=mflops / (step * n_gpus * peak), hfu=hflops / (step * n_gpus * peak),
         tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n_gpus,
-        num_gpus=n_gpus, feasible=reason == 0, reason=reason))
+        num_gpus=n_gpus, feasible=reason == 0, reason=reason)
 
 
 def predict_training(model: Transformer, system: System, plan: TrainingPlan,
