@@ -83,3 +83,53 @@ def test_the_writability_check_changes_nothing(capsys, tmp_path):
     check_writable("--out", new)
     check_writable("--out", old)
     assert not new.exists() and old.read_text() == "keep\n"
+
+
+# Issue 41, item 8: work sizes and counts without a cap ran for minutes, allocated tens of GB or
+# ended in a JAX traceback.
+@pytest.mark.parametrize("argv, error", [
+    (["codesign", "--steps", "2147483648"],
+     "--steps must be <= 100,000 (the most `diffperf codesign` accepts), got 2,147,483,648"),
+    (["codesign", "--starts", "2147483648"],
+     "--starts must be <= 4,096 (the most `diffperf codesign` accepts), got 2,147,483,648"),
+    (["codesign", "--starts", "100000000"],
+     "--starts must be <= 4,096 (the most `diffperf codesign` accepts), got 100,000,000"),
+    (["codesign", "--steps", "10000", "--starts", "4096"],
+     "--steps x --starts must be <= 10,000,000 (about a minute and 1 GB), got 10000 x 4096 = "
+     "40,960,000"),
+    (["bench", "--n", "2147483648"],
+     "--n must be <= 10,000,000 (the most `diffperf bench` accepts), got 2,147,483,648"),
+    (["calibrate", "--out", "fit.json", "--lbfgs-steps", "2147483648"],
+     "--lbfgs-steps must be <= 100,000 (the most `diffperf calibrate` accepts)"),
+    (["calibrate", "--out", "fit.json", "--folds", "2147483648"],
+     "--folds must be <= 16777216 (2^24), got 2147483648"),
+    (["calibrate", "--out", "fit.json", "--folds", "1"], "--folds must be >= 2"),
+    (["search", "train", "--top", "2147483648"],
+     "--top must be <= 16777216 (2^24), got 2147483648"),
+    (["train", "--recompute-layers", "-1"], "--recompute-layers must be >= 0, got -1"),
+    (["train", "--offload-layers", "100000000"], "--offload-layers must be <= 16777216"),
+    (["search", "train", "--offload-layers", "0", "--offload-layers", "-3"],
+     "--offload-layers must be >= 0, got -3"),
+])
+def test_work_sizes_and_counts_have_a_cap(capsys, argv, error):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {error}")
+
+
+@pytest.mark.parametrize("command", [["train"], ["infer", "--model", "llama2-7b"],
+                                     ["search", "infer", "--model", "llama2-7b"],
+                                     ["sensitivity"]])
+@pytest.mark.parametrize("item, shown", [
+    ("nvlink_domain=100000000", "nvlink_domain must be <= 16777216 (2^24: larger counts are not "
+                                "exact in float32), got 1e+08"),
+    ("num_sms=2147483648", "num_sms must be <= 16777216"),
+    ("num_sms=x1e9", "num_sms must be <= 16777216 (2^24: larger counts are not exact in "
+                     "float32), got 1."),
+])
+def test_set_counts_have_the_2_24_cap(capsys, command, item, shown):
+    """`--set nvlink_domain=...` and `num_sms=...` (a value or a multiple) are counts the model
+    holds in float32, like --nvlink-domain: they used to run and print a what-if."""
+    code, out, err = run(capsys, *command, "--set", item)
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("error: --set ") and shown in err

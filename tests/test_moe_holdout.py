@@ -116,7 +116,8 @@ def test_calibrate_measures_the_moe_error_on_held_out_runs_only(capsys, tmp_path
     # two held-out runs also given as --data are fitted rows, not held-out ones
     two = tmp_path / "two_moe.csv"
     pd.read_csv(HOLDOUT).head(2).to_csv(two, index=False)
-    code, _, saved, _ = _calibrate(capsys, tmp_path, [dense, two], "--moe-holdout", str(two))
+    code, _, saved, _ = _calibrate(capsys, tmp_path, [dense, two], "--moe-holdout", str(two),
+                                   "--cv", "none")
     assert code == 0
     assert saved["metadata"]["moe_error_basis"].startswith("2 fitted MoE rows (in-sample) and "
                                                            "0 held-out")

@@ -36,6 +36,7 @@ import hashlib
 import math
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,8 +156,7 @@ def build_dataset(data=None) -> Dataset:
     Call `enable_x64()` first for float64 leaves. Raises `BenchmarkError` (file, row, column)
     for a malformed CSV."""
     rows, paths = data if isinstance(data, _Parsed) else _rows_from(data)
-    ids = [r.id for r in rows]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
+    dup = sorted(i for i, n in Counter(r.id for r in rows).items() if n > 1)
     if dup:
         raise ValueError(f"duplicate row ids across files: {dup[:5]}")
     train = stacked_train_specs([r for r in rows if r.kind == "train"])
@@ -213,7 +213,8 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
     u0 = jnp.asarray(par.prior_center())
     has_t, has_i = len(tr.rows) > 0, len(inf.rows) > 0
     # What every row shares enters the trace as constants (see `validation._stack.constants_static`)
-    specs_t = constants_static((tr.models, tr.systems, tr.plans)) if has_t else None
+    specs_t = (constants_static((tr.models, tr.systems, tr.plans, tr.runtimes)) if has_t
+               else None)
     specs_i = constants_static((inf.models, inf.systems, inf.plans)) if has_i else None
 
     def loss(theta, w_t, w_i):
@@ -221,7 +222,8 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
         wsum = jnp.zeros(())
         if has_t:
             eff = par.row_efficiency(theta, g_t)
-            rep = eqx.filter_vmap(train_step)(*specs_t, eff)
+            rep = eqx.filter_vmap(lambda m, s, p, rt, e: train_step(m, s, p, e, rt))(
+                *specs_t, eff)
             ls = jnp.log(rep.step_time)
             lp_t = jnp.stack([ls, c_t[:, 1] - ls, c_t[:, 2] - ls], axis=1)
             r = jnp.where(w_t > 0, lp_t - y_t, 0.0)
@@ -401,14 +403,20 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
       group (`_sources.source_group`) weighs the same; in between: n_source^-balance.
     - `start`: start point (default the physical defaults; the prior always pulls toward them).
     - `uncertainty`: compute the Laplace covariance (`_uncertainty.laplace`).
-    - `progress`: optional `progress(stage, step, total, loss)` callback.
+    - `progress`: optional `progress(stage, step, total, loss)` callback; stages `read`
+      (reading the CSVs), `specs` (building the specs of `total` rows), `compile`, `adam`,
+      `lbfgs`.
     - `problem`: a prebuilt `Problem` (reuses its compiled loss).
 
     **Returns:** a `Fit`. Enables float64 (`jax_enable_x64`).
     """
     t0 = time.perf_counter()
     if problem is None:
+        if progress:
+            progress("read", 0, 1, float("nan"))
         parsed = _Parsed(_rows_from(data))  # raises BenchmarkError (file, row, column) first
+        if progress:
+            progress("specs", 0, len(parsed[0]), float("nan"))
         enable_x64()
         ds = build_dataset(parsed)
         groups = ds.gpus if (grouping is None or grouping) else ()

@@ -12,6 +12,7 @@ from ..calibrate import _fit as C
 from ..calibrate._cv import cross_validate, summaries
 from ..calibrate._fit import benchmarks_dir
 from ..calibrate._held_out import measure_inference_errors, measure_moe_step_error
+from ..calibrate._sources import source_of
 from ..calibrate._uncertainty import (
     INFER_HOLDOUT,
     MOE_HOLDOUT,
@@ -33,10 +34,13 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--data", action="append", default=None, metavar="CSV",
                    help="benchmark CSV (repeatable; default: the shipped train and infer sets)")
     p.add_argument("--out", required=True, help="fitted efficiency JSON to write")
-    p.add_argument("--cv", default="none", choices=["none", "kfold", "source", "loo"],
+    p.add_argument("--cv", default="auto", choices=["auto", "none", "kfold", "source", "loo"],
                    help="cross-validation: k-fold over experiments, leave-one-source-out (a "
                         "source: the rows with the same `source` column; shipped tables by id "
-                        "prefix), leave-one-out on the IMEC points (default none)")
+                        "prefix), leave-one-out on the IMEC points; source and kfold also set "
+                        "the model errors of prediction intervals from the held-out "
+                        "predictions (default auto: source when the data has two sources or "
+                        "more, as the shipped fit, else none)")
     p.add_argument("--folds", type=int, default=5, help="k of --cv kfold (default 5)")
     p.add_argument("--groups", default="gpu", choices=["gpu", "none"],
                    help="per-GPU-generation factors (gpu, the default) or all shared (none)")
@@ -47,8 +51,9 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
                    help="maximum L-BFGS iterations (default 300)")
     p.add_argument("--prior-weight", type=float, default=None,
                    help="weight of the prior toward the physical defaults")
-    p.add_argument("--balance", type=float, default=None,
-                   help="source balance exponent in [0, 1] (0: every cell weighs the same)")
+    p.add_argument("--balance", type=float, default=1.0,
+                   help="source balance exponent in [0, 1]: 1 (the default, as the shipped "
+                        "fit) weighs every source table the same, 0 every measured value")
     p.add_argument("--no-uncertainty", action="store_true",
                    help="skip the Laplace covariance (no prediction intervals from this file)")
     p.add_argument("--moe-holdout", default=None, metavar="CSV",
@@ -67,6 +72,11 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+#: Implausible measurements warned about one per line up to this many (then: their count and
+#: the 3 most extreme).
+IMPLAUSIBLE_LINES = 5
+
+
 class _Progress:
     def __init__(self, quiet: bool):
         self.quiet = quiet
@@ -77,13 +87,17 @@ class _Progress:
         if self.quiet:
             return
         t = time.perf_counter() - self.t0
-        if stage == "compile":
+        if stage == "read":
+            msg = f"[{t:5.1f} s] reading the benchmark rows..."
+        elif stage == "specs":
+            msg = f"[{t:5.1f} s] building the specs of {total:,} rows..."
+        elif stage == "compile":
             msg = f"[{t:5.1f} s] compiling the loss and its gradient (once per dataset)..."
         else:
             msg = f"[{t:5.1f} s] {stage} {step}/{total}  loss {loss:.6g}"
         if self.tty:
             print("\r" + msg.ljust(100), end="", file=sys.stderr, flush=True)
-        elif stage in ("compile",) or step == total or step % 50 == 1:
+        elif stage in ("read", "specs", "compile") or step == total or step % 50 == 1:
             print(msg, file=sys.stderr, flush=True)
 
     def done(self, msg):
@@ -119,10 +133,9 @@ def run_calibrate(args) -> int:
     kwargs = {}
     if args.prior_weight is not None:
         kwargs["prior_weight"] = args.prior_weight
-    if args.balance is not None:
-        if not 0.0 <= args.balance <= 1.0:
-            raise ValueError(f"--balance must lie in [0, 1], got {args.balance}")
-        kwargs["balance"] = args.balance
+    if not 0.0 <= args.balance <= 1.0:
+        raise ValueError(f"--balance must lie in [0, 1], got {args.balance}")
+    kwargs["balance"] = args.balance
     prog = _Progress(args.quiet)
     command = "diffperf calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
     fit = C.calibrate(paths, fields=fields, grouping=grouping, adam_steps=args.steps,
@@ -135,7 +148,14 @@ def run_calibrate(args) -> int:
               f"parameters: the data cannot determine every factor, the prior holds the rest "
               f"(fit fewer with --fields, or --groups none)", file=sys.stderr)
     ds = fit.problem.ds
-    for bad in implausible_measurements(ds.train_rows + ds.infer_rows):
+    implausible = implausible_measurements(ds.train_rows + ds.infer_rows)
+    if len(implausible) > IMPLAUSIBLE_LINES:  # a count and the worst few, not a line per row
+        print(f"warning: {len(implausible)} measurements are faster than ideal hardware could "
+              f"run their rows' configurations (fitted anyway: correct those rows or leave them "
+              f"out; `diffperf validate --json` lists them all); the most extreme:",
+              file=sys.stderr)
+        implausible = sorted(implausible, key=lambda b: b["factor"], reverse=True)[:3]
+    for bad in implausible:
         print(f"warning: row {bad['id']}: {bad['warning']}; fitted anyway: correct the row or "
               f"leave it out", file=sys.stderr)
     if not fit.metadata.get("converged", True):
@@ -144,6 +164,12 @@ def run_calibrate(args) -> int:
               f"its prediction intervals are not meaningful", file=sys.stderr)
     # The fitted rows' predictions for the MoE error: held-out ones if CV runs.
     fitted_predictions, basis = fit.predictions, "in-sample"
+    if args.cv == "auto":
+        args.cv = "source" if len(source_groups(ds)) >= 2 else "none"
+        if args.cv == "none" and not args.quiet:
+            print("note: one source table: no leave-one-source-out cross-validation (--cv "
+                  "auto); the model errors of the intervals are in-sample (--cv kfold for "
+                  "held-out ones)", file=sys.stderr)
     if args.cv != "none":
         cv = cross_validate(fit.problem, args.cv, k=args.folds, adam_steps=args.steps,
                             lbfgs_steps=args.lbfgs_steps, progress=prog)
@@ -187,9 +213,16 @@ def run_calibrate(args) -> int:
         if line:
             print(line)
     if fit.excluded:
+        ids = [e["id"] for e in fit.excluded]
+        more = f" and {len(ids) - 10} more (--json lists them)" if len(ids) > 10 else ""
         print(f"rows left out (structurally infeasible or invalid): "
-              f"{', '.join(e['id'] for e in fit.excluded)}")
+              f"{', '.join(ids[:10])}{more}")
     return 0
+
+
+def source_groups(ds) -> set[str]:
+    """The source groups (`_sources.source_of`) of a dataset's rows."""
+    return {source_of(r) for r in ds.train_rows + ds.infer_rows}
 
 
 def _holdout_path(arg: str | None, shipped: str, option: str, what: str) -> Path | None:

@@ -27,12 +27,28 @@ _AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "m
 _FLOAT32_EXACT = tuple(k for k in _AT_LEAST_ONE if k not in ("n", "starts"))
 #: Options that are physical budgets or targets: > 0.
 _POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")
-#: Options where 0 is meaningful (no L-BFGS stage, no prior, expert TP = TP, no prefill cap).
-_NON_NEGATIVE = ("lbfgs_steps", "prior_weight", "expert_tp", "prefill_tokens")
+#: Options where 0 is meaningful (no L-BFGS stage, no prior, expert TP = TP, no prefill cap,
+#: no layer recomputed in full / offloaded).
+_NON_NEGATIVE = ("lbfgs_steps", "prior_weight", "expert_tp", "prefill_tokens",
+                 "recompute_layers", "offload_layers")
 #: Counts where 0 is meaningful that the model also computes with in float32.
-_FLOAT32_EXACT_OR_ZERO = ("expert_tp", "prefill_tokens")
+_FLOAT32_EXACT_OR_ZERO = ("expert_tp", "prefill_tokens", "recompute_layers", "offload_layers")
+#: Sizes of the work a command does, capped where the work would otherwise run for hours or
+#: exhaust memory ((command, option) -> largest value): the optimiser's steps and vmapped
+#: starts of `codesign` (also `CODESIGN_MAX_EVALUATIONS` for steps x starts), the fit's
+#: steps of `calibrate`, the sweep size of `bench`.
+WORK_CAPS = {("codesign", "steps"): 100_000, ("codesign", "starts"): 4096,
+             ("calibrate", "steps"): 100_000, ("calibrate", "lbfgs_steps"): 100_000,
+             ("bench", "n"): 10_000_000}
+#: Largest `codesign` --steps x --starts: about a minute and 1 GB on a 2-core CPU.
+CODESIGN_MAX_EVALUATIONS = 10_000_000
 #: Shares in (0, 1]: the fraction of the tensor peak a GEMM kernel can reach.
 _FRACTIONS = ("gemm_peak_fraction",)
+
+
+def _values(v) -> list:
+    """An option's values: [] for None, the list of a repeatable option, else [v]."""
+    return [] if v is None else v if isinstance(v, list) else [v]
 
 
 def _opt(dest: str) -> str:
@@ -49,20 +65,34 @@ def check_values(args) -> None:
     for k in _AT_LEAST_ONE:
         if get(k) is not None and get(k) < 1:
             raise CliError(f"{_opt(k)} must be >= 1, got {get(k)}")
+    command = get("command")
+    for (cmd, k), cap in WORK_CAPS.items():
+        if command == cmd and get(k) is not None and get(k) > cap:
+            raise CliError(f"{_opt(k)} must be <= {cap:,} (the most `diffperf {cmd}` "
+                           f"accepts), got {get(k):,}")
+    if command == "codesign" and get("steps") * get("starts") > CODESIGN_MAX_EVALUATIONS:
+        raise CliError(f"--steps x --starts must be <= {CODESIGN_MAX_EVALUATIONS:,} "
+                       f"(about a minute and 1 GB), got {get('steps')} x {get('starts')} = "
+                       f"{get('steps') * get('starts'):,}")
     for k in (*_FLOAT32_EXACT, *_FLOAT32_EXACT_OR_ZERO):
-        if get(k) is not None and get(k) > MAX_EXACT_COUNT:
-            raise CliError(f"{_opt(k)} must be <= {MAX_EXACT_COUNT} (2^24: larger counts are "
-                           f"not exact in float32), got {get(k)}")
+        for x in _values(get(k)):
+            if x > MAX_EXACT_COUNT:
+                raise CliError(f"{_opt(k)} must be <= {MAX_EXACT_COUNT} (2^24: larger counts "
+                               f"are not exact in float32), got {x}")
+    for k, v in sorted(vars(args).items()):  # every other whole number: 2^24 is beyond use
+        for x in _values(v):
+            if type(x) is int and x > MAX_EXACT_COUNT:
+                raise CliError(f"{_opt(k)} must be <= {MAX_EXACT_COUNT} (2^24), got {x}")
     for k in _POSITIVE:
         if get(k) is not None and not get(k) > 0:
             raise CliError(f"{_opt(k)} must be > 0, got {get(k)}")
     for k in _NON_NEGATIVE:
-        if get(k) is not None and get(k) < 0:
-            raise CliError(f"{_opt(k)} must be >= 0, got {get(k)}")
+        for x in _values(get(k)):
+            if x < 0:
+                raise CliError(f"{_opt(k)} must be >= 0, got {x}")
     for k in _FRACTIONS:
         if get(k) is not None and not 0 < get(k) <= 1:
             raise CliError(f"{_opt(k)} must lie in (0, 1], got {get(k):g}")
-    command = get("command")
     if get("top") is not None:
         # `sensitivity --top 0` (its default) means every row; elsewhere top counts plans.
         low = 0 if command == "sensitivity" else 1
@@ -72,8 +102,7 @@ def check_values(args) -> None:
         low = 1 if command == "codesign" else 0
         if get("steps") < low:
             raise CliError(f"--steps must be >= {low}, got {get('steps')}")
-    if command == "calibrate" and get("cv") == "kfold" and get("folds") is not None \
-            and get("folds") < 2:
+    if command == "calibrate" and get("folds") is not None and get("folds") < 2:
         raise CliError(f"--folds must be >= 2 for k-fold cross-validation, got {get('folds')}")
     _check_technology_ranges(args)
 

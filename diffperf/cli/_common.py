@@ -1,5 +1,6 @@
 """What the subcommands share: the shipped data's path, the loaders of models, efficiencies
-and training systems (with the warnings they print), and the default GPU of `train`."""
+and training systems (with the warnings they print), the default model and GPU of training and
+of inference, and the model / hardware / plan / output option groups."""
 
 from __future__ import annotations
 
@@ -15,8 +16,65 @@ from .._paths import BENCHMARKS_DATA
 from ..specs._hf_config import transformer_from_hf_config
 from ._checks import CliError
 
-#: The GPU of `train` when neither --gpu nor --system is given.
+#: The defaults of the model and hardware options, one set for every command: training
+#: (`train`, `search train`, `sensitivity`, `attribution`) is GPT-3 175B on A100-80GB, as in
+#: Megatron-LM's papers; inference (`infer`, `search infer`, `--workload infer`, `technology`)
+#: Llama-2 70B on H100-SXM5-80GB, as in the NVIDIA / TensorRT-LLM measurements of the fit.
+DEFAULT_TRAIN_MODEL = "gpt3-175b"
 DEFAULT_TRAIN_GPU = "a100-sxm4-80gb"
+DEFAULT_INFER_MODEL = "llama2-70b"
+DEFAULT_INFER_GPU = "h100-sxm5-80gb"
+
+#: Titles of the option groups every command's --help shows, in this order.
+GROUPS = {"model": "model", "hardware": "hardware", "plan": "plan (parallelism, batch, "
+          "lengths, precision)", "output": "output"}
+
+
+def group(parser, name: str):
+    """The `name` option group ("model", "hardware", "plan", "output") of `parser`, created on
+    first use, so that every command lists its options under the same headings."""
+    title = GROUPS[name]
+    for g in parser._action_groups:
+        if g.title == title:
+            return g
+    return parser.add_argument_group(title)
+
+
+def add_model_argument(parser, default: str | None = DEFAULT_TRAIN_MODEL, *,
+                       default_text: str | None = None) -> None:
+    """`--model`: a preset id or a Hugging Face config.json, for every command."""
+    group(parser, "model").add_argument(
+        "--model", default=default,
+        help=f"model preset id (diffperf presets) or path to a Hugging Face config.json "
+             f"(default {default_text or default})")
+
+
+def add_gpu_argument(parser, default: str | None = DEFAULT_INFER_GPU, *,
+                     default_text: str | None = None, what: str = "GPU or system") -> None:
+    """`--gpu`: a GPU or system preset id (or a prefix naming one)."""
+    group(parser, "hardware").add_argument(
+        "--gpu", default=default,
+        help=f"{what} preset id or a prefix naming one, e.g. h100 (default "
+             f"{default_text or default})")
+
+
+def add_output_arguments(parser, *, plot: str | None = None, out: str | None = None,
+                         json: bool = True) -> None:
+    """`--json`, and where the command has them `--plot FILE` and `--out FILE` (each written
+    file is reported as `wrote FILE` on stderr)."""
+    g = group(parser, "output")
+    if out is not None:
+        g.add_argument("--out", default=None, help=out)
+    if plot is not None:
+        g.add_argument("--plot", default=None, help=plot + " (matplotlib; the format follows "
+                                                           "the extension: .png, .pdf, .svg)")
+    if json:
+        g.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def wrote(path) -> None:
+    """Say on stderr which file a command wrote (stdout stays the result)."""
+    print(f"wrote {path}", file=sys.stderr)
 
 #: The shipped benchmark data (present in a source checkout / editable install).
 BENCHMARKS = BENCHMARKS_DATA

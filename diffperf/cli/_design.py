@@ -4,8 +4,10 @@ the next mm^2 / W / $ buy the most, what is the best design under budgets)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,10 +19,22 @@ from ..explore._what_if import add_set_argument, system_with_overrides, tag
 from ..feasibility import VALID_OR_OUT_OF_HBM, describe_failure, explain
 from ..inference._infer import infer
 from ..plots._pyplot import pyplot
-from ..presets import model, precision_label, system
+from ..presets import precision_label, system
 from ..specs._inference_plan import InferencePlan
 from ..specs._training_plan import RECOMPUTE, ZERO
-from ._common import _load_efficiency
+from ._checks import CODESIGN_MAX_EVALUATIONS, WORK_CAPS
+from ._common import (
+    DEFAULT_INFER_MODEL,
+    DEFAULT_TRAIN_GPU,
+    DEFAULT_TRAIN_MODEL,
+    _load_efficiency,
+    _load_model,
+    add_gpu_argument,
+    add_model_argument,
+    add_output_arguments,
+    group,
+    wrote,
+)
 
 #: GPU presets that have a technology reference design.
 _REFERENCE_OF = {"a100-sxm4-80gb": "a100", "a100-sxm4-40gb": "a100", "dgx-a100": "a100",
@@ -42,18 +56,22 @@ def add_design_parsers(subparsers) -> None:
                     "technology / design / architecture parameter of the GPU's reference design, "
                     "by one jax.grad.")
     p.add_argument("--workload", choices=("train", "infer"), default="train")
-    p.add_argument("--model", default=None, help="model preset (default gpt3-175b / llama2-70b)")
-    p.add_argument("--gpu", default="a100-sxm4-80gb", help="GPU or system preset")
-    p.add_argument("--gpus", type=int, default=None, help="training GPUs (default 1024)")
-    p.add_argument("--global-batch", type=int, default=None,
-                   help="training global batch (default 1536)")
-    p.add_argument("--tp", type=int, default=None, help="inference tensor parallel (default 8)")
-    p.add_argument("--batch", type=int, default=None, help="inference batch (default 1)")
-    add_set_argument(p)
-    p.add_argument("--technology", action="store_true",
+    add_model_argument(p, None, default_text=f"{DEFAULT_TRAIN_MODEL}, or {DEFAULT_INFER_MODEL} "
+                                             f"with --workload infer")
+    add_gpu_argument(p, DEFAULT_TRAIN_GPU, default_text=f"{DEFAULT_TRAIN_GPU}, for both "
+                                                        f"workloads")
+    h, pl = group(p, "hardware"), group(p, "plan")
+    pl.add_argument("--gpus", type=int, default=None, help="training GPUs (default 1024)")
+    pl.add_argument("--global-batch", type=int, default=None,
+                    help="training global batch (default 1536)")
+    pl.add_argument("--tp", type=int, default=None, help="inference tensor parallel (default 8)")
+    pl.add_argument("--batch", type=int, default=None, help="inference batch (default 1)")
+    add_set_argument(h)
+    h.add_argument("--technology", action="store_true",
                    help="also technology elasticities (a100 / h100 / b200 reference designs)")
-    p.add_argument("--top", type=int, default=0, help="show only the top N rows")
-    p.add_argument("--json", action="store_true")
+    group(p, "output").add_argument("--top", type=int, default=0,
+                                    help="show only the top N rows (default 0: all)")
+    add_output_arguments(p)
     p.set_defaults(func=run_sensitivity)
 
     p = subparsers.add_parser(
@@ -67,47 +85,53 @@ def add_design_parsers(subparsers) -> None:
                         "infer: the end-to-end latency of a fixed inference plan (--tp, "
                         "--batch, --input, --output) over precision, tensor FLOP/s, HBM and "
                         "NVLink")
-    p.add_argument("--model", default=None,
-                   help="model preset (default gpt3-175b; llama2-70b with --workload infer)")
-    p.add_argument("--base", default="dgx-a100", help="base system preset (default dgx-a100)")
-    p.add_argument("--targets", nargs="+", default=["dgx-h100", "dgx-b200", "gb200-nvl72"],
+    add_model_argument(p, None, default_text=f"{DEFAULT_TRAIN_MODEL}, or {DEFAULT_INFER_MODEL} "
+                                             f"with --workload infer")
+    h, pl = group(p, "hardware"), group(p, "plan")
+    h.add_argument("--base", default="dgx-a100", help="base system preset (default dgx-a100)")
+    h.add_argument("--targets", nargs="+", default=["dgx-h100", "dgx-b200", "gb200-nvl72"],
                    help="target system presets (default dgx-h100 dgx-b200 gb200-nvl72)")
-    p.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
-    p.add_argument("--global-batch", type=int, default=1536,
-                   help="sequences per optimizer step (default 1536)")
-    p.add_argument("--precision", default="fp8", choices=["bf16", "fp8", "fp4"],
-                   help="target plan precision (default fp8; the base runs bf16)")
-    p.add_argument("--tp", type=int, default=8, help="--workload infer: tensor-parallel GPUs "
-                                                     "(default 8)")
-    p.add_argument("--batch", type=int, default=1, help="--workload infer: batch (default 1)")
-    p.add_argument("--input", type=int, default=128,
-                   help="--workload infer: prompt tokens (default 128)")
-    p.add_argument("--output", type=int, default=128,
-                   help="--workload infer: generated tokens (default 128)")
-    p.add_argument("--plot", default=None, help="save a bar chart (PNG)")
-    p.add_argument("--json", action="store_true")
+    pl.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
+    pl.add_argument("--global-batch", type=int, default=1536,
+                    help="sequences per optimizer step (default 1536)")
+    pl.add_argument("--precision", default="fp8", choices=["bf16", "fp8", "fp4"],
+                    help="target plan precision (default fp8; the base runs bf16)")
+    pl.add_argument("--tp", type=int, default=8,
+                    help="--workload infer: tensor-parallel GPUs (default 8)")
+    pl.add_argument("--batch", type=int, default=1, help="--workload infer: batch (default 1)")
+    pl.add_argument("--input", type=int, default=128,
+                    help="--workload infer: prompt tokens (default 128)")
+    pl.add_argument("--output", type=int, default=128,
+                    help="--workload infer: generated tokens (default 128)")
+    add_output_arguments(p, plot="save a bar chart of the Shapley shares (--workload train)")
     p.set_defaults(func=run_attribution)
 
     p = subparsers.add_parser(
         "technology", help="technology generator check and node exploration (12 nm -> 1 nm)",
         description="Print the generated A100 / H100 / B200 against their datasheets, then "
                     "training step time (GPT-3 175B) and inference latency (Llama-2 70B, TP 8, "
-                    "batch 1, 128 / 128 tokens unless --infer-model etc. say otherwise) across "
+                    "batch 1, 128 / 128 tokens unless --model etc. say otherwise) across "
                     "logic nodes with logic-only, memory-only, network-only and full scaling, "
                     "with compute / memory / network / latency shares.")
-    p.add_argument("--nodes", type=float, nargs="+", default=None, help="nodes, nm")
-    p.add_argument("--arch", default="hopper", type=str.lower,
+    add_model_argument(p, None,
+                       default_text=f"{DEFAULT_INFER_MODEL}; the inference workload, training is "
+                                    f"GPT-3 175B")
+    group(p, "model").add_argument("--infer-model", dest="infer_model", default=None,
+                                   help=argparse.SUPPRESS)  # the old name of --model
+    h, pl = group(p, "hardware"), group(p, "plan")
+    h.add_argument("--nodes", type=float, nargs="+", default=None,
+                   help="logic nodes, nm (default: every node of the technology table)")
+    h.add_argument("--arch", default="hopper", type=str.lower,
                    help="architecture held fixed (default hopper)")
-    p.add_argument("--references-only", action="store_true")
-    p.add_argument("--infer-model", default="llama2-70b",
-                   help="inference model preset (default llama2-70b)")
-    p.add_argument("--tp", type=int, default=8, help="inference tensor parallelism (default 8)")
-    p.add_argument("--batch", type=int, default=1, help="inference batch (default 1)")
-    p.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
-    p.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
-    p.add_argument("--csv", default=None, help="write the node table to this CSV")
-    p.add_argument("--plot", default=None, help="save the node exploration plot (PNG)")
-    p.add_argument("--json", action="store_true")
+    h.add_argument("--references-only", action="store_true",
+                   help="only the generated A100 / H100 / B200 against their datasheets")
+    pl.add_argument("--tp", type=int, default=8, help="inference tensor parallelism (default 8)")
+    pl.add_argument("--batch", type=int, default=1, help="inference batch (default 1)")
+    pl.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
+    pl.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
+    group(p, "output").add_argument("--csv", default=None,
+                                    help="write the node table to this CSV")
+    add_output_arguments(p, plot="save the node exploration plot")
     p.set_defaults(func=run_technology)
 
     p = subparsers.add_parser(
@@ -117,29 +141,36 @@ def add_design_parsers(subparsers) -> None:
                     "training or inference workload (plan fixed). --compare-grid also runs a "
                     "dense grid search over the same space.")
     p.add_argument("--workload", choices=("train", "infer"), default="train")
-    p.add_argument("--node", type=float, default=3.0, help="logic node, nm (default 3)")
-    p.add_argument("--memory-gen", type=float, default=3.0,
+    h, pl = group(p, "hardware"), group(p, "plan")
+    h.add_argument("--node", type=float, default=3.0, help="logic node, nm (default 3)")
+    h.add_argument("--memory-gen", type=float, default=3.0,
                    help="HBM generation index 0 HBM2 .. 5 HBM4e (default 3 = HBM3e)")
-    p.add_argument("--network-gen", type=float, default=3.0,
+    h.add_argument("--network-gen", type=float, default=3.0,
                    help="network generation index 0 NVLink2 .. 5 NVLink7 (default 3 = NVLink5)")
-    p.add_argument("--arch", default="blackwell", type=str.lower,
+    h.add_argument("--arch", default="blackwell", type=str.lower,
                    help="architecture (default blackwell)")
-    p.add_argument("--area", type=float, default=814.0, help="die area budget, mm^2")
-    p.add_argument("--power", type=float, default=700.0, help="power budget, W")
-    p.add_argument("--perimeter", type=float, default=114.0, help="IO perimeter budget, mm")
-    p.add_argument("--cost", type=float, default=4000.0, help="cost budget, USD")
-    p.add_argument("--steps", type=int, default=100, help="Adam steps per start (default 100)")
-    p.add_argument("--starts", type=int, default=4,
-                   help="starts, vmapped: the box centre, random designs and the fastest of 256 "
-                        "random designs (default 4)")
-    p.add_argument("--compare-grid", action="store_true",
-                   help="also search a 119,232-point grid over the same space and compare")
-    p.add_argument("--margins", type=float, nargs="?", const=5.0, default=None, metavar="PERCENT",
-                   help="also what each budget is worth: the optimum re-run with one budget "
-                        "PERCENT looser at a time (default 5), giving the time change per mm^2, "
-                        "W, mm and $ (30-60 s). The time is lumpy in die area (whole SMs, GEMM "
-                        "waves): try more than one PERCENT")
-    p.add_argument("--json", action="store_true")
+    h.add_argument("--area", type=float, default=814.0, help="die area budget, mm^2 (default 814)")
+    h.add_argument("--power", type=float, default=700.0, help="power budget, W (default 700)")
+    h.add_argument("--perimeter", type=float, default=114.0,
+                   help="IO perimeter budget, mm (default 114)")
+    h.add_argument("--cost", type=float, default=4000.0, help="cost budget, USD (default 4000)")
+    pl.add_argument("--steps", type=int, default=100,
+                    help=f"Adam steps per start (default 100, at most "
+                         f"{WORK_CAPS[('codesign', 'steps')]:,})")
+    pl.add_argument("--starts", type=int, default=4,
+                    help=f"starts, vmapped: the box centre, random designs and the fastest of 256 "
+                         f"random designs (default 4, at most "
+                         f"{WORK_CAPS[('codesign', 'starts')]:,}; --steps x --starts at most "
+                         f"{CODESIGN_MAX_EVALUATIONS:,}, about a minute and 1 GB)")
+    pl.add_argument("--compare-grid", action="store_true",
+                    help="also search a 119,232-point grid over the same space and compare")
+    pl.add_argument("--margins", type=float, nargs="?", const=5.0, default=None,
+                    metavar="PERCENT",
+                    help="also what each budget is worth: the optimum re-run with one budget "
+                         "PERCENT looser at a time (default 5), giving the time change per "
+                         "mm^2, W, mm and $ (30-60 s). The time is lumpy in die area (whole "
+                         "SMs, GEMM waves): try more than one PERCENT")
+    add_output_arguments(p)
     p.set_defaults(func=run_codesign)
 
 
@@ -180,10 +211,10 @@ def run_sensitivity(args) -> int:
         eff = _load_efficiency(None, args.gpu)  # the GPU's fitted factors, as train / infer use
         sys_ = system_with_overrides(system(args.gpu), args.set)
         if args.workload == "train":
-            mdl = model(model_name)
+            mdl = _load_model(model_name, training=True)
             plan = S.best_training_plan(mdl, sys_, args.gpus, args.global_batch, efficiency=eff)
         else:
-            mdl = model(model_name)
+            mdl = _load_model(model_name)
             plan = InferencePlan(tp=args.tp, batch=args.batch, input_len=128, output_len=128)
             rep = infer(mdl, sys_, plan, eff)
             reason = int(rep.reason)
@@ -248,7 +279,7 @@ def _count(n: int, noun: str) -> str:
 
 
 def _attribution_rows(args):
-    mdl = model(args.model)
+    mdl = _load_model(args.model, training=True)
     base = system(args.base)
     results = {}
     if len(set(args.targets)) < len(args.targets):
@@ -278,7 +309,7 @@ def _run_infer_attribution(args) -> int:
     if args.plot:
         return _err("--plot is for --workload train")
     try:
-        mdl = model(args.model)
+        mdl = _load_model(args.model)
         plan = InferencePlan(tp=args.tp, batch=args.batch, input_len=args.input,
                              output_len=args.output)
         out = {t: A.attribute_inference(mdl, system(args.base), system(t), plan,
@@ -319,6 +350,7 @@ def run_attribution(args) -> int:
     out = {t: {k: v for k, v in r.items() if k != "raw"} for t, r in results.items()}
     if args.plot:
         _plot_attribution(results, args)
+        wrote(args.plot)
     if args.json:
         print(json.dumps({"base": args.base, "model": args.model, "gpus": args.gpus,
                           "global_batch": args.global_batch, "precision": args.precision,
@@ -368,6 +400,15 @@ def _plot_attribution(results, args) -> None:
 
 
 def run_technology(args) -> int:
+    if args.infer_model is not None:  # the old name of --model
+        if args.model is not None and args.model != args.infer_model:
+            return _err(f"--infer-model {args.infer_model} and --model {args.model} name two "
+                        f"models; give --model only (--infer-model is its old name)")
+        print("note: --infer-model is deprecated: it is --model now, as in the other commands",
+              file=sys.stderr)
+        args.model = args.infer_model
+    if args.model is None:
+        args.model = DEFAULT_INFER_MODEL
     if args.references_only and (args.csv or args.plot):
         return _err("--references-only prints the datasheet check only; --csv and --plot need "
                     "the node study (drop --references-only)")
@@ -378,21 +419,23 @@ def run_technology(args) -> int:
             T._arch_row(args.arch)
             iplan = InferencePlan(tp=args.tp, batch=args.batch, input_len=args.input,
                                   output_len=args.output)
-            imodel = model(args.infer_model)
+            imodel = _load_model(args.model)
             reason = int(infer(imodel, system("h100-sxm5-80gb"), iplan).reason)
             if reason not in VALID_OR_OUT_OF_HBM:  # structural (memory depends on the node's HBM)
                 raise ValueError(f"inference plan: {describe_failure(reason, imodel, iplan)}")
-            df = node_study(nodes=args.nodes, arch=args.arch, infer_model=args.infer_model,
-                              infer_plan=iplan)
+            df = node_study(nodes=args.nodes, arch=args.arch, infer_model=imodel,
+                            infer_plan=iplan)
     except ValueError as e:
         return _err(str(e))
     if args.csv and df is not None:
         df.to_csv(args.csv, index=False)
+        wrote(args.csv)
     if args.plot and df is not None:
-        _plot_nodes(df, args.plot)
+        _plot_nodes(df, args)
+        wrote(args.plot)
     if args.json:
         print(json.dumps({"references": refs,
-                          "inference": {"model": args.infer_model, "tp": args.tp,
+                          "inference": {"model": args.model, "tp": args.tp,
                                         "batch": args.batch, "input": args.input,
                                         "output": args.output},
                           "nodes": None if df is None else df.to_dict(orient="records")},
@@ -414,21 +457,22 @@ def run_technology(args) -> int:
             "infer_compute", "infer_memory", "infer_network", "infer_latency", "train_plan"]
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(f"\nnode exploration (shares = minus elasticities w.r.t. each resource's rates); "
-              f"inference: {args.infer_model}, tp {args.tp}, batch {args.batch}, {args.input} in "
+              f"inference: {args.model}, tp {args.tp}, batch {args.batch}, {args.input} in "
               f"/ {args.output} out:")
         print(df[cols].astype({c: float for c in cols[1:-1]}).to_string(
             index=False, float_format=lambda x: f"{x:.3f}"))
     return 0
 
 
-def _plot_nodes(df, path) -> None:
+def _plot_nodes(df, args) -> None:
     plt = pyplot("--plot")
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for mode, g in df.groupby("scaling", sort=False):
         axes[0, 0].plot(g["node_nm"], g["train_step_s"], "o-", label=mode)
         axes[0, 1].plot(g["node_nm"], g["infer_tpot_ms"], "o-", label=mode)
     for ax, title in ((axes[0, 0], "GPT-3 175B step time, 1,024 GPUs (s)"),
-                      (axes[0, 1], "Llama-2 70B decode TPOT, tp 8, batch 1 (ms)")):
+                      (axes[0, 1], f"{Path(args.model).name} decode TPOT, tp {args.tp}, batch "
+                                   f"{args.batch} (ms)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.invert_xaxis()
@@ -449,7 +493,7 @@ def _plot_nodes(df, path) -> None:
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(args.plot, dpi=120)
     plt.close(fig)
 
 

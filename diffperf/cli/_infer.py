@@ -32,7 +32,17 @@ from ..presets import (
 from ..specs._hardware import BYTES_PER_ELEMENT, INTEGER_WEIGHTS, precision_code, weight_storage
 from ..specs._inference_plan import InferencePlan
 from ..validation._stack import constants_static
-from ._common import _load_efficiency, _load_model
+from ._common import (
+    DEFAULT_INFER_GPU,
+    DEFAULT_INFER_MODEL,
+    _load_efficiency,
+    _load_model,
+    add_gpu_argument,
+    add_model_argument,
+    add_output_arguments,
+    group,
+    wrote,
+)
 
 #: What `infer --set` compares with the preset: (summary key, label, unit, scale).
 _WHAT_IF_ROWS = (("ttft_s", "TTFT", "ms", 1e3), ("tpot_s", "TPOT", "ms", 1e3),
@@ -84,32 +94,37 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
         "infer", help="predict LLM inference latency, throughput, memory and boundedness",
         description="Predict time to first token, time per output token, end-to-end latency, "
                     "throughput and memory of a static batch of requests, with the per-operation "
-                    "boundedness table (compute / memory / network / launch overhead).")
-    p.add_argument("--model", required=True, help="model preset, e.g. llama2-70b")
-    p.add_argument("--gpu", required=True, help="GPU or system preset, e.g. h100-sxm5-80gb")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (default 1)")
-    p.add_argument("--ep", type=int, default=1,
-                   help="expert-parallel degree of a MoE model's experts within the tp GPUs "
-                        "(divides tp; TensorRT-LLM's moe_ep_size, with moe_tp_size = tp / ep; "
-                        "default 1: every expert split over all tp GPUs)")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
-    p.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
-    p.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
-    add_precision_arguments(p)
-    add_prefill_tokens(p)
-    p.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
-    add_per_head_decode(p)
-    add_set_argument(p)
-    p.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
-    p.add_argument("--interval", action="store_true",
-                   help="also print the 90%% prediction intervals of TTFT and end-to-end latency "
-                        "(parameter uncertainty + the model's held-out error on that quantity; "
-                        "at least the held-out error of inference outside the fitted data on "
-                        "an unfitted GPU, GEMM precision or --set hardware, or of a MoE model "
-                        "with more experts than any fitted one)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", default=None, help="save a roofline plot to this file (matplotlib)")
+                    "boundedness table (compute / memory / network / launch overhead). Without "
+                    f"--model / --gpu: {DEFAULT_INFER_MODEL} on {DEFAULT_INFER_GPU}, as "
+                    "`search infer`.")
+    add_model_argument(p, DEFAULT_INFER_MODEL)
+    add_gpu_argument(p, DEFAULT_INFER_GPU)
+    h, pl = group(p, "hardware"), group(p, "plan")
+    pl.add_argument("--tp", type=int, default=1,
+                    help=f"tensor parallel degree (default 1; {DEFAULT_INFER_MODEL}'s bf16 "
+                         f"weights need tp >= 2 on an 80 GB GPU)")
+    pl.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (default 1)")
+    pl.add_argument("--ep", type=int, default=1,
+                    help="expert-parallel degree of a MoE model's experts within the tp GPUs "
+                         "(divides tp; TensorRT-LLM's moe_ep_size, with moe_tp_size = tp / ep; "
+                         "default 1: every expert split over all tp GPUs)")
+    pl.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    pl.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
+    pl.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
+    add_precision_arguments(pl)
+    add_prefill_tokens(pl)
+    pl.add_argument("--no-flash", action="store_true", help="unfused prefill attention")
+    add_per_head_decode(pl)
+    add_set_argument(h)
+    h.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
+    group(p, "output").add_argument(
+        "--interval", action="store_true",
+        help="also print the 90%% prediction intervals of TTFT and end-to-end latency "
+             "(parameter uncertainty + the model's held-out error on that quantity; at least "
+             "the held-out error of inference outside the fitted data on an unfitted GPU, GEMM "
+             "precision or --set hardware, or of a MoE model with more experts than any "
+             "fitted one)")
+    add_output_arguments(p, plot="save a roofline plot to this file")
     p.set_defaults(func=run_infer)
     return p
 
@@ -285,6 +300,7 @@ def run_infer(args) -> int:
         if args.plot:
             roofline_plot(table, args.plot, sys_,
                           f"{args.model} on {args.gpu}{tag(args.set)}, tp={args.tp}")
+            wrote(args.plot)
     except (ValueError, ImportError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -314,7 +330,9 @@ def run_infer(args) -> int:
                 args.gpu, "infer", quantity, unit, scale, precision=int(plan.math_precision),
                 num_experts=float(mdl.num_experts), hypothetical=bool(args.set))
     if reason == 10:
-        print(f"warning: {explain(10, float(rep.memory.total), capacity)}", file=sys.stderr)
+        print(f"warning: {explain(10, float(rep.memory.total), capacity)}; try more GPUs "
+              f"(--tp, --pp), narrower weights (--precision) or a smaller --batch: `diffperf "
+              f"search infer` lists the plans that fit", file=sys.stderr)
     for note in _caveats(mdl, args, summary):
         print(f"note: {note}", file=sys.stderr)
     layers = float(mdl.layers)

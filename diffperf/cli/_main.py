@@ -7,6 +7,7 @@ validation summary on the shipped benchmark data.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -30,7 +31,7 @@ from ..explore._what_if import (
 from ..feasibility import explain
 from ..plots._validation_plot import validation_plot
 from ..specs._training_plan import TrainingPlan, layer_count_error
-from ..training._notes import training_notes
+from ..training._notes import training_notes, utilisation_notes
 from ..training._step import predict_training, train_step
 from ..validation._data import BenchmarkError
 from ..validation._stack import capacity_warning
@@ -46,7 +47,18 @@ from ._checks import (
     check_values,
     resolve_hardware_names,
 )
-from ._common import BENCHMARKS, DEFAULT_TRAIN_GPU, _load_efficiency, _load_model, _train_system
+from ._common import (
+    BENCHMARKS,
+    DEFAULT_TRAIN_GPU,
+    DEFAULT_TRAIN_MODEL,
+    _load_efficiency,
+    _load_model,
+    _train_system,
+    add_gpu_argument,
+    add_model_argument,
+    add_output_arguments,
+    group,
+)
 from ._compile_cache import disable_compilation_cache, enable_compilation_cache
 from ._design import add_design_parsers
 from ._infer import add_infer_parser
@@ -58,81 +70,82 @@ from ._search import add_search_parser
 def _add_train(sub):
     p = sub.add_parser("train", help="predict one training step (time, memory, MFU)",
                        description="Predict one optimizer step of a training job.")
-    p.add_argument("--model", default="gpt3-175b",
-                   help="model preset id or path to a Hugging Face config.json (default gpt3-175b)")
-    p.add_argument("--gpu", default=None,
-                   help=f"GPU preset id (default: the --system's GPU, else {DEFAULT_TRAIN_GPU})")
-    p.add_argument("--system", default=None, help="system preset id (default: the GPU's system)")
-    p.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
-    p.add_argument("--nvlink-domain", type=int, default=None, help="GPUs per NVLink domain")
-    p.add_argument("--tp", type=int, default=8, help="tensor-parallel degree (default 8)")
-    p.add_argument("--pp", type=int, default=8, help="pipeline stages (default 8)")
-    p.add_argument("--dp", type=int, default=None, help="default: gpus / (tp * pp * cp)")
-    p.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (default 1)")
-    p.add_argument("--expert-tp", type=int, default=0,
-                   help="tensor-parallel degree of the expert MLPs (Megatron-core "
-                        "--expert-tensor-parallel-size; NVIDIA's MoE recipes use 1, which lets "
-                        "--ep span the TP ranks); default 0 = --tp")
-    p.add_argument("--overlap-ep", action="store_true",
-                   help="hide the expert-parallel all-to-alls behind another micro-batch's "
-                        "compute (Megatron-core --overlap-moe-expert-parallel-comm)")
-    p.add_argument("--fused-expert-gemm", action="store_true",
-                   help="each grouped expert GEMM is one kernel (CUTLASS / cuBLASLt grouped GEMM, "
-                        "DeepGEMM); default: one GEMM launch per local expert, as Transformer "
-                        "Engine's GroupedLinear in Megatron-core runs them")
-    p.add_argument("--vp", type=int, default=None,
-                   help="interleaved chunks per stage (default 3 with --pp > 1, else 1)")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch "
-                                                               "(default 1)")
-    p.add_argument("--global-batch", type=int, default=1536,
-                   help="sequences per optimizer step (default 1536)")
-    p.add_argument("--seq-len", type=int, default=None, help="default: the model's")
-    p.add_argument("--recompute", default="selective", choices=["none", "selective", "full"])
-    p.add_argument("--recompute-layers", type=int, default=0,
-                   help="layers per pipeline chunk fully recomputed, the rest follow --recompute "
-                        "(Megatron's --recompute-method block --recompute-num-layers; default 0)")
-    p.add_argument("--offload-layers", type=int, default=0,
-                   help="layers per pipeline chunk whose activations are offloaded to host "
-                        "memory (Megatron-core's cpu_offloading_num_layers; default 0)")
-    p.add_argument("--account-embedding-loss", action="store_true",
-                   help="count the embedding and the LM head + loss as one pipeline layer each "
-                        "(Megatron's account_for_{embedding,loss}_in_pipeline_split)")
-    p.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
-    p.add_argument("--optimizer-moments", default="fp32", choices=["fp32", "bf16"],
-                   help="Adam moment precision: bf16 is Megatron-core's precision-aware optimizer "
-                        "(--exp-avg-dtype / --exp-avg-sq-dtype bf16; fp32 master weights stay): "
-                        "8 instead of 12 B of optimizer state per parameter (default fp32)")
-    p.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=None,
-                   help="fp32 gradient buffer and reduction; --no-fp32-gradients for 16-bit "
-                        "gradients as in NeMo / Megatron-Bridge performance recipes "
-                        "(grad_reduce_in_fp32=False). Default: Megatron-LM's, fp32 except with "
-                        "--precision fp16")
-    p.add_argument("--precision", default=None, choices=["fp32", "tf32", "bf16", "fp16", "fp8",
-                                                         "fp4"],
-                   help="GEMM precision (default bf16, fp16 on V100); fp32 runs at the GPU's "
-                        "fp32 tensor-core rate (TF32 on A100 and later, the same as tf32, as "
-                        "with PyTorch's allow_tf32 = True)")
-    p.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
-                   default=None, help="sequence parallelism (default: on when tp > 1)")
-    p.add_argument("--flash", dest="flash_attention", action=argparse.BooleanOptionalAction,
-                   default=True, help="fused attention (default on)")
-    p.add_argument("--overlap-tp", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--overlap-tp-backward", action=argparse.BooleanOptionalAction, default=True,
-                   help="reduce each column-parallel input gradient during its weight-gradient "
-                        "GEMM (Megatron's asynchronous TP all-reduce; --no-overlap-tp-backward "
-                        "for the 2021 Megatron-LM)")
-    p.add_argument("--overlap-dp", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--zero3-per-matrix", action="store_true",
-                   help="with --zero 3: DeepSpeed-style gathers, one per weight matrix (default: "
-                        "FSDP-style, one per transformer layer)")
-    add_set_argument(p)
-    p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
-    p.add_argument("--interval", action="store_true",
-                   help="also print the 90%% prediction interval of the step time (calibration "
-                        "uncertainty + model error, a MoE model's from held-out MoE runs; a few "
-                        "seconds more)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_model_argument(p, DEFAULT_TRAIN_MODEL)
+    add_gpu_argument(p, None, what="GPU",
+                     default_text=f"the --system's GPU, else {DEFAULT_TRAIN_GPU}")
+    h, pl = group(p, "hardware"), group(p, "plan")
+    h.add_argument("--system", default=None, help="system preset id (default: the GPU's system)")
+    pl.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
+    h.add_argument("--nvlink-domain", type=int, default=None, help="GPUs per NVLink domain")
+    pl.add_argument("--tp", type=int, default=8, help="tensor-parallel degree (default 8)")
+    pl.add_argument("--pp", type=int, default=8, help="pipeline stages (default 8)")
+    pl.add_argument("--dp", type=int, default=None, help="default: gpus / (tp * pp * cp)")
+    pl.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
+    pl.add_argument("--ep", type=int, default=1, help="expert-parallel degree (default 1)")
+    pl.add_argument("--expert-tp", type=int, default=0,
+                    help="tensor-parallel degree of the expert MLPs (Megatron-core "
+                         "--expert-tensor-parallel-size; NVIDIA's MoE recipes use 1, which lets "
+                         "--ep span the TP ranks); default 0 = --tp")
+    pl.add_argument("--overlap-ep", action="store_true",
+                    help="hide the expert-parallel all-to-alls behind another micro-batch's "
+                         "compute (Megatron-core --overlap-moe-expert-parallel-comm)")
+    pl.add_argument("--fused-expert-gemm", action="store_true",
+                    help="each grouped expert GEMM is one kernel (CUTLASS / cuBLASLt grouped GEMM, "
+                         "DeepGEMM); default: one GEMM launch per local expert, as Transformer "
+                         "Engine's GroupedLinear in Megatron-core runs them")
+    pl.add_argument("--vp", type=int, default=None,
+                    help="interleaved chunks per stage (default 3 with --pp > 1, else 1)")
+    pl.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch "
+                                                                "(default 1)")
+    pl.add_argument("--global-batch", type=int, default=1536,
+                    help="sequences per optimizer step (default 1536)")
+    pl.add_argument("--seq-len", type=int, default=None, help="default: the model's")
+    pl.add_argument("--recompute", default="selective", choices=["none", "selective", "full"])
+    pl.add_argument("--recompute-layers", type=int, default=0,
+                    help="layers per pipeline chunk fully recomputed, the rest follow --recompute "
+                         "(Megatron's --recompute-method block --recompute-num-layers; default 0)")
+    pl.add_argument("--offload-layers", type=int, default=0,
+                    help="layers per pipeline chunk whose activations are offloaded to host "
+                         "memory (Megatron-core's cpu_offloading_num_layers; default 0)")
+    pl.add_argument("--account-embedding-loss", action="store_true",
+                    help="count the embedding and the LM head + loss as one pipeline layer each "
+                         "(Megatron's account_for_{embedding,loss}_in_pipeline_split)")
+    pl.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
+    pl.add_argument("--optimizer-moments", default="fp32", choices=["fp32", "bf16"],
+                    help="Adam moment precision: bf16 is Megatron-core's precision-aware optimizer "
+                         "(--exp-avg-dtype / --exp-avg-sq-dtype bf16; fp32 master weights stay): "
+                         "8 instead of 12 B of optimizer state per parameter (default fp32)")
+    pl.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=None,
+                    help="fp32 gradient buffer and reduction; --no-fp32-gradients for 16-bit "
+                         "gradients as in NeMo / Megatron-Bridge performance recipes "
+                         "(grad_reduce_in_fp32=False). Default: Megatron-LM's, fp32 except with "
+                         "--precision fp16")
+    pl.add_argument("--precision", default=None, choices=["fp32", "tf32", "bf16", "fp16", "fp8",
+                                                          "fp4"],
+                    help="GEMM precision (default bf16, fp16 on V100); fp32 runs at the GPU's "
+                         "fp32 tensor-core rate (TF32 on A100 and later, the same as tf32, as "
+                         "with PyTorch's allow_tf32 = True)")
+    pl.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction,
+                    default=None, help="sequence parallelism (default: on when tp > 1)")
+    pl.add_argument("--flash", dest="flash_attention", action=argparse.BooleanOptionalAction,
+                    default=True, help="fused attention (default on)")
+    pl.add_argument("--overlap-tp", action=argparse.BooleanOptionalAction, default=True)
+    pl.add_argument("--overlap-tp-backward", action=argparse.BooleanOptionalAction, default=True,
+                    help="reduce each column-parallel input gradient during its weight-gradient "
+                         "GEMM (Megatron's asynchronous TP all-reduce; --no-overlap-tp-backward "
+                         "for the 2021 Megatron-LM)")
+    pl.add_argument("--overlap-dp", action=argparse.BooleanOptionalAction, default=True)
+    pl.add_argument("--zero3-per-matrix", action="store_true",
+                    help="with --zero 3: DeepSpeed-style gathers, one per weight matrix (default: "
+                         "FSDP-style, one per transformer layer)")
+    add_set_argument(h)
+    h.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    group(p, "output").add_argument(
+        "--interval", action="store_true",
+        help="also print the 90%% prediction interval of the step time (calibration "
+             "uncertainty + model error, a MoE model's from held-out MoE runs; a few seconds "
+             "more)")
+    add_output_arguments(p)
     p.set_defaults(func=run_train)
 
 
@@ -306,7 +319,8 @@ def run_train(args) -> int:
     report = predict_training(model, system, plan, eff)  # ValueError for invalid plans
     s = training_summary(report, system)
     s["seq_len"] = int(float(model.seq_len))
-    notes = training_notes(model, plan)
+    notes = training_notes(model, plan) + utilisation_notes(
+        float(report.mfu), float(report.hfu), float(plan.flash_attention))
     if notes:
         s["note"] = "; ".join(notes)
     if args.interval:
@@ -355,7 +369,7 @@ def _default_data() -> list[str]:
 
 def run_validate(args) -> int:
     paths = args.data or _default_data()
-    result = validate(paths, _load_efficiency(args.efficiency))
+    result = validate(paths, _load_efficiency(args.efficiency), progress=True)
     if not result["rows"] and not result["failed"]:
         raise CliError(f"no benchmark rows in {', '.join(map(str, paths))}")
     status = 2 if not result["rows"] else 0  # every row failed: bad input
@@ -386,24 +400,48 @@ def _pct(x: float) -> str:
     return f"{x:6.1f}" if x < 1e6 else f"{x:6.2g}"
 
 
+#: Flagged measurements (implausible, suspect units) listed one per line up to this many;
+#: beyond it the summary gives their count and the `FLAG_EXAMPLES` most extreme.
+FLAG_LINES, FLAG_EXAMPLES = 5, 3
+#: Kinds of failure (distinct messages) listed, most frequent first, before "... more".
+FAILURE_KINDS = 10
+
+
 def print_validation_summary(result: dict, paths) -> None:
+    """The summary of `validate`: MAPE per metric, then the flags (failed rows by message,
+    rows that do not fit, implausible and suspect measurements: counted, with a few examples,
+    whatever the number of rows), then the IMEC subsets."""
     print(f"validation on {', '.join(Path(p).name for p in paths)}:")
     for metric, s in result["summary"].items():
         print(f"  {metric:22s} n={s['n']:3d}  MAPE {_pct(s['mape'])} %  max {_pct(s['max_ape'])} %")
     if result["failed"]:
         print(f"  failed rows: {len(result['failed'])}")
-        shown = {}
+        shown: dict[str, list[str]] = {}
         for f in result["failed"]:
             shown.setdefault(f["error"], []).append(f["id"])
-        for err, ids in shown.items():
+        kinds = sorted(shown.items(), key=lambda kv: -len(kv[1]))  # stable: ties keep order
+        for err, ids in kinds[:FAILURE_KINDS]:
             print(f"    {len(ids):3d} x {err}  (e.g. {ids[0]})")
+        if len(kinds) > FAILURE_KINDS:
+            rest = sum(len(ids) for _, ids in kinds[FAILURE_KINDS:])
+            print(f"    ... {len(kinds) - FAILURE_KINDS} more kinds ({rest} rows): see --json "
+                  f"failed")
     if result["warnings"]:
         print(f"  rows predicted not to fit in HBM or host memory (see --json warnings): "
               f"{len(result['warnings'])}")
-    for bad in result.get("implausible", []):
-        print(f"  implausible measurement: {bad['id']}: {bad['warning']}")
-    for bad in result.get("suspect_units", []):
-        print(f"  suspect measurement: {bad['id']}: {bad['warning']}")
+    for key, label, what, size in (
+            ("implausible", "implausible measurement", "faster than ideal hardware could run "
+             "their recorded configuration", "factor"),
+            ("suspect_units", "suspect measurement", "likely unit mix-ups", "ratio")):
+        flagged = result.get(key, [])
+        if len(flagged) <= FLAG_LINES:
+            for bad in flagged:
+                print(f"  {label}: {bad['id']}: {bad['warning']}")
+            continue
+        print(f"  {label}s: {len(flagged)} ({what}; all in --json {key}); the "
+              f"{FLAG_EXAMPLES} most extreme:")
+        for bad in sorted(flagged, key=lambda b: b[size], reverse=True)[:FLAG_EXAMPLES]:
+            print(f"    {bad['id']}: {bad['warning']}")
     if result["defaults"]:
         print(f"  rows that used schema defaults for empty plan cells: {len(result['defaults'])}")
     for name, summary in imec_summaries(result).items():
@@ -433,7 +471,7 @@ def _add_predict(sub):
 
 def run_predict(args) -> int:
     df = predict_csv(args.data, _load_efficiency(args.efficiency), intervals=args.interval,
-                     fit=args.efficiency)
+                     fit=args.efficiency, progress=True)
     if df.empty:
         raise CliError(f"no rows in {', '.join(args.data)}")
     invalid = df["status"].str.startswith("invalid")
@@ -477,8 +515,9 @@ def _add_bench(sub):
                                    "4, 8 forced CPU devices; search: the GPT-3 175B / 1,024 A100 "
                                    "exhaustive plan search.")
     p.add_argument("what", nargs="?", default="core", choices=["core", "sweep", "search", "all"])
-    p.add_argument("--n", type=int, default=1_000_000, help="configurations (default 10^6)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--n", type=int, default=1_000_000,
+                   help="configurations (default 10^6, at most 10^7)")
+    add_output_arguments(p)
     p.set_defaults(func=run_bench)
 
 
@@ -531,11 +570,29 @@ def run_quickstart(args) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed distribution's version (`pip show diffperf`)."""
+    try:
+        return importlib.metadata.version("diffperf")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that is not installed
+        return "(not installed)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (`error: argument --tp: invalid int value: 'abc' (see
+    diffperf train --help)`) instead of the usage block, like every other error of the CLI;
+    the sub-commands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="diffperf",
         description="Differentiable performance model of distributed LLM training and inference."
                     " Without a command: predict GPT-3 175B on 1,024 A100s and validate.")
+    parser.add_argument("--version", action="version", version=f"diffperf {_version()}")
     sub = parser.add_subparsers(dest="command")
     _add_train(sub)
     _add_validate(sub)

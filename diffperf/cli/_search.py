@@ -21,7 +21,20 @@ from ..plots._search_plot import front_plot
 from ..specs._hardware import precision_code
 from ..specs._inference_plan import InferencePlan
 from ._checks import CliError, check_writable
-from ._common import _load_efficiency, _load_model, _train_system
+from ._common import (
+    DEFAULT_INFER_GPU,
+    DEFAULT_INFER_MODEL,
+    DEFAULT_TRAIN_GPU,
+    DEFAULT_TRAIN_MODEL,
+    _load_efficiency,
+    _load_model,
+    _train_system,
+    add_gpu_argument,
+    add_model_argument,
+    add_output_arguments,
+    group,
+    wrote,
+)
 from ._infer import (
     add_per_head_decode,
     add_precision_arguments,
@@ -41,64 +54,74 @@ def add_search_parser(sub) -> None:
                                    "Exit status: 0 when a plan was found, 1 when no plan is "
                                    "feasible (or, for infer, none meets --latency / --tpot), "
                                    "2 on invalid input.")
-    kinds = p.add_subparsers(dest="search_kind", required=True)
+    kinds = p.add_subparsers(dest="search_kind", required=True, metavar="{train,infer}")
 
-    t = kinds.add_parser("train", help="fastest training plans for a model on N GPUs")
-    t.add_argument("--model", default="gpt3-175b", help="model preset or HF config.json")
-    t.add_argument("--gpu", default=None,
-                   help="GPU preset (default: the --system's GPU, else a100-sxm4-80gb)")
-    t.add_argument("--system", default=None, help="system preset (default: the GPU's)")
-    t.add_argument("--gpus", type=int, default=1024)
-    t.add_argument("--global-batch", type=int, default=1536)
-    t.add_argument("--seq-len", type=int, default=None)
-    t.add_argument("--precision", action="append", default=None,
-                   help="precision(s) to search (repeatable; default tf32 and bf16, plus fp8 / "
-                        "fp4 where the GPU has them)")
-    t.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=True,
-                   help="fp32 gradient buffers (Megatron-LM's for bf16); --no-fp32-gradients "
-                        "for 16-bit ones (NeMo / Megatron-Bridge recipes)")
-    t.add_argument("--offload-layers", type=int, action="append", default=None,
-                   help="activation-offloading setting(s) to search: layers per pipeline chunk "
-                        "kept in host memory (repeatable, e.g. --offload-layers 0 "
-                        "--offload-layers 40; default 0)")
-    t.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
-    t.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
-    add_set_argument(t)
-    t.add_argument("--plot", default=None,
-                   help="also save the memory / step-time Pareto front with the best plans "
-                        "to this image file (matplotlib)")
-    t.add_argument("--out", default=None,
-                   help="also write the best plans and the Pareto front to FILE.csv or "
-                        "FILE.parquet (parquet needs pyarrow); the front goes to "
-                        "FILE-pareto.csv/.parquet")
-    t.add_argument("--uneven-layouts", action="store_true",
-                   help="also rank plans whose pp * vp does not divide the layer count (they "
-                        "need a custom pipeline layout; modelled as perfectly balanced)")
-    t.add_argument("--json", action="store_true")
+    t = kinds.add_parser("train", help="fastest training plans for a model on N GPUs",
+                         description="Search the training plans of a model on N GPUs. Without "
+                                     f"--model / --gpu: {DEFAULT_TRAIN_MODEL} on "
+                                     f"{DEFAULT_TRAIN_GPU}, as `train`.")
+    add_model_argument(t, DEFAULT_TRAIN_MODEL)
+    add_gpu_argument(t, None, what="GPU",
+                     default_text=f"the --system's GPU, else {DEFAULT_TRAIN_GPU}")
+    h, pl = group(t, "hardware"), group(t, "plan")
+    h.add_argument("--system", default=None, help="system preset (default: the GPU's)")
+    pl.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
+    pl.add_argument("--global-batch", type=int, default=1536,
+                    help="sequences per optimizer step (default 1536)")
+    pl.add_argument("--seq-len", type=int, default=None, help="default: the model's")
+    pl.add_argument("--precision", action="append", default=None,
+                    help="precision(s) to search (repeatable; default tf32 and bf16, plus fp8 / "
+                         "fp4 where the GPU has them)")
+    pl.add_argument("--fp32-gradients", action=argparse.BooleanOptionalAction, default=True,
+                    help="fp32 gradient buffers (Megatron-LM's for bf16); --no-fp32-gradients "
+                         "for 16-bit ones (NeMo / Megatron-Bridge recipes)")
+    pl.add_argument("--offload-layers", type=int, action="append", default=None,
+                    help="activation-offloading setting(s) to search: layers per pipeline chunk "
+                         "kept in host memory (repeatable, e.g. --offload-layers 0 "
+                         "--offload-layers 40; default 0)")
+    pl.add_argument("--uneven-layouts", action="store_true",
+                    help="also rank plans whose pp * vp does not divide the layer count (they "
+                         "need a custom pipeline layout; modelled as perfectly balanced)")
+    h.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    add_set_argument(h)
+    _add_search_outputs(t, "memory / step-time")
     t.set_defaults(func=run_search_train)
 
     i = kinds.add_parser("infer", help="best TP / PP / EP / batch for a latency target; "
-                                       "Pareto front")
-    i.add_argument("--model", default="llama2-70b")
-    i.add_argument("--gpu", default="h100-sxm5-80gb",
-                   help="GPU or system preset (default h100-sxm5-80gb)")
-    i.add_argument("--input", type=int, default=2048, help="prompt tokens")
-    i.add_argument("--output", type=int, default=256, help="generated tokens")
-    i.add_argument("--latency", type=float, default=None,
-                   help="end-to-end latency target per request, s (default: none)")
-    i.add_argument("--tpot", type=float, default=None, help="time-per-output-token target, s")
-    i.add_argument("--max-gpus", type=int, default=8,
-                   help="largest tp * pp (default 8; tp and pp are each at most 64)")
-    add_precision_arguments(i)
-    add_prefill_tokens(i)
-    add_per_head_decode(i)
-    i.add_argument("--efficiency", default=None)
-    add_set_argument(i)
-    i.add_argument("--plot", default=None,
-                   help="also save the latency / throughput Pareto front with the best plans "
-                        "to this image file (matplotlib)")
-    i.add_argument("--json", action="store_true")
+                                       "Pareto front",
+                         description="Search the inference plans (tp, pp, ep, batch) of a model "
+                                     "on one GPU type. Without --model / --gpu: "
+                                     f"{DEFAULT_INFER_MODEL} on {DEFAULT_INFER_GPU}, as `infer`.")
+    add_model_argument(i, DEFAULT_INFER_MODEL)
+    add_gpu_argument(i, DEFAULT_INFER_GPU)
+    h, pl = group(i, "hardware"), group(i, "plan")
+    pl.add_argument("--input", type=int, default=2048, help="prompt tokens (default 2048)")
+    pl.add_argument("--output", type=int, default=256, help="generated tokens (default 256)")
+    pl.add_argument("--latency", type=float, default=None,
+                    help="end-to-end latency target per request, s (default: none)")
+    pl.add_argument("--tpot", type=float, default=None,
+                    help="time-per-output-token target, s (default: none)")
+    pl.add_argument("--max-gpus", type=int, default=8,
+                    help="largest tp * pp (default 8; tp and pp are each at most 64)")
+    add_precision_arguments(pl)
+    add_prefill_tokens(pl)
+    add_per_head_decode(pl)
+    h.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    add_set_argument(h)
+    _add_search_outputs(i, "latency / throughput")
     i.set_defaults(func=run_search_infer)
+
+
+def _add_search_outputs(parser, front: str) -> None:
+    """`--top`, `--plot`, `--out` and `--json`: the same for `search train` and `search infer`."""
+    group(parser, "output").add_argument("--top", type=int, default=10,
+                                         help="best plans to show and write (default 10)")
+    add_output_arguments(
+        parser, plot=f"also save the {front} Pareto front with the best plans to this image file",
+        out="also write the best plans and the Pareto front to FILE.csv or FILE.parquet "
+            "(parquet needs pyarrow); the front goes to FILE-pareto.csv/.parquet. Checked "
+            "writable before the search; a search that finds no plan leaves existing files "
+            "alone")
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -133,12 +156,7 @@ def run_search_train(args) -> int:
     for df in (top, pareto, result["least_memory"]):
         if df is not None and len(df):
             df["precision"] = [presets.precision_label(args.gpu, p) for p in df["precision"]]
-    if args.out and len(top):
-        write_table(top, args.out)
-        write_table(pareto, _suffixed(args.out, "-pareto"))
-    elif args.out:  # a run that found nothing leaves existing files alone
-        print(f"note: no feasible plan: {args.out} and {_suffixed(args.out, '-pareto')} not "
-              f"written", file=sys.stderr)
+    _write_tables(args, top, pareto, "no feasible plan")
     if args.plot:
         _plot(args, pareto, top, "memory_gb", "step_time_s", _train_label,
               "memory per GPU (GB)", "step time (s)",
@@ -223,7 +241,21 @@ def _plot(args, front, best, x, y, label, xlabel, ylabel, title) -> None:
         print("no plot: no feasible plan", file=sys.stderr)
         return
     front_plot(front, best, x, y, label, args.plot, xlabel, ylabel, title)
-    print(f"wrote {args.plot}", file=sys.stderr)
+    wrote(args.plot)
+
+
+def _write_tables(args, best: pd.DataFrame, front: pd.DataFrame, nothing: str) -> None:
+    """Write `--out` (the best plans) and its `-pareto` twin (the front); a search that found no
+    plan leaves existing files alone and says so (`nothing`: why there is no plan)."""
+    if not args.out:
+        return
+    pareto = _suffixed(args.out, "-pareto")
+    if len(best):
+        write_table(best, args.out)
+        write_table(front, pareto)
+        wrote(f"{args.out} and {pareto}")
+    else:
+        print(f"note: {nothing}: {args.out} and {pareto} not written", file=sys.stderr)
 
 
 def _suffixed(path: str, suffix: str) -> str:
@@ -253,6 +285,8 @@ def run_search_infer(args) -> int:
         print(f"warning: input + output = {args.input + args.output} tokens exceeds the model's "
               f"context of {float(model.seq_len):g} tokens (searched anyway)", file=sys.stderr)
     weights, act, kv = precisions_of(args)
+    if args.out:  # the Pareto table's file too, before the search (--out itself: check_paths)
+        check_writable("--out", _suffixed(args.out, "-pareto"))
     if args.max_gpus > 64 * 64:
         print(f"note: --max-gpus {args.max_gpus}: tp and pp are each searched up to 64, so at "
               f"most {64 * 64} GPUs", file=sys.stderr)
@@ -273,10 +307,12 @@ def run_search_infer(args) -> int:
         target = target[target["tpot_s"] <= args.tpot]
     # one row per (tp, pp, batch): plans that differ only in ep would fill the list otherwise
     best = (target.sort_values("output_tok_s_per_gpu", ascending=False, kind="stable")
-            .drop_duplicates(["tp", "pp", "batch"]).head(10))
+            .drop_duplicates(["tp", "pp", "batch"]).head(args.top))
     front_idx = _latency_throughput_front(ok)
     front = ok.iloc[front_idx]
     seconds = time.perf_counter() - t0
+    _write_tables(args, best, front, "no feasible plan" if len(ok) == 0 else
+                  "no feasible plan meets the target (--latency / --tpot)")
     if args.plot:
         _plot(args, front, best, "e2e_latency_s", "output_tok_s_per_gpu",
               lambda r: f"tp{r['tp']:g} pp{r['pp']:g}"

@@ -44,7 +44,7 @@ def study_design() -> Design:
 
 
 def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
-               gpus: int = 1024, global_batch: int = 1536, infer_model: str = "llama2-70b",
+               gpus: int = 1024, global_batch: int = 1536, infer_model="llama2-70b",
                efficiency=None, base_node: float = 12.0, infer_plan=None):
     """Training step time (best candidate plan per point, bf16) and inference latency
     (`infer_plan`, default tp 8, batch 1, 128 in / 128 out: TPOT and e2e) of `study_design()`
@@ -73,7 +73,8 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
         g = generate(technology(c[0], c[1], c[2]), design, arch_p)
         return System(g.accelerator, g.network)
 
-    tm, im = model(train_model), model(infer_model)
+    tm = model(train_model)
+    im = model(infer_model) if isinstance(infer_model, str) else infer_model  # or a Transformer
     grid = candidate_plans(tm, gpus, global_batch)
     vals = {k: jnp.asarray(v) for k, v in grid.product(grid.names).items()}
     n_plans = grid.size

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from typing import NamedTuple
 
+from .._checks import MAX_EXACT_COUNT
 from ..specs._hardware import Accelerator, Network, System
 
 _PARTS = {"accelerator": Accelerator, "network": Network}
@@ -98,6 +99,9 @@ def apply_overrides(system: System, overrides: list[Override]) -> System:
                 raise ValueError(f"--set {o.text}: {o.field} is 0 in the preset, and a multiple "
                                  f"of 0 stays 0; give a value ({o.field}=...)")
             v = float(values[o.field]) * o.value if o.factor else o.value
+            if UNITS.get(o.field) in ("count", "GPUs") and v > MAX_EXACT_COUNT:
+                raise ValueError(f"--set {o.text}: {o.field} must be <= {MAX_EXACT_COUNT} (2^24: "
+                                 f"larger counts are not exact in float32), got {v:g}")
             if v != 0 and not FLOAT32_TINY <= v <= FLOAT32_MAX:
                 raise ValueError(f"--set {o.text}: {v:g} {UNITS.get(o.field, '')} is outside the "
                                  f"range of the model's float32 arithmetic")

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from ..specs._hardware import System
+from ._labels import emptiest_corner, place_labels
 from ._pyplot import pyplot
 
 
@@ -26,15 +27,14 @@ def roofline_plot(df: pd.DataFrame, path, system: System | None = None, title: s
     for phase, marker in (("prefill", "o"), ("decode", "s")):
         sub = ops[ops["phase"] == phase]
         ax.scatter(sub["intensity"], sub["flops"] / sub["time_s"], marker=marker, label=phase)
-        for _, r in sub.iterrows():
-            ax.annotate(r["op"], (r["intensity"], r["flops"] / r["time_s"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
     balance = float(ops["machine_balance"].iloc[0])
+    lines = []
     if system is not None:
         bw = float(system.accelerator.hbm_bandwidth)
         xs = np.logspace(np.log10(ops["intensity"].min() / 2),
                          np.log10(max(ops["intensity"].max(), balance) * 2), 200)
         ax.plot(xs, np.minimum(xs * bw, balance * bw), "k-", lw=1, label="roofline")
+        lines.append((xs, np.minimum(xs * bw, balance * bw)))
     ax.axvline(balance, color="grey", ls="--", lw=1, label=f"machine balance {balance:.0f} FLOP/B")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -42,8 +42,12 @@ def roofline_plot(df: pd.DataFrame, path, system: System | None = None, title: s
     ax.set_ylabel("achieved FLOP/s")
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=8)
+    # each operation's name where there is room (several GEMMs share a spot): no overlaps
+    rate = ops["flops"] / ops["time_s"]
+    legend = ax.legend(fontsize=8, loc=emptiest_corner(ax, ops["intensity"], rate))
     fig.tight_layout()
+    place_labels(ax, ops["intensity"], rate, list(ops["op"]), fontsize=7, avoid=[legend],
+                 lines=[*lines, ([balance, balance], ax.get_ylim())])
     fig.savefig(path)
     plt.close(fig)
     return fig

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from ._labels import emptiest_corner, place_labels
 from ._pyplot import pyplot
 
 
@@ -22,12 +24,9 @@ def front_plot(front: pd.DataFrame, best: pd.DataFrame, x: str, y: str, label, p
     if front.empty:
         raise ValueError("search plot: the Pareto front is empty (no feasible plan)")
     f = front.sort_values(x)
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     ax.step(f[x], f[y], where="post", color="0.6", lw=1, zorder=1)
     ax.scatter(f[x], f[y], s=18, zorder=2, label=f"Pareto front ({len(f)} plans)")
-    for _, r in f.iterrows():
-        ax.annotate(label(r), (r[x], r[y]), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
     if len(best):
         ax.scatter(best[x], best[y], marker="*", s=90, color="C3", zorder=3,
                    label=f"best {len(best)} (as printed)")
@@ -38,8 +37,15 @@ def front_plot(front: pd.DataFrame, best: pd.DataFrame, x: str, y: str, label, p
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    # the labels go where there is room: no two overlap, nor a marker or the legend
+    everything = pd.concat([f[[x, y]], best[[x, y]]]) if len(best) else f[[x, y]]
+    legend = ax.legend(fontsize=8, loc=emptiest_corner(ax, everything[x], everything[y]))
     fig.tight_layout()
+    sx, sy = f[x].to_numpy(), f[y].to_numpy()  # the step line's corners
+    step = (np.repeat(sx, 2)[1:], np.repeat(sy, 2)[:-1])
+    place_labels(ax, f[x], f[y], [label(r) for _, r in f.iterrows()], fontsize=6,
+                 avoid=[legend], others=(best[x], best[y]) if len(best) else None,
+                 lines=[step])
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return fig

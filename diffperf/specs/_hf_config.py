@@ -24,6 +24,7 @@ multi-token-prediction layers.
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -270,38 +271,45 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
     cfg = _language_model(path, cfg)
     _refuse_unmodelled(path, cfg)
 
-    def pick(*names, default=None):
+    source: dict[str, str] = {}  # Transformer field -> the config field its value came from
+
+    def pick(*names, default=None, field=None):
         for n in names:
             if n in cfg and cfg[n] is not None:
+                if field is not None:
+                    source[field] = n
                 return cfg[n] if isinstance(default, str) else _count(path, n, cfg[n])
         if default is not None:
             return default
         raise ValueError(f"{path}: none of the fields {names} is present")
 
     model_type = _model_type(path, cfg)
-    hidden = pick(*_HIDDEN)
-    heads = pick("num_attention_heads", "n_head", "n_heads", "num_heads")
+    hidden = pick(*_HIDDEN, field="hidden")
+    heads = pick("num_attention_heads", "n_head", "n_heads", "num_heads", field="heads")
     if model_type in _FALCON_TYPES and not cfg.get("new_decoder_architecture", False) and (
             model_type != "refinedweb"):
         # Falcon-7B style: one KV head if multi_query (the class default), else MHA; a re-saved
         # config also carries num_kv_heads = heads, which Falcon ignores in this layout.
         kv = 1 if cfg.get("multi_query", True) else heads
     else:
-        kv = pick("num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+        kv = pick("num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads,
+                  field="kv_heads")
         if cfg.get("multi_query") and "num_kv_heads" not in cfg and "n_head_kv" not in cfg:
             kv = 1
-    head_width = pick("head_dim", default=0)
+    head_width = pick("head_dim", default=0, field="head_width")
     if head_width and head_width * heads == hidden:
         head_width = 0  # the usual h / a: keep the derived form
-    experts = pick("num_local_experts", "num_experts", "n_routed_experts", default=1)
+    experts = pick("num_local_experts", "num_experts", "n_routed_experts", default=1,
+                   field="num_experts")
     if experts > 1 and cfg.get("moe_intermediate_size") is not None:
-        ffn = pick("moe_intermediate_size")  # Qwen-MoE / DeepSeek: the expert width
+        # Qwen-MoE / DeepSeek: the expert width
+        ffn = pick("moe_intermediate_size", field="ffn_hidden")
     elif cfg.get("expansion_ratio") is not None:
         ffn = pick("expansion_ratio") * hidden  # MPT
     else:
         ffn = pick("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim",
-                   default=4 * hidden)
-    top_k = pick("num_experts_per_tok", "moe_top_k", default=1)
+                   default=4 * hidden, field="ffn_hidden")
+    top_k = pick("num_experts_per_tok", "moe_top_k", default=1, field="experts_per_token")
     shared = _shared_width(path, cfg, pick, experts, ffn)
     act = str(pick("hidden_act", "activation_function", "activation", default="gelu")).lower()
     gated = 1 if act in ("silu", "swiglu", "swish") or model_type in _GATED_TYPES else 0
@@ -329,7 +337,9 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
     if all(cfg.get(k) is None for k in context_fields) and seq_len is None:
         warnings.warn(f"{path}: no context length ({', '.join(context_fields)}): assumed 2048 "
                       f"tokens (diffperf train --seq-len sets the training length)", stacklevel=2)
-    longest = pick(*context_fields, default=2048)  # the longest context the model serves
+    longest = pick(*context_fields, default=2048, field="seq_len")  # the longest it serves
+    if seq_len is not None:
+        source.pop("seq_len", None)  # the caller's length, not the config's
     if longest < 1:
         named = next(k for k in ("max_position_embeddings", "n_positions", "seq_length",
                                  "max_seq_len") if cfg.get(k) is not None)
@@ -341,9 +351,10 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
                 and rope.get("original_max_position_embeddings") is not None):
             seq_len = _count(path, "rope_scaling.original_max_position_embeddings",
                              rope["original_max_position_embeddings"])
+            source["seq_len"] = "rope_scaling.original_max_position_embeddings"
         else:
             seq_len = longest
-    layers = pick("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    layers = pick("num_hidden_layers", "n_layer", "n_layers", "num_layers", field="layers")
     window, global_layers = _sliding_window(path, cfg, model_type, layers)
     dense_layers, dense_width = _dense_layers(path, cfg, pick, layers, experts, ffn)
     fields = dict(
@@ -352,7 +363,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         heads=heads,
         kv_heads=kv,
         ffn_hidden=ffn,
-        vocab=pick("vocab_size", "padded_vocab_size"),
+        vocab=pick("vocab_size", "padded_vocab_size", field="vocab"),
         seq_len=seq_len,
         gated_mlp=gated,
         num_experts=experts,
@@ -370,5 +381,7 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
     fields.update(_latent_attention(path, cfg, pick))  # MLA: its own head widths
     try:
         return Transformer(**fields)
-    except ValueError as e:  # a range check of the spec: say which file it came from
-        raise ValueError(f"{path}: {e}") from None
+    except ValueError as e:  # a range check of the spec: say which file and field it came from
+        text = re.sub(r"Transformer\.(\w+)",
+                      lambda m: f"field {source[m[1]]!r}" if m[1] in source else m[0], str(e))
+        raise ValueError(f"{path}: {text}") from None

@@ -10,33 +10,45 @@ from ..specs._efficiency import Efficiency
 from ._data import read_benchmark_files
 from ._infer_rows import predict_infer_rows, stacked_infer_specs
 from ._plausibility import implausible_measurements
+from ._stack import Progress, release_freed_memory
 from ._train_rows import predict_train_rows, stacked_train_specs
 
 
-def validate(paths, efficiency: Efficiency | None = None) -> dict:
+def validate(paths, efficiency: Efficiency | None = None, progress: bool | Progress = False
+             ) -> dict:
     """Predict every row of the CSV files in `paths` and compare with each measured column.
 
     `efficiency`: an `Efficiency` used for every row, a `GpuEfficiency` (e.g. from
     `efficiency_from_json` of a fitted file with `per_gpu` entries: each row uses its GPU's
-    factors), or None: the shipped calibration, per GPU.
+    factors), or None: the shipped calibration, per GPU. `progress`: report the stages of a
+    long run (>= 5,000 rows of a kind) on stderr (True, or a `_stack.Progress`). Rows are
+    evaluated in chunks of one compiled shape (`_stack.CHUNK_ROWS`), so any number fits.
 
     **Returns:** `{"rows": [...], "summary": {metric: {"n", "mape", "max_ape"}}, "failed": [...],
-    "defaults": [...], "warnings": [...], "implausible": [...]}` as in docs/benchmark-format.md (APE
-    in percent); `implausible` lists measurements faster than ideal hardware could run the
-    row's recorded configuration (`diffperf.validation.implausible_measurements`).
+    "defaults": [...], "warnings": [...], "suspect_units": [...], "implausible": [...]}` as in
+    docs/benchmark-format.md (APE in percent); `suspect_units` lists measurements
+    `UNIT_SUSPECT_RATIO` times or more off their prediction (`{"id", "metric", "ratio",
+    "warning"}`, ratio >= 1 either way), `implausible` measurements faster than ideal hardware
+    could run the row's recorded configuration (`diffperf.validation.implausible_measurements`).
     """
     eff = efficiency
     if isinstance(paths, (str, Path)):
         paths = [paths]
     rows = read_benchmark_files(paths)
+    release_freed_memory()
     train = [r for r in rows if r.kind == "train"]
     infer = [r for r in rows if r.kind == "infer"]
-    st_train, st_infer = stacked_train_specs(train), stacked_infer_specs(infer)
-    predictions, failed = predict_train_rows(train, eff, st_train)
+    bar = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    st_train = stacked_train_specs(train, bar.start(len(train), "train rows: building specs"))
+    st_infer = stacked_infer_specs(infer, bar.start(len(infer), "infer rows: building specs"))
+    predictions, failed = predict_train_rows(train, eff, st_train, bar)
     if infer:
-        more, more_failed = predict_infer_rows(infer, eff, st_infer)
+        more, more_failed = predict_infer_rows(infer, eff, st_infer, bar)
         predictions += more
         failed += more_failed
+    bar.start(len(rows), "ideal-hardware bounds of the measurements")
+    implausible = implausible_measurements(rows, (st_train, st_infer))
+    bar.close()
     out_rows, warnings = [], []
     for row, pred, warning in predictions:
         if warning:
@@ -50,7 +62,7 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
                              "measured": measured,
                              "predicted": p, "ape": abs(p - measured) / measured * 100.0})
     summary = summarize(out_rows)
-    suspect = [{"id": r["id"], "metric": r["metric"],
+    suspect = [{"id": r["id"], "metric": r["metric"], "ratio": _ratio(r),
                 "warning": f"{r['metric']} {r['measured']:.4g} is {_ratio(r):.3g}x off the "
                            f"prediction {r['predicted']:.4g}: a unit mix-up"
                            + (" (ms for s?)" if r["metric"].endswith("_s") else "?")}
@@ -58,7 +70,7 @@ def validate(paths, efficiency: Efficiency | None = None) -> dict:
     defaults = [{"id": r.id, "defaults": r.defaults_used} for r in rows if r.defaults_used]
     return {"rows": out_rows, "summary": summary, "failed": failed, "defaults": defaults,
             "warnings": warnings, "suspect_units": suspect,
-            "implausible": implausible_measurements(rows, (st_train, st_infer))}
+            "implausible": implausible}
 
 
 #: A measurement this many times off its prediction (either way) is flagged as a likely unit
