@@ -411,10 +411,13 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
     **Returns:** a `Fit`. Enables float64 (`jax_enable_x64`).
     """
     t0 = time.perf_counter()
+    where = ""  # the data files, for an error about the data as a whole
     if problem is None:
         if progress:
             progress("read", 0, 1, float("nan"))
         parsed = _Parsed(_rows_from(data))  # raises BenchmarkError (file, row, column) first
+        if parsed[1]:
+            where = " of " + ", ".join(str(p) for p in parsed[1])
         if progress:
             progress("specs", 0, len(parsed[0]), float("nan"))
         enable_x64()
@@ -428,8 +431,8 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
     ds, par = problem.ds, problem.par
     w_t, w_i = problem.base_weights()
     if w_t.sum() + w_i.sum() == 0:
-        raise ValueError("no usable measured values in the data (every row is infeasible or "
-                         "unmeasured)")
+        raise ValueError(f"no usable measured values in the data{where} (no rows, or every "
+                         f"row is infeasible or unmeasured)")
     theta0 = par.theta_from(start)
     res = problem.optimize(theta0, w_t, w_i, adam_steps, lbfgs_steps, progress=progress)
     theta = res.theta[0]

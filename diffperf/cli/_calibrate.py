@@ -20,6 +20,7 @@ from ..calibrate._uncertainty import (
 )
 from ..validation._data import read_benchmarks
 from ..validation._plausibility import implausible_measurements
+from ..validation._validate import UNIT_SUSPECT_RATIO
 
 
 def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
@@ -158,6 +159,18 @@ def run_calibrate(args) -> int:
     for bad in implausible:
         print(f"warning: row {bad['id']}: {bad['warning']}; fitted anyway: correct the row or "
               f"leave it out", file=sys.stderr)
+    suspect = [c for c in fit.predictions
+               if max(c["predicted"] / c["measured"], c["measured"] / c["predicted"])
+               > UNIT_SUSPECT_RATIO]
+    for c in suspect[:IMPLAUSIBLE_LINES]:
+        ratio = max(c["predicted"] / c["measured"], c["measured"] / c["predicted"])
+        print(f"warning: row {c['id']}: {c['metric']} {c['measured']:.4g} is {ratio:.3g}x off "
+              f"the fitted prediction {c['predicted']:.4g}: a unit mix-up? fitted anyway: "
+              f"correct the row or leave it out", file=sys.stderr)
+    if len(suspect) > IMPLAUSIBLE_LINES:
+        print(f"warning: {len(suspect) - IMPLAUSIBLE_LINES} more measurements are more than "
+              f"{UNIT_SUSPECT_RATIO:g}x off their fitted predictions (`diffperf validate "
+              f"--json` lists them all)", file=sys.stderr)
     if not fit.metadata.get("converged", True):
         print(f"warning: the fit did not converge in {args.steps} Adam + {args.lbfgs_steps} "
               f"L-BFGS steps (raise --lbfgs-steps); its factors are not at the optimum and "
