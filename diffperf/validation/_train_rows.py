@@ -15,6 +15,8 @@ from ..training._step import model_flops_per_step, train_step
 from ._data import (
     MODEL_OPTIONAL_COUNTS,
     MODEL_OPTIONAL_FLAGS,
+    TRAIN_OPTIONAL_COUNTS,
+    TRAIN_OPTIONAL_FLAGS,
     BenchmarkRow,
     row_model,
     train_specs,
@@ -58,11 +60,9 @@ def _kept(out) -> dict:
             "host": r.memory.host, "model_flops": mf}
 
 
-#: The `TrainingPlan` fields `train_specs` sets from optional values, with its defaults.
-_PLAN_OPTIONAL = {"overlap_tp": 1, "overlap_tp_backward": 1, "overlap_dp": 1,
-                  "zero3_per_matrix": 0, "fp32_gradients": 1, "fp32_optimizer_moments": 1,
-                  "account_embedding_loss": 0, "recompute_layers": 0, "offload_layers": 0,
-                  "expert_tp": 0, "overlap_ep": 0, "fused_expert_gemm": 0}
+#: The `TrainingPlan` fields `train_specs` sets from optional values, with their defaults
+#: (the reader's own tables; a row's runtime may have replaced a flag's default already).
+_PLAN_OPTIONAL = {**TRAIN_OPTIONAL_FLAGS, **TRAIN_OPTIONAL_COUNTS}
 #: ... and from required ones.
 _PLAN_REQUIRED = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp",
                   "sequence_parallel", "recompute", "zero", "precision", "flash_attention")
