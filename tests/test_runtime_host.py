@@ -32,8 +32,8 @@ def test_presets_and_default():
     assert float(default.host_op_time) == float(default.host_collective_time) == 0.0
     with pytest.raises(ValueError, match="Runtime.host_op_time must be a finite number >= 0"):
         Runtime(host_op_time=-1e-6)
-    with pytest.raises(ValueError, match="Runtime.cuda_graph must lie in"):
-        Runtime(cuda_graph=2.0)
+    with pytest.raises(ValueError, match="Runtime.train_graph must lie in"):
+        Runtime(train_graph=2.0)
 
 
 def test_collective_calls_per_layer_by_hand():
@@ -55,7 +55,7 @@ def test_host_time_per_layer_by_hand():
     plan = dp.TrainingPlan(**SMALL_PLAN)
     want = 55 * 2 * 19e-6 + 55 * 1.1 * 19e-6 + 6 * 20e-6
     assert float(host_time_per_layer(SMALL, plan, EAGER)) == pytest.approx(want, rel=1e-5)
-    graph = eqx.tree_at(lambda r: r.cuda_graph, EAGER, 1.0)
+    graph = eqx.tree_at(lambda r: r.train_graph, EAGER, 1.0)
     assert float(host_time_per_layer(SMALL, plan, graph)) == 0.0
 
 
@@ -120,7 +120,7 @@ def test_more_host_time_is_never_faster(field):
 
 def test_vmap_over_runtimes_equals_a_loop():
     runtimes = [runtime("megatron-core"), EAGER,
-                eqx.tree_at(lambda r: r.cuda_graph, EAGER, 1.0),
+                eqx.tree_at(lambda r: r.train_graph, EAGER, 1.0),
                 eqx.tree_at(lambda r: r.host_op_time, EAGER, 40e-6)]
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *runtimes)
     plan = dp.TrainingPlan(**SMALL_PLAN)

@@ -7,6 +7,13 @@ from ._boundedness import (
     boundedness as boundedness,
     dram_scaling as dram_scaling,
 )
+from ._host import (
+    collectives_per_layer as collectives_per_layer,
+    graph_kernel_time as graph_kernel_time,
+    graph_share as graph_share,
+    host_issue_time as host_issue_time,
+    host_wait as host_wait,
+)
 from ._infer import (
     Cost as Cost,
     InferenceMemory as InferenceMemory,
@@ -19,5 +26,6 @@ from ._infer import (
     inference_ops as inference_ops,
     kv_cache_bytes_per_gpu as kv_cache_bytes_per_gpu,
     max_batch as max_batch,
+    phase_graphs as phase_graphs,
     weight_bytes_per_gpu as weight_bytes_per_gpu,
 )

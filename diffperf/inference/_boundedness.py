@@ -4,6 +4,8 @@ and the effect of DRAM (HBM) technology on latency.
 An operation is *compute-bound* when its arithmetic intensity (FLOP per HBM byte) exceeds the
 GPU's machine balance (peak FLOP/s / HBM B/s) - more precisely, when its compute time is the
 largest of its four time components (compute, HBM traffic, network, kernel launch overhead).
+A phase whose GPU waits for the host (an eager runtime issuing short kernels) gets one more row,
+`host_wait`, bound by the `host`.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
+from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
 from ._infer import OP_KINDS, infer, inference_ops
 
-#: Resources an operation can be bound by, in the order of the `Cost` fields `boundedness` reads.
-RESOURCES = ("compute", "memory", "network", "launch")
+#: Resources an operation can be bound by, in the order of the `Cost` fields `boundedness` reads,
+#: and the host (the `host_wait` row of a phase whose GPU waits for the host).
+RESOURCES = ("compute", "memory", "network", "launch", "host")
 #: Default HBM sweep of `dram_scaling`: per-GPU bandwidth of successive HBM generations, B/s.
 HBM_GENERATIONS = {
     "HBM2e (2.0 TB/s)": 2.0e12,
@@ -36,7 +40,8 @@ HBM_GENERATIONS = {
 
 
 def boundedness(model: Transformer, system: System, plan: InferencePlan,
-                efficiency: Efficiency | None = None) -> pd.DataFrame:
+                efficiency: Efficiency | None = None,
+                runtime: Runtime | None = None) -> pd.DataFrame:
     """Per-operation boundedness table of prefill and decode on one GPU.
 
     **Returns:** a DataFrame with one row per operation and phase: `phase`, `op`, `kind`,
@@ -45,17 +50,21 @@ def boundedness(model: Transformer, system: System, plan: InferencePlan,
     B/s, FLOP/B: the datasheet ridge point), `bound` (the largest of compute / memory /
     network / launch time at the fitted efficiencies, so an operation a little below the ridge
     point can be compute-bound where its achieved FLOP/s are lower than the peak),
-    `compute_s`, `memory_s`, `network_s`, `launch_s`, `time_s` (s, summed over all executions
-    in the phase: all layers, and all decode steps) and `share` (fraction of the phase's time).
-    Operations that do not occur (e.g. the router of a dense model) are dropped.
+    `compute_s`, `memory_s`, `network_s`, `launch_s`, `host_s`, `time_s` (s, summed over all
+    executions in the phase: all layers, and all decode steps) and `share` (fraction of the
+    phase's time). Operations that do not occur (e.g. the router of a dense model) are
+    dropped. With a `runtime` whose host binds, each phase has a `host_wait` row (kind and
+    bound `host`): the time the GPU waits for the host (`PhaseBreakdown.host`).
     """
     eff = resolve_efficiency(efficiency)
-    ops = jax.device_get(inference_ops(model, system, plan, eff))  # eager: one config
+    ops = jax.device_get(inference_ops(model, system, plan, eff, runtime=runtime))  # eager
+    report = jax.device_get(infer(model, system, plan, eff, runtime))
+    waits = {"prefill": float(report.prefill.host), "decode": float(report.decode.host)}
     acc = system.accelerator
     balance = float(peak_matmul_flops(acc, plan.math_precision) / acc.hbm_bandwidth)
     rows = []
     for phase, costs in ops.items():
-        total = sum(float(c.time) for c in costs.values())
+        total = sum(float(c.time) for c in costs.values()) + waits[phase]
         for name, c in costs.items():
             time = float(c.time)
             if float(c.kernels) == 0.0 and float(c.network) == 0.0:
@@ -68,7 +77,14 @@ def boundedness(model: Transformer, system: System, plan: InferencePlan,
                 "intensity": flops / nbytes if nbytes > 0 else np.inf,
                 "machine_balance": balance, "bound": RESOURCES[int(np.argmax(parts))],
                 "compute_s": parts[0], "memory_s": parts[1], "network_s": parts[2],
-                "launch_s": parts[3], "time_s": time, "share": time / total,
+                "launch_s": parts[3], "host_s": 0.0, "time_s": time, "share": time / total,
+            })
+        if waits[phase] > 0.0:
+            rows.append({
+                "phase": phase, "op": "host_wait", "kind": "host", "kernels": 0.0, "flops": 0.0,
+                "bytes": 0.0, "intensity": np.nan, "machine_balance": balance, "bound": "host",
+                "compute_s": 0.0, "memory_s": 0.0, "network_s": 0.0, "launch_s": 0.0,
+                "host_s": waits[phase], "time_s": waits[phase], "share": waits[phase] / total,
             })
     return pd.DataFrame(rows)
 

@@ -55,11 +55,14 @@ from ..specs._attention import projections
 from ..specs._efficiency import Efficiency, matmul_efficiency
 from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
+from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
+from ._host import graph_kernel_time, graph_share, host_wait
 
 #: Element-wise kernels per layer and step (TensorRT-LLM style fusion): input RMSNorm,
 #: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add (one
-#: fewer in a parallel attention + MLP block, which has a single residual add).
+#: fewer in a parallel attention + MLP block, which has a single residual add). The default of
+#: `Runtime.elementwise_kernels`; a runtime with other fusion sets its own.
 ELEMENTWISE_KERNELS = 4.0
 #: Extra kernels per MoE layer: router softmax + top-k, token permute, un-permute + combine.
 MOE_KERNELS = 3.0
@@ -236,8 +239,9 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
 
 
 def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
-                 tokens) -> Cost:
-    """Norms, residual adds, activation, RoPE and KV-cache write of one layer."""
+                 tokens, kernels_per_layer) -> Cost:
+    """Norms, residual adds, activation, RoPE and KV-cache write of one layer, in
+    `kernels_per_layer` kernels (`Runtime.elementwise_kernels`)."""
     th = tokens * x.h
     act = tokens * ((1.0 - x.dense) * (model.experts_per_token * x.f + x.f_shared)
                     + x.dense * x.f_dense)
@@ -249,7 +253,7 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
               + act * x.ab * (model.mlp_matrices)  # activation: read 1-2 inputs, write 1
               + rope * 2.0 * x.ab + tokens * x.cache * x.kb)  # RoPE, KV write
     flops = 2.0 * th * 5.0 + 2.0 * th + act * 8.0 + rope * 6.0
-    kernels = (ELEMENTWISE_KERNELS - model.parallel_attention
+    kernels = (kernels_per_layer - model.parallel_attention
                + jnp.where(x.moe, (1.0 - x.dense) * MOE_KERNELS, 0.0))
     acc = system.accelerator
     return compute_cost(acc, eff, flops, nbytes, acc.vector_flops * eff.vector, kernels)
@@ -300,15 +304,17 @@ def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
 
 
 def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Efficiency,
-              x: _Dims, tokens, attention: Cost) -> dict[str, Cost]:
+              x: _Dims, tokens, attention: Cost, runtime: Runtime) -> dict[str, Cost]:
     """All operations of one forward pass over `tokens` new tokens (all layers, all stages);
-    the LM head runs on the last token of each sequence only."""
+    the LM head runs on the last token of each sequence only. Launch costs are those of an
+    eager launch (`inference_ops` scales them for a CUDA graph)."""
     acc, net = system.accelerator, system.network
     layers = model.layers
     ops = {"embedding": compute_cost(acc, eff, 0.0, 2.0 * tokens * x.h * x.sb, 1.0, 1.0)}
     per_layer = dict(_layer_gemms(model, system, eff, x, tokens))
     per_layer["attention"] = attention
-    per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens)
+    per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens,
+                                            runtime.elementwise_kernels)
     msg = tokens * x.h * x.sb
     per_layer["tp_allreduce"] = model.tp_reductions_per_pass * network_cost(
         coll.all_reduce(net, eff, msg, plan.tp), msg)
@@ -328,19 +334,23 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
 
 def inference_ops(model: Transformer, system: System, plan: InferencePlan,
                   efficiency: Efficiency | None = None,
-                  per_step_fallback: bool = False) -> dict[str, dict[str, Cost]]:
+                  per_step_fallback: bool = False,
+                  runtime: Runtime | None = None) -> dict[str, dict[str, Cost]]:
     """Per-operation costs of both phases: `{"prefill": {op: Cost}, "decode": {op: Cost}}`.
 
     Prefill costs are for the whole prompt pass; decode costs are summed over all
     `output_len - 1` decode steps (closed form, see the module docstring). Op names and
     categories: `OP_KINDS`. Pure JAX (jit / vmap / grad). With `output_len = 1` the decode
-    costs are zero, unless `per_step_fallback` (then they are those of one step).
+    costs are zero, unless `per_step_fallback` (then they are those of one step). A phase the
+    `runtime` captures in a CUDA graph launches its kernels at the graph's cost
+    (`diffperf.inference.graph_kernel_time`); the host's wait is not an operation (`infer` adds it).
     """
     eff = resolve_efficiency(efficiency)
+    runtime = Runtime() if runtime is None else runtime
     x = _dims(model, plan)
     b = plan.batch
     prefill = _pass_ops(model, plan, system, eff, x, b * plan.input_len,
-                        _prefill_attention(model, plan, system, eff, x))
+                        _prefill_attention(model, plan, system, eff, x), runtime)
     # With output_len = 1 there is no decode step: the ops of one step (at context input_len
     # + 1/2) are still built, so that `infer` can report a finite TPOT, then masked to zero.
     steps = jnp.maximum(plan.output_len - 1.0, 1.0)
@@ -350,16 +360,36 @@ def inference_ops(model: Transformer, system: System, plan: InferencePlan,
     attention = _decode_attention(model, plan, system, eff, x, total_context)
     attention = eqx.tree_at(lambda c: (c.launch, c.kernels), attention,
                             (attention.launch * steps, attention.kernels * steps))
-    step = _pass_ops(model, plan, system, eff, x, b, attention)
+    step = _pass_ops(model, plan, system, eff, x, b, attention, runtime)
     decode = {k: (v if k == "attention" else steps * v) for k, v in step.items()}
+    graphs = phase_graphs(plan, runtime)
+    replayed = graph_kernel_time(eff, runtime)
+    prefill = _graph_launches(prefill, graphs["prefill"], replayed)
+    decode = _graph_launches(decode, graphs["decode"], replayed)
     if not per_step_fallback:
         decode = jax.tree.map(lambda c: jnp.where(plan.output_len > 1, c, 0.0), decode)
     return {"prefill": prefill, "decode": decode}
 
 
+def phase_graphs(plan: InferencePlan, runtime: Runtime) -> dict[str, jax.Array]:
+    """CUDA-graph share of each phase (`diffperf.inference.graph_share`): the prefill pass of
+    batch x prompt tokens, the decode steps of `batch` tokens."""
+    return {"prefill": graph_share(runtime.prefill_graph, plan.batch * plan.input_len, runtime),
+            "decode": graph_share(runtime.decode_graph, plan.batch, runtime)}
+
+
+def _graph_launches(ops: dict[str, Cost], graph, replayed) -> dict[str, Cost]:
+    """The operations of a phase with CUDA-graph share `graph`: each kernel's fixed cost
+    (1 - graph) x its eager launch + graph x `replayed` (s per kernel)."""
+    return {k: eqx.tree_at(lambda c: c.launch, v, (1.0 - graph) * v.launch
+                           + graph * v.kernels * replayed) for k, v in ops.items()}
+
+
 class PhaseBreakdown(eqx.Module):
     """Time of one phase on the critical path, by category, s. `total` is their sum; `launch`
-    is the fixed per-kernel cost of all kernels (excluded from the other compute terms)."""
+    is the fixed per-kernel cost of all kernels (excluded from the other compute terms);
+    `host` the time the GPU waits for the host to issue the work (`diffperf.inference.
+    host_wait`; 0 with the default runtime)."""
 
     gemm: jax.Array
     attention: jax.Array
@@ -367,16 +397,20 @@ class PhaseBreakdown(eqx.Module):
     launch: jax.Array
     tp_comm: jax.Array
     pp_comm: jax.Array
+    host: jax.Array
     total: jax.Array
     kernels: jax.Array  # kernel launches, count
 
 
-def _breakdown(ops: dict[str, Cost]) -> PhaseBreakdown:
+def _breakdown(ops: dict[str, Cost], wait) -> PhaseBreakdown:
+    """The phase's breakdown given its operations and `wait(gpu_time)`, the host wait."""
     def kind_sum(kind):
         return sum(c.roofline + c.network for n, c in ops.items() if OP_KINDS[n] == kind)
     launch = sum(c.launch for c in ops.values())
     parts = {k: kind_sum(k) for k in KINDS}
-    return PhaseBreakdown(**parts, launch=launch, total=sum(parts.values()) + launch,
+    gpu = sum(parts.values()) + launch
+    host = wait(gpu)
+    return PhaseBreakdown(**parts, launch=launch, host=host, total=gpu + host,
                           kernels=sum(c.kernels for c in ops.values()))
 
 
@@ -525,7 +559,8 @@ class InferenceReport(eqx.Module):
 
 
 def infer(model: Transformer, system: System, plan: InferencePlan,
-          efficiency: Efficiency | None = None) -> InferenceReport:
+          efficiency: Efficiency | None = None, runtime: Runtime | None = None
+          ) -> InferenceReport:
     """Predict serving `plan` for `model` on `system`.
 
     Pure JAX: works unchanged under `jit`, `vmap` and `grad`. Invalid plans come back with
@@ -539,13 +574,20 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
     - `system`: GPUs and network.
     - `plan`: the inference plan.
     - `efficiency`: calibrated factors (default: the shipped `default_efficiency()`).
+    - `runtime`: the serving engine's host costs and CUDA graphs (default `Runtime()`: the
+      calibration set's TensorRT-LLM without graphs; presets: `diffperf.presets.runtime`).
 
     **Returns:** an `InferenceReport`.
     """
     eff = resolve_efficiency(efficiency)
-    ops = inference_ops(model, system, plan, eff, per_step_fallback=True)
-    prefill, decode = _breakdown(ops["prefill"]), _breakdown(ops["decode"])
+    runtime = Runtime() if runtime is None else runtime
+    ops = inference_ops(model, system, plan, eff, per_step_fallback=True, runtime=runtime)
     steps = plan.output_len - 1.0
+    graphs = phase_graphs(plan, runtime)
+    prefill = _breakdown(ops["prefill"], lambda gpu: host_wait(
+        model, plan, runtime, gpu, 1.0, graphs["prefill"]))
+    decode = _breakdown(ops["decode"], lambda gpu: host_wait(
+        model, plan, runtime, gpu, jnp.maximum(steps, 1.0), graphs["decode"]))
     tpot = decode.total / jnp.maximum(steps, 1.0)  # one hypothetical step when output_len = 1
     decode = jax.tree.map(lambda t: jnp.where(steps > 0, t, 0.0), decode)
     ttft = prefill.total

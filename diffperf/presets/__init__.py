@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from importlib import resources
@@ -144,8 +145,7 @@ def system(name: str, nvlink_domain: int | None = None) -> System:
 
 #: The runtime of the calibration set, used when nothing names one.
 DEFAULT_RUNTIME = "megatron-core"
-_RUNTIME_FIELDS = ("host_op_time", "host_backward_op_time", "host_collective_time",
-                   "ops_per_layer", "backward_ops_per_op", "cuda_graph")
+_RUNTIME_FIELDS = tuple(f.name for f in dataclasses.fields(Runtime))
 
 
 def runtime_names() -> list[str]:

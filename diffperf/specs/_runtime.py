@@ -1,11 +1,12 @@
-"""The software runtime of a training job: how much host (CPU) time it spends issuing the work.
+"""The software runtime of a job: how much host (CPU) time it spends issuing the work.
 
 The host issues kernels and collectives asynchronously. While the GPU's work per operator is
 long, the GPU never waits; when it is short (small models, high tensor parallelism, small
 micro-batches), the GPU waits for the host, and a layer takes about the longer of the two
 streams (`diffperf.training.host_wait`). An eager framework spends microseconds to tens of
 microseconds of CPU per operator (Python, the dispatcher, autograd recording, the launch
-itself); a CUDA graph replays a whole captured step for a few microseconds in all.
+itself); a CUDA graph replays a whole captured step for a few microseconds in all, and the GPU
+then starts each captured kernel about half a microsecond after the previous one.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from .._checks import check_fraction, check_nonnegative, names_number_fields, nu
 
 @names_number_fields
 class Runtime(eqx.Module):
-    """Host-side costs of the software stack that runs a training step. Every field is a
-    differentiable leaf (vmap / grad over runtimes works as over hardware).
+    """Host-side costs of the software stack that runs a training step or serves a model.
+    Every field is a differentiable leaf (vmap / grad over runtimes works as over hardware).
 
     **Arguments:**
 
@@ -32,12 +33,25 @@ class Runtime(eqx.Module):
     - `ops_per_layer`: framework operators issued by one transformer layer's forward pass
       (including views and reshapes, which cost host time but launch no kernel), count.
     - `backward_ops_per_op`: backward operators per forward operator, ratio.
-    - `cuda_graph`: 1 if the training step is captured in a CUDA graph (its replay costs the
+    - `train_graph`: 1 if the training step is captured in a CUDA graph (its replay costs the
       host nothing per operator), 0 for eager execution.
+    - `prefill_graph`, `decode_graph`: 1 if a serving engine captures its prefill / decode step
+      in a CUDA graph: the host issues no operator, and each kernel costs `graph_node_time`
+      instead of the accelerator's `launch_overhead` (`diffperf.inference.host_wait`).
+    - `graph_node_time`: GPU-side gap between two kernels of a replayed CUDA graph, s.
+    - `graph_max_tokens`: largest pass (tokens: the batch in decode, batch x prompt in prefill)
+      the engine has captured a graph for; larger passes run eagerly, count.
+    - `host_step_time`: host time per serving step outside the layers (scheduler, sampling,
+      detokenisation, input preparation), s; CUDA graphs do not remove it.
+    - `elementwise_kernels`: element-wise kernels one layer launches per inference pass (norms,
+      residual adds, activation; RoPE and the KV-cache write are fused into attention), count:
+      4 with TensorRT-LLM-style fusion, more in an unfused eager model.
 
-    The default (every host time 0) is the runtime of the calibration set (Megatron-Core /
-    NeMo on large models): its host never binds, and predictions are those of the model
-    without a host stream. Named presets: `diffperf.presets.runtime`.
+    The default (every host time 0, no graphs, fused element-wise kernels) is the runtime of
+    the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM 0.x tables without
+    CUDA graphs): its host never binds beyond the per-kernel launch the hardware model already
+    charges, and predictions are those of the model without a host stream. Named presets:
+    `diffperf.presets.runtime`.
     """
 
     host_op_time: jax.Array = _F(default=0.0)
@@ -45,10 +59,18 @@ class Runtime(eqx.Module):
     host_collective_time: jax.Array = _F(default=0.0)
     ops_per_layer: jax.Array = _F(default=40.0)
     backward_ops_per_op: jax.Array = _F(default=1.0)
-    cuda_graph: jax.Array = _F(default=0.0)
+    train_graph: jax.Array = _F(default=0.0)
+    prefill_graph: jax.Array = _F(default=0.0)
+    decode_graph: jax.Array = _F(default=0.0)
+    graph_node_time: jax.Array = _F(default=0.5e-6)
+    graph_max_tokens: jax.Array = _F(default=1e9)
+    host_step_time: jax.Array = _F(default=0.0)
+    elementwise_kernels: jax.Array = _F(default=4.0)
 
     def __check_init__(self):
         for name in ("host_op_time", "host_backward_op_time", "host_collective_time",
-                     "ops_per_layer", "backward_ops_per_op"):
+                     "ops_per_layer", "backward_ops_per_op", "graph_node_time",
+                     "graph_max_tokens", "host_step_time", "elementwise_kernels"):
             check_nonnegative("Runtime", name, getattr(self, name))
-        check_fraction("Runtime", "cuda_graph", self.cuda_graph)
+        for name in ("train_graph", "prefill_graph", "decode_graph"):
+            check_fraction("Runtime", name, getattr(self, name))

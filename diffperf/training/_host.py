@@ -14,7 +14,7 @@ with G the layer's GPU time (compute and exposed communication, s) and H its hos
 
 n = `Runtime.ops_per_layer` forward operators, f the recomputed share of the layer (its
 forward operators run again), b backward operators per forward operator, c the layer's
-collective calls, t the `Runtime` host times and graph = `Runtime.cuda_graph`. A layer thus
+collective calls, t the `Runtime` host times and graph = `Runtime.train_graph`. A layer thus
 takes about max(G, H); with every host time 0 (the default runtime) the wait is exactly 0.
 """
 
@@ -54,7 +54,7 @@ def host_time_per_layer(model: Transformer, plan: TrainingPlan, runtime: Runtime
     ops = (n * (1.0 + full) * runtime.host_op_time
            + n * runtime.backward_ops_per_op * runtime.host_backward_op_time)
     colls = collectives_per_layer(model, plan) * runtime.host_collective_time
-    return (1.0 - runtime.cuda_graph) * (ops + colls)
+    return (1.0 - runtime.train_graph) * (ops + colls)
 
 
 def host_wait(model: Transformer, plan: TrainingPlan, layer: LayerTimes,

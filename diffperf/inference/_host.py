@@ -1,0 +1,78 @@
+"""The host stream of a serving step: kernel launches under CUDA graphs, the CPU time an eager
+engine spends issuing a pass, and the time the GPU waits for it.
+
+Launches. Without a CUDA graph every kernel costs the accelerator's `launch_overhead` plus the
+`Efficiency.kernel_overhead` tail (the calibration set: TensorRT-LLM 0.x without graphs). A
+phase captured in a graph (`Runtime.prefill_graph` / `decode_graph` = g, where the pass has at
+most `Runtime.graph_max_tokens` tokens: `graph_share`) replays its kernels
+back to back: each costs `Runtime.graph_node_time` plus the same tail. Per kernel
+
+    t_kernel = (1 - g) (launch_overhead + kernel_overhead) + g (graph_node_time + kernel_overhead)
+
+(`diffperf.inference.inference_ops` mixes the two as (1 - g) x eager + g x replayed, so the
+default runtime's launches are, to float rounding, those of the model without a runtime).
+
+Host issue. An eager engine (Python model code) spends host time on every framework operator
+and collective of every layer; the host runs ahead of the GPU and binds only when issuing a
+pass takes longer than the GPU needs to run it. Per pass (a prefill pass, or one decode step)
+
+    wait = t_step + x(H / pp, G / pp),   H = (1 - g) L (n t_op + c t_coll)
+
+with x = `exposed_after_overlap` (a smooth clip(H - G, 0, H)), G the pass's GPU time (every
+operation of every stage, s), L layers, n = `Runtime.ops_per_layer`, c the layer's
+collective calls (`model.tp_reductions_per_pass` all-reduces when tp > 1), t the `Runtime`
+host times and t_step = `Runtime.host_step_time` (scheduler, sampling: CPU work between steps,
+during which the GPU idles). Each pipeline stage has its own host process, issuing its L / pp
+layers while the earlier stages compute, so the first stage binds: x(H / pp, G / pp). x is
+homogeneous of degree one, so over the S decode steps the wait is S t_step + x(S H, S G) / pp
+with S G the decode phase's GPU time (exact when every step takes the same time; the steps'
+attention grows with the context, and the mean step stands for them).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..costs._roofline import exposed_after_overlap
+from ..specs._efficiency import Efficiency
+from ..specs._inference_plan import InferencePlan
+from ..specs._runtime import Runtime
+from ..specs._transformer import Transformer
+
+
+def graph_share(graph, tokens, runtime: Runtime) -> jax.Array:
+    """A phase's CUDA-graph share: `graph` (`Runtime.prefill_graph` or `decode_graph`) where the
+    pass of `tokens` tokens has a captured graph (tokens <= `Runtime.graph_max_tokens`), else 0
+    (the engine runs it eagerly)."""
+    return jnp.where(tokens <= runtime.graph_max_tokens, graph, 0.0)
+
+
+def graph_kernel_time(eff: Efficiency, runtime: Runtime) -> jax.Array:
+    """Fixed cost of one kernel replayed from a CUDA graph: graph_node_time + kernel_overhead,
+    s (an eager launch costs launch_overhead + kernel_overhead)."""
+    return runtime.graph_node_time + eff.kernel_overhead
+
+
+def collectives_per_layer(model: Transformer, plan: InferencePlan) -> jax.Array:
+    """Collective calls one layer issues per pass: its tensor-parallel all-reduces
+    (`model.tp_reductions_per_pass`) when tp > 1, count."""
+    return jnp.where(plan.tp > 1, model.tp_reductions_per_pass, 0.0)
+
+
+def host_issue_time(model: Transformer, plan: InferencePlan, runtime: Runtime,
+                    graph) -> jax.Array:
+    """H: host time to issue one pass's layers (all stages), s: (1 - g) L (n t_op + c t_coll)
+    (module docstring)."""
+    per_layer = (runtime.ops_per_layer * runtime.host_op_time
+                 + collectives_per_layer(model, plan) * runtime.host_collective_time)
+    return (1.0 - graph) * model.layers * per_layer
+
+
+def host_wait(model: Transformer, plan: InferencePlan, runtime: Runtime, gpu_time, passes,
+              graph) -> jax.Array:
+    """Time the GPU waits for the host over `passes` passes whose GPU time is `gpu_time` in
+    all, s: passes t_step + x(passes H, gpu_time) / pp (module docstring)."""
+    issue = passes * host_issue_time(model, plan, runtime, graph)
+    return (passes * runtime.host_step_time
+            + exposed_after_overlap(issue, gpu_time) / plan.pp)
