@@ -310,7 +310,10 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
             raise _err(path, i, "runtime", f"unknown runtime {rec['runtime']!r}; known: "
                                            f"{', '.join(runtime_names())}")
         values["precision"] = rec["precision"].lower()
-        values.update(_flags(path, i, rec, MODEL_OPTIONAL_FLAGS))
+        fixed = runtime_plan_defaults(values["runtime"])  # the runtime's software defaults
+        values.update(_flags(path, i, rec, {**MODEL_OPTIONAL_FLAGS,
+                                            **{k: v for k, v in fixed.items()
+                                               if k in MODEL_OPTIONAL_FLAGS}}))
         values.update(_optional_counts(path, i, rec, MODEL_OPTIONAL_COUNTS))
         defaults = []
         if kind == "train":
@@ -326,10 +329,11 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
             values["recompute"] = rc or None
             for c, d in TRAIN_DEFAULTS.items():
                 if values[c] is None:
-                    values[c] = d
+                    values[c] = fixed.get(c, d)
                     defaults.append(c)
             values.update(_flags(path, i, rec, {**TRAIN_OPTIONAL_FLAGS,
-                                                **runtime_plan_defaults(values["runtime"])}))
+                                                **{k: v for k, v in fixed.items()
+                                                   if k in TRAIN_OPTIONAL_FLAGS}}))
             values.update(_optional_counts(path, i, rec, TRAIN_OPTIONAL_COUNTS))
             if values["sequence_parallel"] is None:
                 values["sequence_parallel"] = 1 if values["tp"] > 1 else 0
