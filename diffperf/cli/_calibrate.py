@@ -33,7 +33,9 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
                     "`diffperf validate --efficiency FILE` and `--efficiency` of train / infer "
                     "accept.")
     p.add_argument("--data", action="append", default=None, metavar="CSV",
-                   help="benchmark CSV (repeatable; default: the shipped train and infer sets)")
+                   help="benchmark CSV (repeatable; default: the shipped train and infer sets). "
+                        "Each row's software runtime is its `runtime` column (empty: the "
+                        "default runtime), so there is no --runtime")
     p.add_argument("--out", required=True, help="fitted efficiency JSON to write")
     p.add_argument("--cv", default="auto", choices=["auto", "none", "kfold", "source", "loo"],
                    help="cross-validation: k-fold over experiments, leave-one-source-out (a "

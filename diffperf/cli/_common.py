@@ -26,18 +26,24 @@ DEFAULT_INFER_MODEL = "llama2-70b"
 DEFAULT_INFER_GPU = "h100-sxm5-80gb"
 
 #: Titles of the option groups every command's --help shows, in this order.
-GROUPS = {"model": "model", "hardware": "hardware", "plan": "plan (parallelism, batch, "
-          "lengths, precision)", "output": "output"}
+GROUPS = {"model": "model", "hardware": "hardware", "runtime": "software runtime",
+          "plan": "plan (parallelism, batch, lengths, precision)", "output": "output"}
 
 
 def group(parser, name: str):
-    """The `name` option group ("model", "hardware", "plan", "output") of `parser`, created on
-    first use, so that every command lists its options under the same headings."""
+    """The `name` option group ("model", "hardware", "runtime", "plan", "output") of `parser`,
+    created on first use, so that every command lists its options under the same headings
+    (the runtime's right after the hardware's)."""
     title = GROUPS[name]
     for g in parser._action_groups:
         if g.title == title:
             return g
-    return parser.add_argument_group(title)
+    new = parser.add_argument_group(title)
+    titles = [g.title for g in parser._action_groups]
+    if name == "runtime" and GROUPS["hardware"] in titles:
+        parser._action_groups.remove(new)
+        parser._action_groups.insert(titles.index(GROUPS["hardware"]) + 1, new)
+    return new
 
 
 def add_model_argument(parser, default: str | None = DEFAULT_TRAIN_MODEL, *,

@@ -35,6 +35,7 @@ from ._common import (
     group,
     wrote,
 )
+from ._runtime import RuntimeChoice, add_runtime_argument, resolve_runtime
 
 #: GPU presets that have a technology reference design.
 _REFERENCE_OF = {"a100-sxm4-80gb": "a100", "a100-sxm4-40gb": "a100", "dgx-a100": "a100",
@@ -69,6 +70,9 @@ def add_design_parsers(subparsers) -> None:
     add_set_argument(h)
     h.add_argument("--technology", action="store_true",
                    help="also technology elasticities (a100 / h100 / b200 reference designs)")
+    add_runtime_argument(p, what="Training picks its best plan under the runtime's plan "
+                                 "defaults; the elasticities are those of the time with its "
+                                 "host costs.")
     group(p, "output").add_argument("--top", type=int, default=0,
                                     help="show only the top N rows (default 0: all)")
     add_output_arguments(p)
@@ -103,6 +107,9 @@ def add_design_parsers(subparsers) -> None:
                     help="--workload infer: prompt tokens (default 128)")
     pl.add_argument("--output", type=int, default=128,
                     help="--workload infer: generated tokens (default 128)")
+    add_runtime_argument(p, what="One runtime on the base and every target, so the speed-up "
+                                 "stays the hardware's; its plan defaults fix the candidate "
+                                 "plans' options.")
     add_output_arguments(p, plot="save a bar chart of the Shapley shares (--workload train)")
     p.set_defaults(func=run_attribution)
 
@@ -131,6 +138,9 @@ def add_design_parsers(subparsers) -> None:
     pl.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
     group(p, "output").add_argument("--csv", default=None,
                                     help="write the node table to this CSV")
+    add_runtime_argument(p, what="It runs both workloads of the node study (its plan defaults "
+                                 "fix the training candidates' options); the datasheet check "
+                                 "does not depend on it.")
     add_output_arguments(p, plot="save the node exploration plot")
     p.set_defaults(func=run_technology)
 
@@ -170,6 +180,8 @@ def add_design_parsers(subparsers) -> None:
                          "PERCENT looser at a time (default 5), giving the time change per "
                          "mm^2, W, mm and $ (30-60 s). The time is lumpy in die area (whole "
                          "SMs, GEMM waves): try more than one PERCENT")
+    add_runtime_argument(p, what="The workload's software (training: its plan defaults fix "
+                                 "the plan's options).")
     add_output_arguments(p)
     p.set_defaults(func=run_codesign)
 
@@ -208,15 +220,19 @@ def run_sensitivity(args) -> int:
             setattr(args, k, default)
     model_name = args.model or ("gpt3-175b" if args.workload == "train" else "llama2-70b")
     try:
+        choice = resolve_runtime(args, args.workload)
+        runtime = choice.runtime
         eff = _load_efficiency(None, args.gpu)  # the GPU's fitted factors, as train / infer use
         sys_ = system_with_overrides(system(args.gpu), args.set)
         if args.workload == "train":
             mdl = _load_model(model_name, training=True)
-            plan = S.best_training_plan(mdl, sys_, args.gpus, args.global_batch, efficiency=eff)
+            plan = S.best_training_plan(mdl, sys_, args.gpus, args.global_batch, efficiency=eff,
+                                        runtime=runtime, plan_defaults=choice.applied)
         else:
             mdl = _load_model(model_name)
-            plan = InferencePlan(tp=args.tp, batch=args.batch, input_len=128, output_len=128)
-            rep = infer(mdl, sys_, plan, eff)
+            plan = InferencePlan(**{"tp": args.tp, "batch": args.batch, "input_len": 128,
+                                    "output_len": 128} | choice.applied)
+            rep = infer(mdl, sys_, plan, eff, runtime)
             reason = int(rep.reason)
             if reason not in VALID_OR_OUT_OF_HBM:
                 return _err(f"infeasible plan: {describe_failure(reason, mdl, plan)}")
@@ -224,7 +240,7 @@ def run_sensitivity(args) -> int:
                 need, has = float(rep.memory.total), float(sys_.accelerator.hbm_capacity)
                 print(f"warning: {explain(10, need, has)} (elasticities computed anyway)",
                       file=sys.stderr)
-        fn = S.workload_time(args.workload, mdl, plan, eff)
+        fn = S.workload_time(args.workload, mdl, plan, eff, runtime)
         value, el = S.hardware_elasticities(fn, sys_)
         tech = None
         if args.technology:
@@ -236,7 +252,7 @@ def run_sensitivity(args) -> int:
     except ValueError as e:
         return _err(str(e))
     out = {"workload": args.workload, "model": model_name, "plan": _plan_fields(plan),
-           "set": args.set or [], "time_s": value,
+           "set": args.set or [], "runtime": choice.to_json(), "time_s": value,
            "bottlenecks": S.bottlenecks(el),
            "hardware": dict(S.ranked(el, args.top or None))}
     if tech is not None:
@@ -250,6 +266,7 @@ def run_sensitivity(args) -> int:
     what_if = tag(args.set)
     print(f"{args.workload}: {what} {value:.4g} s of {model_name} on {args.gpu}{what_if} ("
           + " ".join(f"{k}={v}" for k, v in out["plan"].items()) + ")")
+    print(choice.header())
     print("elasticity = d log(time) / d log(parameter) (-0.5: +1 % parameter -> -0.5 % time)")
     print("bottleneck shares: " + ", ".join(f"{k} {v if abs(v) >= 5e-4 else 0.0:.1%}"
                                             for k, v in out["bottlenecks"].items()))
@@ -278,7 +295,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _attribution_rows(args):
+def _attribution_rows(args, choice: RuntimeChoice):
     mdl = _load_model(args.model, training=True)
     base = system(args.base)
     results = {}
@@ -287,7 +304,8 @@ def _attribution_rows(args):
     for tgt in dict.fromkeys(args.targets):
         try:
             results[tgt] = A.attribute(mdl, base, system(tgt), args.gpus, args.global_batch,
-                                       target_precision=args.precision)
+                                       target_precision=args.precision,
+                                       runtime=choice.runtime, plan_defaults=choice.applied)
         except ValueError as e:
             raise ValueError(f"target {tgt}: {e}") from None
     return results
@@ -304,16 +322,17 @@ def _print_factor_table(out: dict, factors) -> None:
     print(f"{'total speed-up':<20}" + "".join(f"{r['speedup']:>21.2f}x" for r in out.values()))
 
 
-def _run_infer_attribution(args) -> int:
+def _run_infer_attribution(args, choice: RuntimeChoice) -> int:
     """`attribution --workload infer`: the speed-up of one fixed inference plan."""
     if args.plot:
         return _err("--plot is for --workload train")
     try:
         mdl = _load_model(args.model)
-        plan = InferencePlan(tp=args.tp, batch=args.batch, input_len=args.input,
-                             output_len=args.output)
+        plan = InferencePlan(**{"tp": args.tp, "batch": args.batch, "input_len": args.input,
+                                "output_len": args.output} | choice.applied)
         out = {t: A.attribute_inference(mdl, system(args.base), system(t), plan,
-                                        target_precision=args.precision)
+                                        target_precision=args.precision,
+                                        runtime=choice.runtime)
                for t in dict.fromkeys(args.targets)}
     except ValueError as e:
         return _err(str(e))
@@ -321,12 +340,13 @@ def _run_infer_attribution(args) -> int:
         print(json.dumps({"workload": "infer", "base": args.base, "model": args.model,
                           "tp": args.tp, "batch": args.batch, "input": args.input,
                           "output": args.output, "precision": args.precision,
-                          "targets": out}, indent=2))
+                          "runtime": choice.to_json(), "targets": out}, indent=2))
         return 0
     print(f"{args.model} inference, tp {args.tp}, batch {args.batch}, {args.input} in / "
           f"{args.output} out: {args.base} ({precision_label(args.base, 'bf16')}) -> target "
           f"({args.precision}); end-to-end "
           f"latency of the same plan, {2 ** len(A.INFER_FACTORS)} coalitions")
+    print(choice.header())
     print("efficiency: the shared fitted factors on every system, so that the speed-up is the "
           "hardware's; HBM capacity, NVLink domain and scale-out stay the base's (a fixed plan "
           "that fits does not depend on them)")
@@ -341,10 +361,14 @@ def _run_infer_attribution(args) -> int:
 def run_attribution(args) -> int:
     if args.model is None:
         args.model = "llama2-70b" if args.workload == "infer" else "gpt3-175b"
-    if args.workload == "infer":
-        return _run_infer_attribution(args)
     try:
-        results = _attribution_rows(args)
+        choice = resolve_runtime(args, args.workload)
+    except ValueError as e:
+        return _err(str(e))
+    if args.workload == "infer":
+        return _run_infer_attribution(args, choice)
+    try:
+        results = _attribution_rows(args, choice)
     except ValueError as e:
         return _err(str(e))
     out = {t: {k: v for k, v in r.items() if k != "raw"} for t, r in results.items()}
@@ -354,7 +378,7 @@ def run_attribution(args) -> int:
     if args.json:
         print(json.dumps({"base": args.base, "model": args.model, "gpus": args.gpus,
                           "global_batch": args.global_batch, "precision": args.precision,
-                          "targets": out,
+                          "runtime": choice.to_json(), "targets": out,
                           "claims": [{"source": s, "what": w, "ratio": r}
                                      for s, w, r in A.CLAIMS]}, indent=2))
         return 0
@@ -362,6 +386,7 @@ def run_attribution(args) -> int:
           f"{args.base} ({precision_label(args.base, 'bf16')}) -> target ({args.precision}); "
           f"best of {next(iter(out.values()))['candidates_per_coalition']} candidate plans per "
           f"coalition, 256 coalitions")
+    print(choice.header())
     print("efficiency: the shared fitted factors on every system (train uses each GPU's own), "
           "so that the speed-up is the hardware's")
     _print_factor_table(out, A.FACTORS)
@@ -413,18 +438,21 @@ def run_technology(args) -> int:
         return _err("--references-only prints the datasheet check only; --csv and --plot need "
                     "the node study (drop --references-only)")
     try:
+        choice = resolve_runtime(args, "train")  # the header's: the training plan's defaults
         refs = T.reference_table()
         df = None
         if not args.references_only:
             T._arch_row(args.arch)
-            iplan = InferencePlan(tp=args.tp, batch=args.batch, input_len=args.input,
-                                  output_len=args.output)
+            iplan = InferencePlan(**{"tp": args.tp, "batch": args.batch, "input_len": args.input,
+                                     "output_len": args.output}
+                                  | resolve_runtime(args, "infer").applied)
             imodel = _load_model(args.model)
             reason = int(infer(imodel, system("h100-sxm5-80gb"), iplan).reason)
             if reason not in VALID_OR_OUT_OF_HBM:  # structural (memory depends on the node's HBM)
                 raise ValueError(f"inference plan: {describe_failure(reason, imodel, iplan)}")
             df = node_study(nodes=args.nodes, arch=args.arch, infer_model=imodel,
-                            infer_plan=iplan)
+                            infer_plan=iplan, runtime=choice.runtime,
+                            plan_defaults=choice.applied)
     except ValueError as e:
         return _err(str(e))
     if args.csv and df is not None:
@@ -438,6 +466,7 @@ def run_technology(args) -> int:
                           "inference": {"model": args.model, "tp": args.tp,
                                         "batch": args.batch, "input": args.input,
                                         "output": args.output},
+                          "runtime": choice.to_json(),
                           "nodes": None if df is None else df.to_dict(orient="records")},
                          indent=2))
         return 0
@@ -458,7 +487,7 @@ def run_technology(args) -> int:
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(f"\nnode exploration (shares = minus elasticities w.r.t. each resource's rates); "
               f"inference: {args.model}, tp {args.tp}, batch {args.batch}, {args.input} in "
-              f"/ {args.output} out:")
+              f"/ {args.output} out; {choice.header()}:")
         print(df[cols].astype({c: float for c in cols[1:-1]}).to_string(
             index=False, float_format=lambda x: f"{x:.3f}"))
     return 0
@@ -504,10 +533,12 @@ def run_codesign(args) -> int:
     if args.margins is not None and not 0 < args.margins <= 100:
         return _err(f"--margins must be a percentage in (0, 100], got {args.margins:g}")
     try:
+        choice = resolve_runtime(args, args.workload)
         budgets = C.Budgets(area_mm2=args.area, power_w=args.power, perimeter_mm=args.perimeter,
                             cost_usd=args.cost)
         prob = C.default_problem(args.workload, args.node, args.memory_gen, args.network_gen,
-                                 args.arch, budgets)
+                                 args.arch, budgets, runtime=choice.runtime,
+                                 plan_defaults=choice.applied)
         grad = C.optimise(prob, steps=args.steps, starts=args.starts)
         grid = C.grid_search(prob) if args.compare_grid else None
         whole = C.whole_design(prob, grad["x"]) if grad["feasible"] else None
@@ -528,7 +559,7 @@ def run_codesign(args) -> int:
                     + (f"; the closest design still exceeds: {worst} (relative to the budget or "
                        f"the workload's need)" if worst else ""))
     design = C.check_design(prob, grad["x"])
-    out = {"workload": args.workload,
+    out = {"workload": args.workload, "runtime": choice.to_json(),
            "gradient": {"evaluations": grad["evaluations"], "objective": grad["objective"],
                         "seconds": grad["seconds"], "design": design},
            "whole_units": {"evaluations": whole["evaluations"],
@@ -560,6 +591,7 @@ def run_codesign(args) -> int:
     d = design
     print(f"co-design ({args.workload}, node {args.node:g} nm, {args.arch}); budgets: "
           f"{args.area:g} mm^2, {args.power:g} W, {args.perimeter:g} mm, ${args.cost:,.0f}")
+    print(f"  {choice.header()}")
     print(f"  gradient: time {grad['objective']:.4g} s after "
           f"{_count(grad['evaluations'], 'evaluation')} ({grad['seconds']:.1f} s), with stack "
           f"and lane counts relaxed to real numbers")

@@ -43,14 +43,22 @@ from ._common import (
     group,
     wrote,
 )
+from ._runtime import (
+    RuntimeChoice,
+    add_runtime_argument,
+    apply_plan_defaults,
+    resolve_runtime,
+    with_plan_fields,
+)
 
 #: What `infer --set` compares with the preset: (summary key, label, unit, scale).
 _WHAT_IF_ROWS = (("ttft_s", "TTFT", "ms", 1e3), ("tpot_s", "TPOT", "ms", 1e3),
                  ("e2e_latency_s", "e2e latency", "s", 1.0),
                  ("output_tok_s_per_gpu", "tok/s per GPU", "", 1.0))
 
-#: The per-phase time terms of `infer --json`, s.
-_PHASE_TERMS = ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "total")
+#: The per-phase time terms of `infer --json`, s (`host`: the GPU waiting for the host).
+_PHASE_TERMS = ("gemm", "attention", "elementwise", "launch", "tp_comm", "pp_comm", "host",
+                "total")
 
 
 def add_per_head_decode(parser) -> None:
@@ -117,6 +125,9 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
     add_per_head_decode(pl)
     add_set_argument(h)
     h.add_argument("--efficiency", default=None, help="efficiency factors JSON file")
+    add_runtime_argument(p, what="The report names it, and each phase's host term is the "
+                                 "time the GPU waits for the host (the serving engine's "
+                                 "scheduler, Python and launches outside CUDA graphs).")
     group(p, "output").add_argument(
         "--interval", action="store_true",
         help="also print the 90%% prediction intervals of TTFT and end-to-end latency "
@@ -169,7 +180,10 @@ def precisions_text(args) -> str:
     return text
 
 
-def _specs(args):
+def _specs(args, choice: RuntimeChoice):
+    """(model, system, plan, efficiency) of `infer`'s command line; `choice`'s plan defaults
+    fill the plan options not given."""
+    unflagged = apply_plan_defaults(args, choice, "infer")
     mdl = _load_model(args.model)
     sys_ = system_with_overrides(system(args.gpu), args.set)
     weights, act, kv = precisions_of(args)
@@ -180,6 +194,7 @@ def _specs(args):
                          grouped_decode_attention=0 if args.per_head_decode else 1,
                          gemm_peak_fraction=args.gemm_peak_fraction,
                          prefill_tokens=args.prefill_tokens)
+    plan = with_plan_fields(plan, unflagged)
     return mdl, sys_, plan, _load_efficiency(args.efficiency, args.gpu)
 
 
@@ -211,15 +226,17 @@ def _kv_only_max_batch(rep, batch, capacity: float) -> int:
     return max(int(free // per_seq), 0) if per_seq > 0 else 0
 
 
-def _caveats(mdl, args, s: dict) -> list[str]:
+def _caveats(mdl, args, s: dict, choice: RuntimeChoice) -> list[str]:
     """Notes on what the prediction rests on, for the cases where that matters most."""
     notes = []
     decode = s["decode_s"]
-    if decode["total"] > 0 and decode["launch"] > 0.25 * decode["total"] and not args.set:
+    if (decode["total"] > 0 and decode["launch"] > 0.25 * decode["total"] and not args.set
+            and choice.is_default):
         notes.append(f"{100 * decode['launch'] / decode['total']:.0f} % of decode is kernel "
                      f"launches, at the per-kernel cost of the 2023-24 TensorRT-LLM / NeMo "
                      f"measurements in the fit; --set launch_overhead=0 removes the host launch "
-                     f"cost, as CUDA graphs do (the fitted kernel_overhead stays)")
+                     f"cost, as CUDA graphs do (the fitted kernel_overhead stays); --runtime "
+                     f"names a serving engine's CUDA graphs and host costs (diffperf presets)")
     if args.interval and float(mdl.kv_lora_rank) > 0:
         notes.append("no inference measurement of multi-head latent attention (MLA) is in the "
                      "calibration, so the real error may be larger than the intervals' model "
@@ -227,13 +244,14 @@ def _caveats(mdl, args, s: dict) -> list[str]:
     return notes
 
 
-def _print(args, s: dict, table, capacity: float) -> None:
+def _print(args, s: dict, table, capacity: float, choice: RuntimeChoice) -> None:
     m = s["memory_gb"]
     what_if = tag(args.set)
     ep = f", ep={args.ep}" if args.ep != 1 else ""
     print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}"
           f"{ep}), batch {args.batch}, {args.input} in / {args.output} out, "
           f"{precisions_text(args)}")
+    print(f"  {choice.header()}")
     shown = set()  # a note is printed once, under the first interval it applies to
 
     def interval(field):
@@ -259,10 +277,17 @@ def _print(args, s: dict, table, capacity: float) -> None:
           f"workspace {m['workspace']:.1f}); fits: {'yes' if s['fits'] else 'NO'}; "
           f"max batch {s['max_batch']} ({s['max_batch_kv_only']} if only the KV cache had "
           f"to fit, as with chunked prefill)")
+    show_host = not choice.is_default or any(s[f"{ph}_s"]["host"] > 0
+                                             for ph in ("prefill", "decode"))
     for phase in ("prefill", "decode"):
         b = s[f"{phase}_s"]
-        parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in b.items() if k != "total")
+        parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in b.items()
+                          if k != "total" and (k != "host" or show_host))
         print(f"  {phase:7s} {b['total'] * 1e3:10.2f} ms = {parts} ms")
+    if show_host:
+        shares = ", ".join(f"{ph} {_share(s[f'{ph}_s']['host'], s[f'{ph}_s']['total'])}"
+                           for ph in ("prefill", "decode"))
+        print(f"  host-bound      {shares} of the phase's time (the GPU waiting for the host)")
     if "what_if" in s:
         w = s["what_if"]
         print(f"  what-if vs the preset ({'; '.join(w['changes'])}):")
@@ -283,11 +308,19 @@ def _print(args, s: dict, table, capacity: float) -> None:
           "can be compute-bound at its lower achieved FLOP/s)")
 
 
+def _share(part: float, total: float) -> str:
+    """`12.3 %` (`-` for an empty phase)."""
+    return f"{100 * part / total:.1f} %" if total > 0 else "-"
+
+
 def run_infer(args) -> int:
     """Run `diffperf infer`; returns the exit status (0 ok, 2 bad input)."""
     try:
-        mdl, sys_, plan, eff = _specs(args)
-        rep = jax.device_get(infer(mdl, sys_, plan, eff))  # eager: faster than compiling once
+        choice = resolve_runtime(args, "infer")
+        runtime = choice.runtime
+        mdl, sys_, plan, eff = _specs(args, choice)
+        # eager: faster than compiling once
+        rep = jax.device_get(infer(mdl, sys_, plan, eff, runtime))
         reason = int(rep.reason)
         if reason not in VALID_OR_OUT_OF_HBM:
             text = (explain(reason, precision=int(plan.math_precision)) if reason == 9
@@ -296,7 +329,7 @@ def run_infer(args) -> int:
             return 2
         check_finite_report(rep, "the inference prediction",
                             f"input={args.input}, output={args.output}, batch={args.batch}")
-        table = boundedness(mdl, sys_, plan, eff)
+        table = boundedness(mdl, sys_, plan, eff, runtime)
         if args.plot:
             roofline_plot(table, args.plot, sys_,
                           f"{args.model} on {args.gpu}{tag(args.set)}, tp={args.tp}")
@@ -307,9 +340,10 @@ def run_infer(args) -> int:
     capacity = float(sys_.accelerator.hbm_capacity)
     summary = _summary(rep)
     summary["max_batch_kv_only"] = _kv_only_max_batch(rep, args.batch, capacity)
+    summary["runtime"] = choice.to_json()
     if args.set:
         base_system = system(args.gpu)
-        base_rep = jax.device_get(infer(mdl, base_system, plan, eff))
+        base_rep = jax.device_get(infer(mdl, base_system, plan, eff, choice.preset))
         base_reason = int(base_rep.reason)
         if base_reason in VALID_OR_OUT_OF_HBM:
             base = _summary(base_rep)
@@ -320,20 +354,22 @@ def run_infer(args) -> int:
             preset = {"feasible": False, "reason": (
                 explain(base_reason, precision=int(plan.math_precision)) if base_reason == 9
                 else describe_failure(base_reason, mdl, plan))}
-        summary["what_if"] = comparison(base_system, sys_, args.set, preset)
+        summary["what_if"] = comparison(base_system, sys_, args.set, preset, choice.preset,
+                                        runtime)
     if args.interval:
         for field, quantity, unit, scale in (
                 ("ttft", "ttft", "ms", 1e3),
                 ("e2e_latency", decode_quantity(args.batch, args.output), "s", 1.0)):
             summary[f"{field}_interval_s"] = interval_summary(
-                lambda e, f=field: getattr(infer(mdl, sys_, plan, e), f), args.efficiency,
-                args.gpu, "infer", quantity, unit, scale, precision=int(plan.math_precision),
-                num_experts=float(mdl.num_experts), hypothetical=bool(args.set))
+                lambda e, f=field: getattr(infer(mdl, sys_, plan, e, runtime), f),
+                args.efficiency, args.gpu, "infer", quantity, unit, scale,
+                precision=int(plan.math_precision), num_experts=float(mdl.num_experts),
+                hypothetical=bool(args.set) or not choice.is_default)
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}; try more GPUs "
               f"(--tp, --pp), narrower weights (--precision) or a smaller --batch: `diffperf "
               f"search infer` lists the plans that fit", file=sys.stderr)
-    for note in _caveats(mdl, args, summary):
+    for note in _caveats(mdl, args, summary, choice):
         print(f"note: {note}", file=sys.stderr)
     layers = float(mdl.layers)
     if args.pp > 1 and layers % args.pp:
@@ -348,7 +384,7 @@ def run_infer(args) -> int:
         summary["boundedness"] = json.loads(table.to_json(orient="records"))
         print(json.dumps(summary, indent=1))
     else:
-        _print(args, summary, table, capacity)
+        _print(args, summary, table, capacity, choice)
     return 0
 
 

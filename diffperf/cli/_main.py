@@ -33,7 +33,7 @@ from ..plots._validation_plot import validation_plot
 from ..specs._training_plan import TrainingPlan, layer_count_error
 from ..training._notes import training_notes, utilisation_notes
 from ..training._step import predict_training, train_step
-from ..validation._data import BenchmarkError
+from ..validation._data import BenchmarkError, _leading_comments
 from ..validation._stack import capacity_warning
 from ..validation._validate import imec_summaries, validate
 from . import _bench as bench
@@ -62,6 +62,15 @@ from ._common import (
 from ._compile_cache import disable_compilation_cache, enable_compilation_cache
 from ._design import add_design_parsers
 from ._infer import add_infer_parser
+from ._runtime import (
+    add_runtime_argument,
+    apply_plan_defaults,
+    given_options,
+    resolve_runtime,
+    runtime_summary,
+    runtime_summary_text,
+    with_plan_fields,
+)
 from ._search import add_search_parser
 
 
@@ -140,6 +149,9 @@ def _add_train(sub):
                          "FSDP-style, one per transformer layer)")
     add_set_argument(h)
     h.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
+    add_runtime_argument(p, what="The report names it; the step-time table adds host_wait, "
+                                 "the time the GPUs wait for the host to issue the layers' "
+                                 "work.")
     group(p, "output").add_argument(
         "--interval", action="store_true",
         help="also print the 90%% prediction interval of the step time (calibration "
@@ -150,6 +162,10 @@ def _add_train(sub):
 
 
 def _train_inputs(args):
+    """(model, system, plan, efficiency, RuntimeChoice) of `train`'s command line; the
+    runtime's plan defaults fill the plan options not given."""
+    choice = resolve_runtime(args, "train")
+    unflagged = apply_plan_defaults(args, choice, "train")
     if args.vp is None:
         args.vp = 3 if args.pp > 1 else 1
     model = _load_model(args.model, args.seq_len, training=True)
@@ -196,7 +212,8 @@ def _train_inputs(args):
                         fp32_optimizer_moments=int(args.optimizer_moments == "fp32"),
                         expert_tp=args.expert_tp, overlap_ep=int(args.overlap_ep),
                         fused_expert_gemm=int(args.fused_expert_gemm))
-    return model, system, plan, _load_efficiency(args.efficiency, args.gpu)
+    plan = with_plan_fields(plan, unflagged)
+    return model, system, plan, _load_efficiency(args.efficiency, args.gpu), choice
 
 
 def training_summary(report, system) -> dict:
@@ -217,6 +234,7 @@ def training_summary(report, system) -> dict:
             "pipeline_bubble": float(r.bubble_time),
             "optimizer": float(r.optimizer_time),
             "offload_exposed": float(r.offload_time),
+            "host_wait": float(r.host_time),
         },
         "memory_gb": {
             "weights": float(mem.weights) / 1e9, "gradients": float(mem.gradients) / 1e9,
@@ -250,7 +268,7 @@ def _tf32_note(args) -> str:
     return " at the TF32 tensor rate" if float(acc.flops_fp32) > float(acc.vector_flops) else ""
 
 
-def _print_training(args, s: dict, plan, layers: float) -> None:
+def _print_training(args, s: dict, plan, layers: float, choice) -> None:
     rc = {0: "none", 1: "selective", 2: "full"}[int(np.asarray(plan.recompute))]
     if args.recompute_layers and rc != "full":
         rc += f" + {args.recompute_layers} full layers/chunk"
@@ -268,6 +286,7 @@ def _print_training(args, s: dict, plan, layers: float) -> None:
           f"cp={args.cp} vp={args.vp} mb={args.micro_batch} gb={args.global_batch} "
           f"seq={s['seq_len']} "
           f"recompute={rc} zero={args.zero} {args.precision}{_tf32_note(args)})")
+    print(f"  {choice.header()}")
     print(f"  step time            {s['step_time_s']:10.3f} s")
     if "step_time_interval_s" in s:
         iv = s["step_time_interval_s"]
@@ -282,10 +301,14 @@ def _print_training(args, s: dict, plan, layers: float) -> None:
         degree = {"cp_comm_exposed": args.cp, "ep_comm_exposed": args.ep}.get(k)
         if degree == 1:
             continue  # no context / expert parallelism: no such communication
+        if k == "host_wait" and v == 0.0 and choice.is_default:
+            continue  # the calibration set's runtime: its host never binds
         share = v / s["step_time_s"] * 100 if s["step_time_s"] > 0 else 0.0
         why = ""
         if k == "recompute" and v == 0.0 and rc.startswith("selective") and args.flash_attention:
             why = "  (selective: flash attention recomputes inside its backward, in compute)"
+        if k == "host_wait":
+            why = "  (host-bound share: the GPUs wait for the host to issue the layers' work)"
         print(f"    {k:18s} {v:10.3f} s  {share:5.1f} %{why}")
     print(f"  MFU / HFU            {s['mfu'] * 100:9.1f} % / {s['hfu'] * 100:.1f} %")
     print(f"  tokens/s             {s['tokens_per_s']:12.0f}  "
@@ -315,9 +338,12 @@ def _print_training(args, s: dict, plan, layers: float) -> None:
 
 
 def run_train(args) -> int:
-    model, system, plan, eff = _train_inputs(args)
-    report = predict_training(model, system, plan, eff)  # ValueError for invalid plans
+    model, system, plan, eff, choice = _train_inputs(args)
+    runtime = choice.runtime
+    # ValueError for invalid plans
+    report = predict_training(model, system, plan, eff, runtime)
     s = training_summary(report, system)
+    s["runtime"] = choice.to_json()
     s["seq_len"] = int(float(model.seq_len))
     notes = training_notes(model, plan) + utilisation_notes(
         float(report.mfu), float(report.hfu), float(plan.flash_attention))
@@ -325,31 +351,40 @@ def run_train(args) -> int:
         s["note"] = "; ".join(notes)
     if args.interval:
         s["step_time_interval_s"] = interval_summary(
-            lambda e: train_step(model, system, plan, e).step_time, args.efficiency, args.gpu,
-            "train", training_quantity(model.num_experts))
+            lambda e: train_step(model, system, plan, e, runtime).step_time, args.efficiency,
+            args.gpu, "train", training_quantity(model.num_experts))
     if args.set:
         base_system = _train_system(args)
         try:
-            base = training_summary(predict_training(model, base_system, plan, eff), base_system)
+            base = training_summary(predict_training(model, base_system, plan, eff,
+                                                     choice.preset), base_system)
             preset = {k: base[k] for k in ("step_time_s", "mfu", "tokens_per_s_per_gpu", "fits",
                                            "feasible")} | {"memory_gb": base["memory_gb"]["total"]}
         except ValueError as e:  # the plan needs what only the changed hardware has
             preset = {"feasible": False, "reason": str(e)}
-        s["what_if"] = comparison(base_system, system, args.set, preset)
+        s["what_if"] = comparison(base_system, system, args.set, preset, choice.preset,
+                                  runtime)
     if args.json:
         print(json.dumps(s, indent=2))
     else:
-        _print_training(args, s, plan, float(model.layers))
+        _print_training(args, s, plan, float(model.layers), choice)
     return 0
 
 
 # -------------------------------------------------------------------------------- validate
+#: How the CSV commands (validate, predict, calibrate) choose a row's software runtime.
+_ROW_RUNTIME = (f"Each row's software runtime is its `runtime` column (empty: "
+                f"{presets.DEFAULT_RUNTIME}), with that runtime's plan defaults for the row's "
+                f"empty plan cells: a CSV can mix runtimes, so these commands take no --runtime "
+                f"(diffperf presets lists the runtimes)")
+
+
 def _add_validate(sub):
     p = sub.add_parser("validate", help="compare predictions with published measurements",
                        description="Predict every row of benchmark CSV(s) and report errors.")
     p.add_argument("--data", action="append", default=None,
                    help="benchmark CSV, columns as in docs/benchmark-format.md (repeatable; "
-                        "default: the shipped train and infer sets)")
+                        "default: the shipped train and infer sets). " + _ROW_RUNTIME)
     p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--summary", action="store_true", help="print only the summary")
@@ -459,7 +494,7 @@ def _add_predict(sub):
                                    "latencies and throughput, memory per GPU, and whether the "
                                    "plan fits. Rows that cannot be evaluated say why.")
     p.add_argument("--data", action="append", required=True, metavar="CSV",
-                   help="configurations to predict (repeatable)")
+                   help="configurations to predict (repeatable). " + _ROW_RUNTIME)
     p.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     p.add_argument("--out", default=None, help="write the predictions to this .csv file")
     p.add_argument("--json", action="store_true", help='print one JSON object {"rows": [...]}')
@@ -501,10 +536,27 @@ def run_predict(args) -> int:
             print(f"{r.id[:40]:40s} {r.kind:5s} {cells}  {r.status}")
         print("time = step time (train) or end-to-end latency (infer); --out F.csv or --json "
               "for every column (TTFT, TPOT, TFLOP/s)")
+        print("runtime: each row's runtime column: "
+              + ", ".join(f"{k} ({n} rows)" for k, n in csv_runtimes(args.data).items()))
     if invalid.any():
         print(f"{int(invalid.sum())} of {len(df)} rows could not be evaluated (status column)",
               file=sys.stderr)
     return status
+
+
+def csv_runtimes(paths) -> dict[str, int]:
+    """{runtime: rows} of the `runtime` columns of benchmark CSVs (empty or absent: the
+    default runtime), for the report's header."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False,
+                         skiprows=_leading_comments(path))
+        df.columns = [str(c).strip() for c in df.columns]
+        names = (df["runtime"].str.strip().str.lower() if "runtime" in df
+                 else pd.Series([""] * len(df)))
+        for name in names.replace("", presets.DEFAULT_RUNTIME):
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 # ----------------------------------------------------------------------------------- bench
@@ -544,14 +596,28 @@ def run_bench(args) -> int:
 
 # --------------------------------------------------------------------------------- presets
 def _add_presets(sub):
-    p = sub.add_parser("presets", help="list the shipped GPU, system and model presets")
+    p = sub.add_parser("presets", help="list the shipped GPU, system, model and software "
+                                       "runtime presets",
+                       description="List the shipped presets: GPUs, systems, models, and the "
+                                   "software runtimes of --runtime (each with its description, "
+                                   "CUDA graphs, host costs and plan defaults).")
+    add_output_arguments(p)
     p.set_defaults(func=run_presets)
 
 
 def run_presets(args) -> int:
-    for kind, names in (("gpus", presets.gpu_names()), ("systems", presets.system_names()),
-                        ("models", presets.model_names())):
-        print(f"{kind}: {', '.join(names)}")
+    names = {"gpus": presets.gpu_names(), "systems": presets.system_names(),
+             "models": presets.model_names()}
+    runtimes = [runtime_summary(n) for n in presets.runtime_names()]
+    if args.json:
+        print(json.dumps(names | {"runtimes": runtimes,
+                                  "default_runtime": presets.DEFAULT_RUNTIME}, indent=1))
+        return 0
+    for kind, listed in names.items():
+        print(f"{kind}: {', '.join(listed)}")
+    print(f"runtimes: {', '.join(presets.runtime_names())}")
+    for r in runtimes:
+        print(f"  {runtime_summary_text(r)}")
     return 0
 
 
@@ -610,6 +676,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Which options were given (a runtime's plan defaults fill only the others).
+    args._given = given_options(parser, argv)
     if args.command == "bench":  # benchmarks report cold, compilation-included times
         disable_compilation_cache()
     else:

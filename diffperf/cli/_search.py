@@ -42,6 +42,7 @@ from ._infer import (
     precisions_of,
     precisions_text,
 )
+from ._runtime import add_runtime_argument, apply_plan_defaults, resolve_runtime
 
 #: Exit status when the search found no plan (feasible, or meeting the target): like grep's 1
 #: for "no match", distinct from 2 for invalid input.
@@ -84,6 +85,10 @@ def add_search_parser(sub) -> None:
                          "need a custom pipeline layout; modelled as perfectly balanced)")
     h.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     add_set_argument(h)
+    add_runtime_argument(t, what="Its plan defaults fix the plan axes they name (a runtime "
+                                 "without TP overlap searches --overlap-tp off only) and the "
+                                 "plan fields no axis varies; --precision, --fp32-gradients "
+                                 "and --offload-layers given on the command line win.")
     _add_search_outputs(t, "memory / step-time")
     t.set_defaults(func=run_search_train)
 
@@ -108,6 +113,7 @@ def add_search_parser(sub) -> None:
     add_per_head_decode(pl)
     h.add_argument("--efficiency", default=None, help="fitted efficiency JSON")
     add_set_argument(h)
+    add_runtime_argument(i, what="Its plan defaults fill the plan options not given.")
     _add_search_outputs(i, "latency / throughput")
     i.set_defaults(func=run_search_infer)
 
@@ -129,6 +135,7 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 
 def run_search_train(args) -> int:
+    choice = resolve_runtime(args, "train")
     model = _load_model(args.model, args.seq_len, training=True)
     system = system_with_overrides(_train_system(args), args.set)
     acc = system.accelerator
@@ -148,10 +155,11 @@ def run_search_train(args) -> int:
         check_writable("--out", _suffixed(args.out, "-pareto"))
     grid = default_training_grid(model, args.gpus, args.global_batch, precisions=codes,
                                  fp32_gradients=[int(args.fp32_gradients)],
-                                 offload_layers=offload)
+                                 offload_layers=offload, plan_defaults=choice.applied)
     result = search_training(model, system, args.gpus, args.global_batch, grid=grid,
                              efficiency=_load_efficiency(args.efficiency, args.gpu), top_k=args.top,
-                             progress=not args.json, even_layouts=not args.uneven_layouts)
+                             progress=not args.json, even_layouts=not args.uneven_layouts,
+                             runtime=choice.runtime, plan_defaults=choice.applied)
     top, pareto = result["top"], result["pareto"]
     for df in (top, pareto, result["least_memory"]):
         if df is not None and len(df):
@@ -169,12 +177,14 @@ def run_search_train(args) -> int:
                           "pareto_memory_vs_time": _records(pareto), "gpu": args.gpu,
                           "least_memory_plan": (None if result["least_memory"] is None else
                                                 _records(result["least_memory"])[0]),
-                          "system": args.system, "set": _set_texts(args)}))
+                          "system": args.system, "set": _set_texts(args),
+                          "runtime": choice.to_json()}))
         return 0 if len(top) else NO_PLAN
     what_if = tag(args.set)
     where = f" in {args.system}" if args.system else ""
     print(f"search: {args.model} on {args.gpus} x {args.gpu}{where}{what_if}, global batch "
           f"{args.global_batch}, sequence length {float(model.seq_len):g}")
+    print(f"  {choice.header()}")
     print(f"  {grid}")
     print(f"  evaluated {result['evaluated']:,} plans, {result['feasible']:,} feasible, in "
           f"{result['seconds']:.2f} s (compilation included)")
@@ -194,8 +204,9 @@ def run_search_train(args) -> int:
     plan_cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
                  "sequence_parallel", "flash_attention", "ep", "overlap_tp", "overlap_dp",
                  "precision", "fp32_gradients", "offload_layers", "expert_tp", "overlap_ep"]
+    host = ["host_s"] if (top["host_s"] > 0).any() else []  # the host-bound time per step
     print("\nbest plans:")
-    print(top[_shown(top, plan_cols, always=10) + ["step_time_s", "mfu", "memory_gb",
+    print(top[_shown(top, plan_cols, always=10) + ["step_time_s", *host, "mfu", "memory_gb",
                                                    "vs_best"]]
           .to_string(index=False, float_format="%.3f"))
     print(_common(top, plan_cols, always=10))
@@ -279,6 +290,8 @@ def write_table(df: pd.DataFrame, path: str) -> None:
 
 def run_search_infer(args) -> int:
     t0 = time.perf_counter()
+    choice = resolve_runtime(args, "infer")
+    unflagged = apply_plan_defaults(args, choice, "infer")
     model = _load_model(args.model)
     system = system_with_overrides(presets.system(args.gpu), args.set)
     if args.input + args.output > float(model.seq_len):
@@ -295,7 +308,8 @@ def run_search_infer(args) -> int:
                           grouped_decode_attention=0 if args.per_head_decode else 1,
                           activation_precision=act, kv_precision=kv,
                           gemm_peak_fraction=args.gemm_peak_fraction,
-                          prefill_tokens=args.prefill_tokens)
+                          prefill_tokens=args.prefill_tokens, runtime=choice.runtime,
+                          plan_defaults=unflagged)
     finite = np.isfinite(df[["e2e_latency_s", "ttft_s", "tpot_s"]].to_numpy()).all(axis=1)
     ok = df[df["feasible"] & finite]
     gemm = float(InferencePlan(weight_precision=weights, activation_precision=act).math_precision)
@@ -326,15 +340,18 @@ def run_search_infer(args) -> int:
                           "infeasible_by_reason": why, "top": _records(best),
                           "pareto_latency_vs_throughput": _records(front), "gpu": args.gpu,
                           "latency_target_s": args.latency, "tpot_target_s": args.tpot,
-                          "set": _set_texts(args)}))
+                          "set": _set_texts(args), "runtime": choice.to_json()}))
         return 0 if len(best) else NO_PLAN
     what_if = tag(args.set)
     print(f"search infer: {args.model} on {args.gpu}{what_if}, {args.input} in / {args.output} "
           f"out, {precisions_text(args)}; {len(df)} plans, {len(ok)} feasible, {seconds:.2f} s")
+    print(f"  {choice.header()}")
     print(f"  {_grid_text(df)}")
     moe = df["ep"].nunique() > 1
+    host = ["host_s"] if (ok["host_s"] > 0).any() else []  # the GPU waiting for the host
     cols = ["tp", "pp"] + (["ep"] if moe else []) + [
-        "batch", "e2e_latency_s", "ttft_s", "tpot_s", "output_tok_s_per_gpu", "memory_gb"]
+        "batch", "e2e_latency_s", "ttft_s", "tpot_s", *host, "output_tok_s_per_gpu",
+        "memory_gb"]
     if len(ok) == 0:
         print("  no feasible plan; why the plans fail (count):")
         for text, n in why.items():

@@ -44,6 +44,7 @@ from ..inference._infer import infer
 from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import Accelerator, Network, System, precision_code
+from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
 from ..training._step import train_step
 
@@ -85,11 +86,14 @@ def candidate_plans(model: Transformer, gpus: int, global_batch: int) -> Grid:
 
 
 def candidate_step_time(model: Transformer, system: System, values: dict, gpus, global_batch,
-                        eff: Efficiency) -> jax.Array:
+                        eff: Efficiency, runtime: Runtime | None = None,
+                        plan_defaults: dict | None = None) -> jax.Array:
     """Step time of the candidate plan given by grid `values`, or inf when it is infeasible or
-    its pipeline layout is uneven (`diffperf.explore.even_layout`), s. Works under jit / vmap."""
-    plan = plan_from_values(values, gpus, global_batch)
-    r = train_step(model, system, plan, eff)
+    its pipeline layout is uneven (`diffperf.explore.even_layout`), s. Works under jit / vmap.
+    `runtime` and `plan_defaults` (a software runtime's: the plan fields `values` does not
+    give) as in `diffperf.explore.search_training`."""
+    plan = plan_from_values(values, gpus, global_batch, plan_defaults)
+    r = train_step(model, system, plan, eff, runtime)
     ok = r.feasible & even_layout(model, plan) & jnp.isfinite(r.step_time)
     return jnp.where(ok, r.step_time, jnp.inf)
 
@@ -114,8 +118,11 @@ def _coalition_system(base: System, target: System, on: dict, prec_ratio) -> Sys
 def coalition_times(model: Transformer, base: System, target: System, gpus: int,
                     global_batch: int, target_precision: str = "fp8",
                     base_precision: str = "bf16", efficiency: Efficiency | None = None,
-                    grid: Grid | None = None) -> dict:
-    """Step time of every coalition (rows of a 2^F x F 0/1 mask, factor order `FACTORS`).
+                    grid: Grid | None = None, runtime: Runtime | None = None,
+                    plan_defaults: dict | None = None) -> dict:
+    """Step time of every coalition (rows of a 2^F x F 0/1 mask, factor order `FACTORS`);
+    `runtime` and `plan_defaults` as in `candidate_step_time` (one software runtime on every
+    system).
 
     **Returns:** dict with `masks` (2^F, F), `step_time` (2^F,), `feasible` (2^F,),
     `plan_index` (flat index in `grid` of the plan used per coalition), `grid`, `base_plan`.
@@ -141,7 +148,7 @@ def coalition_times(model: Transformer, base: System, target: System, gpus: int,
                       zero=jnp.ones(n_plans), sequence_parallel=jnp.ones(n_plans))
 
         return jax.vmap(lambda v: candidate_step_time(model, system, v, gpus, global_batch,
-                                                      eff))(values)
+                                                      eff, runtime, plan_defaults))(values)
 
     @jax.jit
     def run(masks_j):
@@ -190,8 +197,11 @@ def _alone(masks: np.ndarray, times: np.ndarray, factors) -> dict:
 
 def attribute(model: Transformer, base: System, target: System, gpus: int, global_batch: int,
               target_precision: str = "fp8", base_precision: str = "bf16",
-              efficiency: Efficiency | None = None, grid: Grid | None = None) -> dict:
-    """Shapley attribution of the training speed-up `base -> target` (see module docstring).
+              efficiency: Efficiency | None = None, grid: Grid | None = None,
+              runtime: Runtime | None = None, plan_defaults: dict | None = None) -> dict:
+    """Shapley attribution of the training speed-up `base -> target` (see module docstring),
+    with one software `runtime` (and its `plan_defaults`) on both systems (default: the
+    calibration set's).
 
     **Returns:** dict with `speedup` (T_base / T_target, each on its best candidate plan),
     `log_speedup`, `factors` {name: {"shapley_log": phi, "speedup": exp(phi),
@@ -199,7 +209,7 @@ def attribute(model: Transformer, base: System, target: System, gpus: int, globa
     the raw `coalitions`.
     """
     res = coalition_times(model, base, target, gpus, global_batch, target_precision,
-                          base_precision, efficiency, grid)
+                          base_precision, efficiency, grid, runtime, plan_defaults)
     t = res["step_time"]
     if not np.isfinite(t[0]):
         raise ValueError(f"no candidate plan is feasible on the base system for {gpus} GPUs "
@@ -237,7 +247,8 @@ INFER_FACTORS = ("precision", "tensor_flops", "hbm_bandwidth", "nvlink_bandwidth
 
 def attribute_inference(model: Transformer, base: System, target: System, plan,
                         target_precision: str = "fp8", base_precision: str = "bf16",
-                        efficiency: Efficiency | None = None) -> dict:
+                        efficiency: Efficiency | None = None,
+                        runtime: Runtime | None = None) -> dict:
     """Shapley attribution of the end-to-end latency speed-up of one inference `plan`
     (`InferencePlan`: tp, pp, batch, lengths) from `base` to `target` over `INFER_FACTORS`:
     `precision` (weights, GEMM inputs and KV cache base -> target precision, the low-precision
@@ -245,7 +256,7 @@ def attribute_inference(model: Transformer, base: System, target: System, plan,
     `tensor_flops` (with L2 and SM count), `hbm_bandwidth` and `nvlink_bandwidth` (with the NVLink
     generation's hop latency and in-switch reduction). HBM capacity, the NVLink domain and the
     scale-out network stay the base's: they do not change the time of a plan that fits. All 16
-    coalitions in one jitted vmap.
+    coalitions in one jitted vmap, with one serving `runtime` (default: the calibration set's).
 
     **Returns:** dict with `speedup`, `log_speedup`, `base_e2e_s`, `target_e2e_s`, `base_tpot_s`,
     `target_tpot_s` and `factors` {name: {"shapley_log", "speedup", "alone"}}; ValueError if a
@@ -266,7 +277,7 @@ def attribute_inference(model: Transformer, base: System, target: System, plan,
         code = jnp.where(mask[0], float(pt), float(pb))
         p = eqx.tree_at(lambda q: (q.weight_precision, q.activation_precision, q.kv_precision),
                         plan, (code, code, code))
-        r = infer(model, _coalition_system(base, target, on, ratio), p, eff)
+        r = infer(model, _coalition_system(base, target, on, ratio), p, eff, runtime)
         return r.e2e_latency, r.tpot, r.reason
 
     e2e, tpot, reason = jax.device_get(jax.jit(jax.vmap(one))(jnp.asarray(masks)))

@@ -50,6 +50,7 @@ from ..inference._infer import infer
 from ..presets import model, resolve_efficiency, system
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import System
+from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
 from ..training._step import train_step
 from . import _technology as T
@@ -98,6 +99,7 @@ class Problem(eqx.Module):
     efficiency: Efficiency
     nvlink_domain: float = eqx.field(static=True, default=8.0)
     dies: float = eqx.field(static=True, default=1.0)
+    runtime: Runtime | None = None  # the software runtime (None: the calibration set's)
 
 
 def bounds(b: Budgets) -> tuple[np.ndarray, np.ndarray]:
@@ -122,10 +124,10 @@ def evaluate(prob: Problem, x) -> tuple[jax.Array, jax.Array]:
     g = T.generate(prob.tech, design_of(prob, x), prob.arch)
     system = System(g.accelerator, g.network)
     if prob.workload == "train":
-        rep = train_step(prob.model, system, prob.plan, prob.efficiency)
+        rep = train_step(prob.model, system, prob.plan, prob.efficiency, prob.runtime)
         t, mem = rep.step_time, rep.memory.total
     else:
-        rep = infer(prob.model, system, prob.plan, prob.efficiency)
+        rep = infer(prob.model, system, prob.plan, prob.efficiency, prob.runtime)
         t, mem = rep.e2e_latency, rep.memory.total
     u = g.usage
     design_area = x[0] * (1.0 - T.OTHER_FRAC) - x[0] * x[1] - u.io_mm2
@@ -384,10 +386,13 @@ def default_problem(workload: str = "train", node_nm: float = 3.0, memory_index:
                     network_index: float = 3.0, arch: str = "blackwell",
                     budgets: Budgets | None = None, model_name: str | None = None,
                     gpus: int = 1024, global_batch: int = 1536,
-                    efficiency: Efficiency | None = None) -> Problem:
+                    efficiency: Efficiency | None = None, runtime: Runtime | None = None,
+                    plan_defaults: dict | None = None) -> Problem:
     """A ready problem: GPT-3 175B training on `gpus` GPUs (plan: the fastest candidate plan on
     DGX H100, bf16) or Llama-2 70B inference (tp 8, batch 1, 128/128), at a technology point.
-    Default budgets: 814 mm^2, 700 W, 114 mm perimeter (a reticle-size square die), $4,000."""
+    Default budgets: 814 mm^2, 700 W, 114 mm perimeter (a reticle-size square die), $4,000.
+    `runtime` (default None: the calibration set's) and, for training, its `plan_defaults`
+    (the plan fields the candidate plans do not vary) are those of the workload's software."""
     if workload not in ("train", "infer"):
         raise ValueError(f"workload must be 'train' or 'infer', got {workload!r}")
     eff = resolve_efficiency(efficiency)
@@ -395,13 +400,14 @@ def default_problem(workload: str = "train", node_nm: float = 3.0, memory_index:
                                  cost_usd=4000.0)
     if workload == "train":
         mdl = model(model_name or "gpt3-175b")
-        plan = best_training_plan(mdl, system("dgx-h100"), gpus, global_batch, "bf16", eff)
+        plan = best_training_plan(mdl, system("dgx-h100"), gpus, global_batch, "bf16", eff,
+                                  runtime, plan_defaults)
     else:
         mdl = model(model_name or "llama2-70b")
         plan = default_inference_plan()
     return Problem(tech=T.technology(node_nm, memory_index, network_index),
                    arch=T.architecture(arch), budgets=budgets, workload=workload, model=mdl,
-                   plan=plan, efficiency=eff)
+                   plan=plan, efficiency=eff, runtime=runtime)
 
 
 def compare(prob: Problem, steps: int = 100, starts: int = 4,

@@ -45,12 +45,16 @@ def study_design() -> Design:
 
 def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
                gpus: int = 1024, global_batch: int = 1536, infer_model="llama2-70b",
-               efficiency=None, base_node: float = 12.0, infer_plan=None):
+               efficiency=None, base_node: float = 12.0, infer_plan=None, runtime=None,
+               plan_defaults: dict | None = None):
     """Training step time (best candidate plan per point, bf16) and inference latency
     (`infer_plan`, default tp 8, batch 1, 128 in / 128 out: TPOT and e2e) of `study_design()`
     across nodes, with logic-only,
     memory-only, network-only and full scaling from the `base_node` era; bottleneck shares
     (compute / memory / network / latency) from the elasticities at every point.
+
+    `runtime` (a `Runtime`, default None: the calibration set's) runs both workloads;
+    `plan_defaults` (its plan defaults) fix the training plan fields the candidates do not vary.
 
     **Returns:** a pandas DataFrame, one row per (scaling, node)."""
 
@@ -86,7 +90,8 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
         def per_point(c):
             s = system_at(c)
             return jnp.argmin(jax.vmap(
-                lambda v: candidate_step_time(tm, s, v, gpus, global_batch, eff))(vals))
+                lambda v: candidate_step_time(tm, s, v, gpus, global_batch, eff, runtime,
+                                              plan_defaults))(vals))
         return jax.lax.map(per_point, coords)
 
     idx = np.asarray(best_plans(coords))
@@ -105,12 +110,12 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
     def evaluate(coords, plan_vals):
         def per_point(c, v):
             s = system_at(c)
-            plan = plan_from_values(v, gpus, global_batch)
-            ft = lambda sys_: train_step(tm, sys_, plan, eff).step_time
-            fi = lambda sys_: infer(im, sys_, iplan, eff).e2e_latency
+            plan = plan_from_values(v, gpus, global_batch, plan_defaults)
+            ft = lambda sys_: train_step(tm, sys_, plan, eff, runtime).step_time
+            fi = lambda sys_: infer(im, sys_, iplan, eff, runtime).e2e_latency
             t, gt = jax.value_and_grad(ft)(s)
             li, gi = jax.value_and_grad(fi)(s)
-            rep = infer(im, s, iplan, eff)
+            rep = infer(im, s, iplan, eff, runtime)
             return (t, shares(gt, s, t), li, rep.tpot, shares(gi, s, li),
                     s.accelerator.flops_bf16, s.accelerator.hbm_bandwidth,
                     s.network.nvlink_bandwidth)

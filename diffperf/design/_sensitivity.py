@@ -34,6 +34,7 @@ from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import System, precision_code
 from ..specs._inference_plan import InferencePlan
+from ..specs._runtime import Runtime
 from ..specs._training_plan import TrainingPlan
 from ..specs._transformer import Transformer
 from ..training._step import train_step
@@ -50,9 +51,11 @@ GROUPS = {
 
 
 def best_training_plan(model: Transformer, system: System, gpus: int, global_batch: int,
-                       precision: str = "bf16", efficiency: Efficiency | None = None
+                       precision: str = "bf16", efficiency: Efficiency | None = None,
+                       runtime: Runtime | None = None, plan_defaults: dict | None = None
                        ) -> TrainingPlan:
-    """Fastest feasible plan of `_attribution.candidate_plans` on `system` (one vmapped call)."""
+    """Fastest feasible plan of `_attribution.candidate_plans` on `system` (one vmapped call),
+    with a software `runtime` and its `plan_defaults` (default: the calibration set's)."""
     eff = resolve_efficiency(efficiency)
     grid = candidate_plans(model, gpus, global_batch)
     values = grid.product(grid.names)
@@ -64,7 +67,7 @@ def best_training_plan(model: Transformer, system: System, gpus: int, global_bat
     @jax.jit
     def times(vals):
         return jax.vmap(lambda v: candidate_step_time(model, system, v, gpus, global_batch,
-                                                      eff))(vals)
+                                                      eff, runtime, plan_defaults))(vals)
     t = np.asarray(times(values))
     if not np.isfinite(t).any():
         raise ValueError(f"no candidate plan is feasible for {gpus} GPUs and global batch "
@@ -72,20 +75,22 @@ def best_training_plan(model: Transformer, system: System, gpus: int, global_bat
                          f"divide the global batch, the plan must fit in HBM)")
     i = int(np.argmin(t))
     pick = {k: float(np.asarray(v)[i]) for k, v in values.items()}
-    return plan_from_values(pick, gpus, global_batch)
+    return plan_from_values(pick, gpus, global_batch, plan_defaults)
 
 
 def default_inference_plan() -> InferencePlan:
     return InferencePlan(tp=8, batch=1, input_len=128, output_len=128)
 
 
-def workload_time(workload: str, model: Transformer, plan, efficiency: Efficiency | None = None):
-    """A function `system -> time (s)` for `workload` in ("train", "infer") with a fixed plan."""
+def workload_time(workload: str, model: Transformer, plan, efficiency: Efficiency | None = None,
+                  runtime: Runtime | None = None):
+    """A function `system -> time (s)` for `workload` in ("train", "infer") with a fixed plan
+    and software `runtime` (default: the calibration set's)."""
     eff = resolve_efficiency(efficiency)
     if workload == "train":
-        return lambda system: train_step(model, system, plan, eff).step_time
+        return lambda system: train_step(model, system, plan, eff, runtime).step_time
     if workload == "infer":
-        return lambda system: infer(model, system, plan, eff).e2e_latency
+        return lambda system: infer(model, system, plan, eff, runtime).e2e_latency
     raise ValueError(f"workload must be 'train' or 'infer', got {workload!r}")
 
 

@@ -29,18 +29,26 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
                      precision: str = "bf16", efficiency=None,
                      grouped_decode_attention: int = 1, activation_precision: str | None = None,
                      kv_precision: str | None = None,
-                     gemm_peak_fraction: float = 1.0, prefill_tokens: int = 0) -> pd.DataFrame:
+                     gemm_peak_fraction: float = 1.0, prefill_tokens: int = 0,
+                     runtime=None, plan_defaults: dict | None = None) -> pd.DataFrame:
     """Every (tp, pp, ep, batch) of `inference_candidates` evaluated with vmap: a DataFrame
-    with latency, TPOT, throughput per GPU, memory and feasibility (only tp * pp <= max_gpus
+    with latency, TPOT, throughput per GPU, the time the GPU waits for the host per request
+    (`host_s`), memory and feasibility (only tp * pp <= max_gpus
     and ep dividing tp). `precision` is that of the weights, `activation_precision` (default:
     `precision`) that of the GEMM inputs, `kv_precision` (default: the GEMM inputs') that of
     the KV cache; `grouped_decode_attention`, `gemm_peak_fraction` and `prefill_tokens` are
-    as in `InferencePlan`."""
+    as in `InferencePlan`. `runtime`: the serving engine's `Runtime` (default None: `infer`'s
+    default, the calibration set's); `plan_defaults`: values of the `InferencePlan` fields
+    neither searched nor set by the other arguments (a runtime's plan defaults)."""
     eff = presets.resolve_efficiency(efficiency)
     grid = Grid(inference_candidates(max_gpus, int(float(model.num_experts))))
     code = float(precision_code(precision))
     act = code if activation_precision is None else float(precision_code(activation_precision))
     kv = act if kv_precision is None else float(precision_code(kv_precision))
+    set_here = {"tp", "pp", "ep", "batch", "input_len", "output_len", "weight_precision",
+                "activation_precision", "kv_precision", "grouped_decode_attention",
+                "gemm_peak_fraction", "prefill_tokens"}
+    extra = {k: v for k, v in (plan_defaults or {}).items() if k not in set_here}
 
     def evaluate(v):
         plan = InferencePlan(tp=v["tp"], pp=v["pp"], ep=v["ep"], batch=v["batch"],
@@ -48,10 +56,11 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
                              activation_precision=act, kv_precision=kv,
                              grouped_decode_attention=grouped_decode_attention,
                              gemm_peak_fraction=gemm_peak_fraction,
-                             prefill_tokens=prefill_tokens)
-        r = infer(model, system, plan, eff)
+                             prefill_tokens=prefill_tokens, **extra)
+        r = infer(model, system, plan, eff, runtime)
         return {"e2e_latency_s": r.e2e_latency, "ttft_s": r.ttft, "tpot_s": r.tpot,
                 "output_tok_s_per_gpu": r.output_tok_s_per_gpu,
+                "host_s": r.prefill.host + r.decode.host,
                 "memory_gb": r.memory.total / 1e9, "feasible": r.feasible,
                 "reason": r.reason}
 

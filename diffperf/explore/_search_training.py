@@ -15,6 +15,7 @@ from ..feasibility import REASONS, Reason, divides, even_layout, offload_support
 from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import PRECISIONS, System
+from ..specs._runtime import Runtime
 from ..specs._training_plan import RECOMPUTE, TrainingPlan
 from ..specs._transformer import Transformer
 from ..training._step import train_step
@@ -47,7 +48,8 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def default_training_grid(model: Transformer, gpus: int, global_batch: int,
-                          precisions=(0, 1), fp32_gradients=(1,), offload_layers=(0,)) -> Grid:
+                          precisions=(0, 1), fp32_gradients=(1,), offload_layers=(0,),
+                          plan_defaults: dict | None = None) -> Grid:
     """The default search space (1.8 x 10^7 plans for GPT-3 175B on 1,024 A100s).
 
     tp: powers of two up to 64; pp: divisors of the GPU count up to the layer count that divide
@@ -58,12 +60,14 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
     flash attention, TP and DP overlap on / off; `precisions` (codes; default tf32 and bf16).
     `fp32_gradients` (1 fp32, 0 16-bit gradient buffers) and `offload_layers` (layers per chunk
     with activations in host memory) become axes only when they differ from the defaults (fp32
-    gradients, no offloading).
+    gradients, no offloading). `plan_defaults` (plan field -> value: a software runtime's,
+    `diffperf.presets.runtime_plan_defaults`) fixes those axes to its one value (a runtime
+    without TP overlap searches overlap_tp = 0 only).
     """
     layers = int(np.asarray(model.layers))
     experts = int(np.asarray(model.num_experts))
     pow2 = [1, 2, 4, 8, 16, 32, 64]
-    return Grid({
+    axes = ({
         "tp": [t for t in pow2 if gpus % t == 0],
         "pp": [p for p in _divisors(gpus, layers) if layers % p == 0 or p in pow2],
         "cp": [c for c in (1, 2, 4, 8, 16) if gpus % c == 0],
@@ -80,6 +84,7 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
     } | ({"expert_tp": [0, 1], "overlap_ep": [0, 1]} if experts > 1 else {})
       | ({"fp32_gradients": list(fp32_gradients)} if list(fp32_gradients) != [1] else {})
       | ({"offload_layers": list(offload_layers)} if list(offload_layers) != [0] else {}))
+    return Grid(axes | {k: [v] for k, v in (plan_defaults or {}).items() if k in axes})
 
 
 def check_training_grid(grid: Grid) -> None:
@@ -96,19 +101,28 @@ def check_training_grid(grid: Grid) -> None:
                 raise ValueError(f"grid axis {name!r}: {e}") from None
 
 
-def plan_from_values(values: dict, gpus, global_batch) -> TrainingPlan:
-    """A TrainingPlan from grid values (dp = gpus / (tp * pp * cp)). Works on traced values."""
+def plan_from_values(values: dict, gpus, global_batch,
+                     plan_defaults: dict | None = None) -> TrainingPlan:
+    """A TrainingPlan from grid values (dp = gpus / (tp * pp * cp)). Works on traced values.
+    `plan_defaults` (plan field -> value, e.g. a software runtime's) replaces the defaults of
+    the fields `values` does not give, any `TrainingPlan` field (`overlap_tp_backward`)."""
     v = dict(values)
     defaults = {"tp": 1.0, "pp": 1.0, "cp": 1.0, "ep": 1.0, "vp": 1.0, "micro_batch": 1.0,
                 "recompute": 0.0,
                 "zero": 1.0, "sequence_parallel": 0.0, "flash_attention": 1.0,
                 "overlap_tp": 1.0, "overlap_dp": 1.0, "precision": 1.0, "fp32_gradients": 1.0,
                 "offload_layers": 0.0, "expert_tp": 0.0, "overlap_ep": 0.0}
+    extra = {}
+    for key, d in (plan_defaults or {}).items():
+        if key in defaults:
+            defaults[key] = d
+        elif key not in ("dp", "global_batch"):
+            extra[key] = d
     for key, d in defaults.items():
         v.setdefault(key, d)
     dp = gpus / (v["tp"] * v["pp"] * v["cp"])
     fields = {k: v[k] for k in PLAN_AXES}
-    return TrainingPlan(dp=dp, global_batch=global_batch, **fields)
+    return TrainingPlan(dp=dp, global_batch=global_batch, **fields, **extra)
 
 
 def _gpus_reason(reason, values, gpus):
@@ -133,8 +147,14 @@ def _gpus_reason(reason, values, gpus):
 def search_training(model: Transformer, system: System, gpus: int, global_batch: int,
                     grid: Grid | None = None, efficiency: Efficiency | None = None,
                     top_k: int = 10, devices=None,
-                    progress: bool = True, even_layouts: bool = True) -> dict:
+                    progress: bool = True, even_layouts: bool = True,
+                    runtime: Runtime | None = None, plan_defaults: dict | None = None) -> dict:
     """Find the fastest feasible training plans.
+
+    `runtime`: the software runtime's host costs (default None: `train_step`'s default, the
+    calibration set's); `plan_defaults` (plan field -> value, a runtime's
+    `diffperf.presets.runtime_plan_defaults`): the values of the plan fields the grid does not
+    vary (pass it to `default_training_grid` too, to fix the axes it names).
 
     `even_layouts` (default True): only plans whose pp * vp divides the layer count
     (`even_layout`); False also ranks uneven layouts, modelled as perfectly balanced.
@@ -153,8 +173,8 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     check_training_grid(grid)
 
     def evaluate(values):
-        plan = plan_from_values(values, gpus, global_batch)
-        r = train_step(model, system, plan, eff)
+        plan = plan_from_values(values, gpus, global_batch, plan_defaults)
+        r = train_step(model, system, plan, eff, runtime)
         reason = _gpus_reason(r.reason, values, gpus)
         if even_layouts:
             reason = jnp.where((reason == 0) & ~even_layout(model, plan), REASON_UNEVEN, reason)
@@ -171,7 +191,8 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     front_idx = res.front_index[front_ok][pareto_front(res.front_value[front_ok],
                                                        res.front_secondary[front_ok])]
     both = describe_plans(model, system, gpus, global_batch, grid,
-                          np.concatenate([top_idx, front_idx]), eff, explain_gap=False)
+                          np.concatenate([top_idx, front_idx]), eff, explain_gap=False,
+                          runtime=runtime, plan_defaults=plan_defaults)
     # Plans whose step times tie (to 1 us) are listed with the one needing less memory first.
     top = both.iloc[:top_idx.size]
     if len(top):  # (no feasible plan: an empty frame without columns)
@@ -193,7 +214,7 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
         # that the search would rank: an even layout, offloading Megatron-core supports).
         def memory_only(values):
             _, memory, reason = evaluate(values)
-            plan = plan_from_values(values, gpus, global_batch)
+            plan = plan_from_values(values, gpus, global_batch, plan_defaults)
             ranked = offload_supported(model, plan)
             if even_layouts:
                 ranked = ranked & even_layout(model, plan)
@@ -201,13 +222,14 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
         low = run_sweep(grid, memory_only, k=1, devices=devices, progress=False, label="memory")
         if np.isfinite(low.top_value[0]):
             least = describe_plans(model, system, gpus, global_batch, grid, low.top_index[:1],
-                                   eff, explain_gap=False)
+                                   eff, explain_gap=False, runtime=runtime,
+                                   plan_defaults=plan_defaults)
     return {"evaluated": res.evaluated, "feasible": res.feasible,
             "seconds": time.perf_counter() - t0, "reasons": reasons, "top": top,
             "pareto": pareto, "least_memory": least, "result": res, "grid": grid}
 
 
-def _report_function(model, system, gpus, global_batch, eff):
+def _report_function(model, system, gpus, global_batch, eff, runtime=None, plan_defaults=None):
     """`values -> train_step reports` for a batch of grid-axis values (a dict of 1-D arrays).
 
     The model, system, efficiency, GPU count and global batch are closed over, so they are
@@ -217,8 +239,9 @@ def _report_function(model, system, gpus, global_batch, eff):
     5.8 s). Compiled without LLVM's expensive passes: for a hundred plans the faster
     compilation matters, the run time does not."""
     def reports(values):
-        return jax.vmap(lambda v: train_step(model, system,
-                                             plan_from_values(v, gpus, global_batch), eff))(values)
+        return jax.vmap(lambda v: train_step(
+            model, system, plan_from_values(v, gpus, global_batch, plan_defaults), eff,
+            runtime))(values)
     return jax.jit(reports, compiler_options={"xla_llvm_disable_expensive_passes": True})
 
 
@@ -226,23 +249,25 @@ _BREAKDOWN = {"compute_time": "compute", "tp_comm_time": "TP communication",
               "cp_comm_time": "CP communication", "ep_comm_time": "EP all-to-all",
               "pp_comm_time": "pipeline send/recv", "dp_comm_time": "DP communication",
               "bubble_time": "pipeline bubble", "optimizer_time": "optimizer",
-              "offload_time": "activation offload"}
+              "offload_time": "activation offload", "host_time": "host wait"}
 
 
 def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,
-                   eff: Efficiency, explain_gap: bool = True) -> pd.DataFrame:
-    """Full reports of a few grid points as a DataFrame (one row per plan, best first)."""
+                   eff: Efficiency, explain_gap: bool = True, runtime: Runtime | None = None,
+                   plan_defaults: dict | None = None) -> pd.DataFrame:
+    """Full reports of a few grid points as a DataFrame (one row per plan, best first);
+    `runtime` and `plan_defaults` as in `search_training`."""
     flat_indices = np.asarray(flat_indices, dtype=np.int64)
     if flat_indices.size == 0:
         return pd.DataFrame()
     values = grid.decode_host(flat_indices)
     n = flat_indices.size
     real = jnp.result_type(float)
-    rep = _report_function(model, system, gpus, global_batch, eff)(
+    rep = _report_function(model, system, gpus, global_batch, eff, runtime, plan_defaults)(
         {k: jnp.asarray(v, dtype=real) for k, v in values.items()})
     rep = jax.device_get(rep)
     plan = jax.tree.map(lambda x: np.broadcast_to(x, (n,)),
-                        plan_from_values(values, gpus, global_batch))
+                        plan_from_values(values, gpus, global_batch, plan_defaults))
     cols = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
             "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "fp32_gradients",
             "offload_layers", "expert_tp", "overlap_ep")

@@ -1,10 +1,14 @@
-"""What-if hardware: `--set hbm_bandwidth=x2` changes one Accelerator / Network parameter of a
-preset system, so `train`, `infer` and `search` answer "what if HBM bandwidth doubled?".
+"""What-if hardware and software: `--set hbm_bandwidth=x2` changes one Accelerator / Network
+parameter of a preset system, `--set host_op_time=2e-5` one field of the preset software runtime
+(`Runtime`), so `train`, `infer` and `search` answer "what if HBM bandwidth doubled?" or "what if
+the framework issued an operator in 2 us?".
 
 An override is `FIELD=VALUE` (the value in the field's SI unit, e.g. `hbm_bandwidth=6.7e12`
 B/s) or `FIELD=xFACTOR` (a multiple of the preset's value, e.g. `nvlink_bandwidth=x2`). FIELD
-is a field of `Accelerator` or `Network` (`hbm_bandwidth`, or `accelerator.hbm_bandwidth`).
-The changed specs are rebuilt through their constructors, so their range checks apply.
+is a field of `Accelerator`, `Network` or `Runtime` (`hbm_bandwidth`, or
+`accelerator.hbm_bandwidth`; `runtime.decode_graph`). No two of them share a field name, so a
+bare name is never ambiguous. The changed specs are rebuilt through their constructors, so their
+range checks apply.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ from typing import NamedTuple
 
 from .._checks import MAX_EXACT_COUNT
 from ..specs._hardware import Accelerator, Network, System
+from ..specs._runtime import Runtime
 
-_PARTS = {"accelerator": Accelerator, "network": Network}
+#: The specs `--set` reaches: the system's two parts and the software runtime.
+_PARTS = {"accelerator": Accelerator, "network": Network, "runtime": Runtime}
+#: Those of a `System` (`apply_overrides`); the rest (`Runtime`) has `apply_runtime_overrides`.
+_SYSTEM_PARTS = ("accelerator", "network")
 
 #: The smallest normal and the largest float32: values outside would become 0 or inf.
 FLOAT32_TINY, FLOAT32_MAX = 1.1754944e-38, 3.4028235e38
@@ -32,9 +40,31 @@ UNITS = {
 }
 
 
+def unit(field: str) -> str:
+    """The unit of a `--set` field for printing: `UNITS`, else s for a runtime's `..._time`
+    fields (the `Runtime` docstring's unit), else none."""
+    return UNITS.get(field, "s" if field.endswith("_time") else "")
+
+
+def _fields(part: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(_PARTS[part])]
+
+
+def _check_distinct_names() -> None:
+    """A bare `--set FIELD` names one spec only: no field name is shared between them."""
+    seen: dict[str, str] = {}
+    for part in _PARTS:
+        for f in _fields(part):
+            assert f not in seen, f"--set field {f!r} is in both {seen[f]} and {part}"
+            seen[f] = part
+
+
+_check_distinct_names()
+
+
 class Override(NamedTuple):
-    """One `--set`: `part` ("accelerator" / "network"), `field`, and either an absolute value
-    (`factor` False) or a multiple of the preset's (`factor` True)."""
+    """One `--set`: `part` ("accelerator" / "network" / "runtime"), `field`, and either an
+    absolute value (`factor` False) or a multiple of the preset's (`factor` True)."""
     part: str
     field: str
     value: float
@@ -43,10 +73,6 @@ class Override(NamedTuple):
     @property
     def text(self) -> str:
         return f"{self.field}={'x' if self.factor else ''}{self.value:g}"
-
-
-def _fields(part: str) -> list[str]:
-    return [f.name for f in dataclasses.fields(_PARTS[part])]
 
 
 def parse_override(item: str) -> Override:
@@ -59,8 +85,9 @@ def parse_override(item: str) -> Override:
     part, _, field = name.rpartition(".")
     owners = [p for p in _PARTS if field in _fields(p) and part in ("", p)]
     if not owners:
-        known = ", ".join(f for p in _PARTS for f in _fields(p))
-        raise ValueError(f"--set {item!r}: unknown hardware field {name!r}; fields: {known}")
+        known = "; ".join(f"{p}: {', '.join(_fields(p))}" for p in _PARTS)
+        raise ValueError(f"--set {item!r}: unknown hardware field {name!r} (nor a runtime "
+                         f"field); fields of {known}")
     factor = raw[0] in "xX*"
     try:
         value = float(raw[1:] if factor else raw)
@@ -85,52 +112,73 @@ def parse_overrides(items) -> list[Override]:
     return out
 
 
+def _changed(spec, part: str, overrides: list[Override]):
+    """`spec` (an `Accelerator`, `Network` or `Runtime`) with the overrides of `part` applied,
+    rebuilt through its constructor (range checks run); `spec` itself when none applies."""
+    mine = [o for o in overrides if o.part == part]
+    if not mine:
+        return spec
+    values = {f: getattr(spec, f) for f in _fields(part)}
+    for o in mine:
+        if o.factor and float(values[o.field]) == 0 and o.value != 1:
+            raise ValueError(f"--set {o.text}: {o.field} is 0 in the preset, and a multiple "
+                             f"of 0 stays 0; give a value ({o.field}=...)")
+        v = float(values[o.field]) * o.value if o.factor else o.value
+        if UNITS.get(o.field) in ("count", "GPUs") and v > MAX_EXACT_COUNT:
+            raise ValueError(f"--set {o.text}: {o.field} must be <= {MAX_EXACT_COUNT} (2^24: "
+                             f"larger counts are not exact in float32), got {v:g}")
+        if v != 0 and not FLOAT32_TINY <= v <= FLOAT32_MAX:
+            raise ValueError(f"--set {o.text}: {v:g} {unit(o.field)} is outside the "
+                             f"range of the model's float32 arithmetic")
+        values[o.field] = v
+    try:
+        return _PARTS[part](**values)
+    except ValueError as e:
+        raise ValueError(f"--set {' '.join(o.text for o in mine)}: {e}") from None
+
+
 def apply_overrides(system: System, overrides: list[Override]) -> System:
-    """`system` with the overrides applied (the specs rebuilt, so range checks run: a
-    fractional `num_sms` or a zero bandwidth is a ValueError naming the field)."""
-    for part in _PARTS:
-        mine = [o for o in overrides if o.part == part]
-        if not mine:
-            continue
+    """`system` with the hardware overrides applied (the specs rebuilt, so range checks run: a
+    fractional `num_sms` or a zero bandwidth is a ValueError naming the field); runtime
+    overrides are left to `apply_runtime_overrides`."""
+    for part in _SYSTEM_PARTS:
         spec = getattr(system, part)
-        values = {f: getattr(spec, f) for f in _fields(part)}
-        for o in mine:
-            if o.factor and float(values[o.field]) == 0 and o.value != 1:
-                raise ValueError(f"--set {o.text}: {o.field} is 0 in the preset, and a multiple "
-                                 f"of 0 stays 0; give a value ({o.field}=...)")
-            v = float(values[o.field]) * o.value if o.factor else o.value
-            if UNITS.get(o.field) in ("count", "GPUs") and v > MAX_EXACT_COUNT:
-                raise ValueError(f"--set {o.text}: {o.field} must be <= {MAX_EXACT_COUNT} (2^24: "
-                                 f"larger counts are not exact in float32), got {v:g}")
-            if v != 0 and not FLOAT32_TINY <= v <= FLOAT32_MAX:
-                raise ValueError(f"--set {o.text}: {v:g} {UNITS.get(o.field, '')} is outside the "
-                                 f"range of the model's float32 arithmetic")
-            values[o.field] = v
-        try:
-            system = dataclasses.replace(system, **{part: _PARTS[part](**values)})
-        except ValueError as e:
-            raise ValueError(f"--set {' '.join(o.text for o in mine)}: {e}") from None
+        changed = _changed(spec, part, overrides)
+        if changed is not spec:
+            system = dataclasses.replace(system, **{part: changed})
     return system
 
 
-def describe(base: System, changed: System, overrides: list[Override]) -> list[str]:
-    """One line per override: `hbm_bandwidth 2.039e+12 -> 4.078e+12 B/s (x2)`."""
+def apply_runtime_overrides(runtime: Runtime, overrides: list[Override]) -> Runtime:
+    """`runtime` with the `Runtime` overrides applied (rebuilt, so its range checks run: a
+    negative host time or a `decode_graph` above 1 is a ValueError naming the field)."""
+    return _changed(runtime, "runtime", overrides)
+
+
+def describe(base: System, changed: System, overrides: list[Override],
+             base_runtime: Runtime | None = None,
+             changed_runtime: Runtime | None = None) -> list[str]:
+    """One line per override: `hbm_bandwidth 2.039e+12 -> 4.078e+12 B/s (x2)`; a runtime
+    field's values are those of `base_runtime` and `changed_runtime` (default `Runtime()`)."""
+    runtimes = (base_runtime or Runtime(), changed_runtime or Runtime())
     lines = []
     for o in overrides:
-        b = float(getattr(getattr(base, o.part), o.field))
-        c = float(getattr(getattr(changed, o.part), o.field))
+        b, c = (float(getattr(rt if o.part == "runtime" else getattr(sys_, o.part), o.field))
+                for sys_, rt in zip((base, changed), runtimes))
         ratio = f" (x{c / b:.3g})" if b > 0 else ""
         note = (" (the FLOP/s stay: num_sms only sets GEMM wave quantisation and split-K; "
                 "change flops_* too for a smaller or larger GPU)" if o.field == "num_sms" else "")
-        lines.append(f"{o.field} {b:.4g} -> {c:.4g} {UNITS.get(o.field, '')}{ratio}{note}")
+        lines.append(f"{o.field} {b:.4g} -> {c:.4g} {unit(o.field)}{ratio}{note}")
     return lines
 
 
-def comparison(base: System, changed: System, items, preset: dict) -> dict:
+def comparison(base: System, changed: System, items, preset: dict,
+               base_runtime: Runtime | None = None, runtime: Runtime | None = None) -> dict:
     """The `what_if` object of `train` / `infer --json`: the `--set` items, the changes as
-    `describe` words them and the `preset` system's numbers."""
+    `describe` words them and the `preset` system's (and runtime's) numbers."""
     overrides = parse_overrides(items)
-    return {"set": [o.text for o in overrides], "changes": describe(base, changed, overrides),
+    return {"set": [o.text for o in overrides],
+            "changes": describe(base, changed, overrides, base_runtime, runtime),
             "preset": preset}
 
 
@@ -145,10 +193,12 @@ def add_set_argument(parser) -> None:
     """The repeatable `--set FIELD=VALUE|xFACTOR` option of train / infer / search /
     sensitivity."""
     parser.add_argument("--set", action="append", default=None, metavar="FIELD=VALUE",
-                        help="what-if hardware: change one GPU / network parameter of the "
-                             "preset, as an SI value (hbm_bandwidth=6.7e12) or a multiple "
-                             "(hbm_bandwidth=x2); repeatable. Fields: those of Accelerator "
-                             "and Network (README, 'What-if hardware')")
+                        help="what-if hardware or software: change one GPU / network parameter "
+                             "of the preset, or one field of the --runtime, as an SI value "
+                             "(hbm_bandwidth=6.7e12, host_op_time=2e-5) or a multiple "
+                             "(hbm_bandwidth=x2); repeatable. Fields: those of Accelerator, "
+                             "Network and Runtime (README, 'What-if hardware'; "
+                             "docs/runtime.md)")
 
 
 def tag(items) -> str:
@@ -157,6 +207,14 @@ def tag(items) -> str:
 
 
 def system_with_overrides(system: System, items) -> System:
-    """`system` with the `--set` items applied (`system` itself when there are none)."""
+    """`system` with the hardware `--set` items applied (`system` itself when there are
+    none)."""
     overrides = parse_overrides(items)
     return apply_overrides(system, overrides) if overrides else system
+
+
+def runtime_with_overrides(runtime: Runtime, items) -> Runtime:
+    """`runtime` with the runtime `--set` items applied (`runtime` itself when there are
+    none)."""
+    overrides = parse_overrides(items)
+    return apply_runtime_overrides(runtime, overrides) if overrides else runtime
