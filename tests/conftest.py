@@ -9,6 +9,8 @@ the tests do not depend on whichever calibration file happens to ship.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import equinox as eqx
 import jax
@@ -21,6 +23,36 @@ import diffperf as dp
 # (broadcasting a (3,) against a (3, 1) by accident) anywhere the tests reach.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# One persistent compilation cache per test run, shared by its xdist workers: a program that
+# two workers (or two tests building their own `jax.jit` of the same computation) compile is
+# compiled once and loaded from disk after that. The run's first process (xdist's controller,
+# or the only process with `-n 0`) makes a fresh directory and removes it at the end, so no run
+# reuses another's programs and nothing is written outside the temporary directory. It must be
+# set before anything compiles (JAX decides once per process whether it uses the cache).
+# DIFFPERF_TESTS_JAX_CACHE=0 turns it off (e.g. to time cold compilations).
+_JAX_CACHE_ENV = "DIFFPERF_TESTS_JAX_CACHE"
+_OWN_JAX_CACHE = None
+if os.environ.get(_JAX_CACHE_ENV) != "0":
+    if not os.environ.get(_JAX_CACHE_ENV):
+        _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="diffperf-tests-jax-cache-")
+        os.environ[_JAX_CACHE_ENV] = _OWN_JAX_CACHE  # inherited by the xdist workers
+    jax.config.update("jax_compilation_cache_dir", os.environ[_JAX_CACHE_ENV])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+
+def pytest_unconfigure(config):
+    if _OWN_JAX_CACHE is not None:
+        shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _restore_compilation_cache():
+    """`diffperf bench` run in-process switches the persistent cache off (it times cold
+    compilations, by design); the next test gets it back."""
+    on = bool(jax.config.jax_enable_compilation_cache)
+    yield
+    jax.config.update("jax_enable_compilation_cache", on)
 
 
 @pytest.fixture(autouse=True)

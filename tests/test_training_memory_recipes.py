@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -180,14 +181,18 @@ def test_offloaded_activations_must_fit_in_host_memory(step, gpt22b, dgx_a100, e
     r = step(gpt22b, dgx_a100, plan, eff)
     np.testing.assert_allclose(float(r.memory.host), 24 * stored, rtol=1e-6)
     assert int(r.reason) == 0 and bool(r.fits)
-    small = eqx.tree_at(lambda s: s.accelerator.host_memory, dgx_a100, 0.5 * 24 * stored)
+    # float32 arrays, not Python floats, as the new leaves: a Python float is a static argument
+    # of the shared jit-compiled `step`, and each new value would compile it again
+    small = eqx.tree_at(lambda s: s.accelerator.host_memory, dgx_a100,
+                        jnp.float32(0.5 * 24 * stored))
     r_small = step(gpt22b, small, plan, eff)
     assert int(r_small.reason) == 12 and not bool(r_small.feasible) and bool(r_small.fits)
     assert float(r_small.step_time) == pytest.approx(float(r.step_time))
     text = explain(12, float(r_small.memory.host), float(small.accelerator.host_memory))
     assert "host memory" in text and f"{24 * stored / 1e9:.1f} GB" in text
     # Without offloading the host holds nothing.
-    none = step(gpt22b, small, eqx.tree_at(lambda p: p.offload_layers, plan, 0.0), eff)
+    none = step(gpt22b, small, eqx.tree_at(lambda p: p.offload_layers, plan, jnp.float32(0)),
+                eff)
     assert float(none.memory.host) == 0.0 and int(none.reason) == 0
 
 
@@ -199,7 +204,8 @@ def test_offload_time_is_exposed_copy_time(step, gpt22b, dgx_a100, eff):
                            recompute="selective", offload_layers=24)
 
     def with_bandwidth(bw):
-        return eqx.tree_at(lambda s: s.accelerator.host_bandwidth, dgx_a100, bw)
+        # a float32 array leaf (a Python float would recompile the shared `step` per value)
+        return eqx.tree_at(lambda s: s.accelerator.host_bandwidth, dgx_a100, jnp.float32(bw))
 
     fast, slow = with_bandwidth(1e15), with_bandwidth(1e8)
     r_fast, r_slow = step(gpt22b, fast, plan, eff), step(gpt22b, slow, plan, eff)
@@ -221,7 +227,8 @@ def test_offload_time_is_exposed_copy_time(step, gpt22b, dgx_a100, eff):
                  + r.offload_time)
         np.testing.assert_allclose(float(r.step_time), float(parts), rtol=1e-6)
     # Offloading never makes a step faster, and frees memory.
-    none = step(gpt22b, dgx_a100, eqx.tree_at(lambda p: p.offload_layers, plan, 0.0), eff)
+    none = step(gpt22b, dgx_a100, eqx.tree_at(lambda p: p.offload_layers, plan, jnp.float32(0)),
+                eff)
     assert float(none.step_time) <= float(r_slow.step_time)
     assert float(none.memory.activations) > float(r_slow.memory.activations)
 
