@@ -1,5 +1,6 @@
-"""The two primitives every phase is built from: collectives (alpha-beta ring model on a
-two-tier network) and the roofline (smooth max, straight-through ceilings, kernel times).
+"""The two primitives every phase is built from: collectives (NCCL-style rings on a two-tier
+network, the NVLink part in NCCL's protocol by message size) and the roofline (smooth max,
+straight-through ceilings, kernel times).
 
 Expected values are the textbook formulas written out by hand.
 """
@@ -38,6 +39,50 @@ def close(a, b, rtol=1e-5):
     np.testing.assert_allclose(float(a), float(b), rtol=rtol)
 
 
+# NCCL's protocols on an NVLink ring, from its tuning model (`src/graph/tuning.cc`, NCCL 2.18 to
+# 2.29): ring base latency LL 6.6, LL128 14.0, Simple 8.4 us; NVLink hop LL 0.6, LL128 1.9,
+# Simple 3.4 us; bandwidth LL 0.5 (8 B of data per 16 B line), LL128 0.92 (120 of 128 B),
+# Simple 1.0 of the ring's bus bandwidth. LL's base latency and hop are the model's fitted call
+# overhead (OVH) and hop (NET's 2 us), so LL128 and Simple add NCCL's differences to them:
+#   LL      k h                        + D / (0.5 B)
+#   LL128   7.4 us + k (h + 1.3 us)    + D / (0.92 B)
+#   Simple  1.8 us + k (h + 2.8 us)    + D / B     (with NVLS: latency min(that, 23 us))
+# for D bus bytes per GPU in k ring steps. The ring takes their smooth minimum
+# (sum_p t_p^-32)^(-1/32) (p = 32, the module's sharpness).
+HOP = 2e-6
+SIMPLE_HOP = HOP + (3.4 - 0.6) * 1e-6  # 4.8 us
+SIMPLE_BASE = (8.4 - 6.6) * 1e-6       # 1.8 us
+
+
+def ring_protocols(bus_bytes, steps, hop=HOP, bw=BW_IN, nvls=False):
+    """(LL, LL128, Simple-or-NVLS) times of an NVLink ring, s, by hand from the table above."""
+    ll = steps * hop + bus_bytes / (0.5 * bw)
+    ll128 = (14.0 - 6.6) * 1e-6 + steps * (hop + (1.9 - 0.6) * 1e-6) + bus_bytes / (0.92 * bw)
+    simple_latency = (8.4 - 6.6) * 1e-6 + steps * (hop + (3.4 - 0.6) * 1e-6)
+    if nvls:
+        simple_latency = min(simple_latency, 23e-6)  # NCCL's NVLS latency
+    return ll, ll128, simple_latency + bus_bytes / bw
+
+
+def smooth_min_by_hand(times):
+    """(sum_i t_i^-32)^(-1/32) in float64."""
+    t = np.asarray(times, dtype=np.float64)
+    return float(np.sum(t ** -32.0) ** (-1.0 / 32.0))
+
+
+# At 1 GB every ring here is bandwidth-bound: Simple is fastest and LL128 stays at least 1.08x
+# slower (its 1/0.92 = 1.087x bandwidth penalty, less or more its latency difference: 1.081x for
+# the 12- and 14-step 16-rank all-gathers, up to 1.089x for 2 ranks), LL 1.97-2.0x. The smooth
+# minimum then sits at most 1 - (1 + 1.08^-32 + 1.9^-32)^(-1/32) = 1 - (1 + 0.0852)^(-1/32) =
+# 0.26 % below Simple's time (0.20-0.25 % in these cases), never above it.
+BELOW_SIMPLE = 1.0 - (1.0 + 1.08 ** -32 + 1.9 ** -32) ** (-1.0 / 32.0)  # 2.55e-3
+
+
+def assert_simple_wins(got, simple):
+    """`got` (the NVLink part) is Simple's time less at most the smooth minimum's BELOW_SIMPLE."""
+    assert simple * (1.0 - BELOW_SIMPLE) <= float(got) <= simple * (1.0 + 1e-6), (got, simple)
+
+
 # --------------------------------------------------------------------------------------------
 # 3. Collectives
 # --------------------------------------------------------------------------------------------
@@ -45,15 +90,36 @@ def close(a, b, rtol=1e-5):
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_ring_all_reduce_inside_one_nvlink_domain(n):
-    want = 2 * (n - 1) / n * SIZE / BW_IN + 2 * (n - 1) * 2e-6 + OVH
-    close(coll.all_reduce(NET, EFF, SIZE, n, 1), want)
+    """2 (n - 1)/n x size bus bytes in 2 (n - 1) ring steps. At 1 GB NCCL picks Simple: full
+    bandwidth, 1.8 us base and 2 (n - 1) hops of 4.8 us (the alpha-beta ring before protocols
+    paid 2 us hops and no base here); the smooth minimum keeps it within BELOW_SIMPLE of that.
+    A 16 B message picks LL, far from a tie (LL128 >= 1.6x slower): exactly the alpha-beta ring
+    at half the bandwidth, 2 (n - 1) hops of 2 us."""
+    bus, steps = 2 * (n - 1) / n * SIZE, 2 * (n - 1)
+    cands = ring_protocols(bus, steps)
+    got = coll.all_reduce(NET, EFF, SIZE, n, 1)
+    close(got, smooth_min_by_hand(cands) + OVH)
+    simple = SIMPLE_BASE + steps * SIMPLE_HOP + bus / BW_IN
+    assert cands[2] == pytest.approx(simple, rel=1e-12)
+    assert_simple_wins(float(got) - OVH, simple)
+    tiny = 16.0
+    close(coll.all_reduce(NET, EFF, tiny, n, 1),
+          steps * 2e-6 + 2 * (n - 1) / n * tiny / (0.5 * BW_IN) + OVH)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_ring_all_gather_and_reduce_scatter_inside_one_domain(n):
-    want = (n - 1) / n * SIZE / BW_IN + (n - 1) * 2e-6 + OVH
+    """(n - 1)/n x size bus bytes in n - 1 ring steps: Simple at 1 GB (1.8 us + (n - 1) hops of
+    4.8 us + the bytes at full bandwidth, within BELOW_SIMPLE), LL's (n - 1) 2 us hops at 16 B."""
+    bus, steps = (n - 1) / n * SIZE, n - 1
+    want = smooth_min_by_hand(ring_protocols(bus, steps)) + OVH
     close(coll.all_gather(NET, EFF, SIZE, n, 1), want)
     close(coll.reduce_scatter(NET, EFF, SIZE, n, 1), want)
+    assert_simple_wins(float(coll.all_gather(NET, EFF, SIZE, n, 1)) - OVH,
+                       SIMPLE_BASE + steps * SIMPLE_HOP + bus / BW_IN)
+    tiny = 16.0
+    close(coll.all_gather(NET, EFF, tiny, n, 1),
+          steps * 2e-6 + (n - 1) / n * tiny / (0.5 * BW_IN) + OVH)
 
 
 @pytest.mark.parametrize("n,stride", [(8, 1), (16, 2), (64, 8), (4, 16)])
@@ -62,14 +128,32 @@ def test_all_reduce_is_reduce_scatter_plus_all_gather(n, stride):
     overhead). Across domains the all-reduce pays hierarchical latency (2 (n_in - 1) NVLink and
     2 (n_out - 1) fabric hops), while NCCL's all-gather / reduce-scatter are flat rings of n - 1
     steps, n_out - 1 of them across the fabric and n - n_out over NVLink (NCCL's ring latency
-    model): the pair pays 2 (n - n_out - n_in + 1) more NVLink hops."""
+    model): the pair pays 2 (n - n_out - n_in + 1) more NVLink hops. With protocols (1 GB:
+    Simple on NVLink) those are Simple's 4.8 us hops, and the pair also pays a second protocol
+    base latency (1.8 us) besides the second call overhead; the relation holds exactly per
+    protocol, so the model's values differ from it only by the smooth minimum (each side at most
+    BELOW_SIMPLE of its NVLink part below Simple). Groups without NVLink steps (n_in = 1) are
+    alpha-beta rings on the fabric: exact."""
     ar = coll.all_reduce(NET, EFF, SIZE, n, stride)
     rs_ag = coll.reduce_scatter(NET, EFF, SIZE, n, stride) + coll.all_gather(NET, EFF, SIZE, n,
                                                                               stride)
     n_in = min(8 / stride, n) if stride < 8 else 1
     n_out = n / n_in
-    lat_gap = 2 * (n - n_out - n_in + 1) * 2e-6
-    close(ar, rs_ag - OVH - lat_gap)
+    if n_in == 1:
+        close(ar, rs_ag - OVH)
+        return
+    lat_gap = SIMPLE_BASE + 2 * (n - n_out - n_in + 1) * SIMPLE_HOP
+    ar_nvlink_simple = (SIMPLE_BASE + 2 * (n_in - 1) * SIMPLE_HOP
+                        + 2 * (n_in - 1) / n_in * SIZE / BW_IN)
+    np.testing.assert_allclose(float(ar), float(rs_ag) - OVH - lat_gap, rtol=0,
+                               atol=BELOW_SIMPLE * ar_nvlink_simple)
+    # and each side exactly, by hand
+    fabric_ar = 2 * (n_out - 1) / n_out * SIZE / n_in / BW_OUT + 2 * (n_out - 1) * 5e-6
+    fabric_ag = (n_out - 1) / n_out * SIZE / n_in / BW_OUT + (n_out - 1) * 5e-6
+    close(ar, smooth_min_by_hand(ring_protocols(2 * (n_in - 1) / n_in * SIZE, 2 * (n_in - 1)))
+          + fabric_ar + OVH)
+    close(rs_ag, 2 * (smooth_min_by_hand(ring_protocols((n_in - 1) / n_in * SIZE, n - n_out))
+                      + fabric_ag + OVH))
 
 
 @pytest.mark.parametrize("n,stride", [(4, 8), (16, 8), (8, 16), (2, 64)])
@@ -84,10 +168,14 @@ def test_group_with_stride_at_least_the_domain_uses_scaleout(n, stride):
 def test_all_gather_across_domains_is_a_flat_ring_in_latency():
     """16 ranks over two 8-GPU domains: hierarchical bytes (7/8 of the data over NVLink, half of
     an eighth over each NIC) and a flat ring's 15 steps of latency (NCCL has no all-gather
-    tree): a chunk crosses the fabric once and NVLink 14 times."""
-    want = 7 / 8 * SIZE / BW_IN + 1 / 2 * SIZE / 8 / BW_OUT + 5e-6 + 14 * 2e-6 + OVH
+    tree): a chunk crosses the fabric once (5 us) and NVLink 14 times, those 14 steps in the
+    protocol NCCL picks: at 1 GB Simple (1.8 us + 14 hops of 4.8 us; the alpha-beta ring before
+    protocols paid 14 x 2 us), the smooth minimum within BELOW_SIMPLE of it."""
+    nvlink = smooth_min_by_hand(ring_protocols(7 / 8 * SIZE, 14))
+    want = nvlink + 1 / 2 * SIZE / 8 / BW_OUT + 5e-6 + OVH
     close(coll.all_gather(NET, EFF, SIZE, 16, 1), want)
     close(coll.reduce_scatter(NET, EFF, SIZE, 16, 1), want)
+    assert_simple_wins(nvlink, SIMPLE_BASE + 14 * SIMPLE_HOP + 7 / 8 * SIZE / BW_IN)
 
 
 def test_hierarchical_split():
@@ -100,10 +188,12 @@ def test_hierarchical_split():
     assert float(n_in) == 4 and float(n_out) == 1
     n_in, n_out = coll.tier_split(NET, 4, 8)
     assert float(n_in) == 1 and float(n_out) == 4
-    # hierarchical all-reduce: RS + AG in-domain on the full message, AR across domains on 1/n_in
-    want = (2 * 3 / 4 * SIZE / BW_IN + 2 * 3 * 2e-6
-            + 2 * 3 / 4 * (SIZE / 4) / BW_OUT + 2 * 3 * 5e-6 + OVH)
+    # hierarchical all-reduce: RS + AG in-domain on the full message (2 x 3/4 of it in 6 NVLink
+    # steps, Simple at 1 GB), AR across domains on 1/n_in (6 fabric hops, alpha-beta)
+    nvlink = smooth_min_by_hand(ring_protocols(2 * 3 / 4 * SIZE, 2 * 3))
+    want = nvlink + 2 * 3 / 4 * (SIZE / 4) / BW_OUT + 2 * 3 * 5e-6 + OVH
     close(coll.all_reduce(NET, EFF, SIZE, 16, 2), want)
+    assert_simple_wins(nvlink, SIMPLE_BASE + 6 * SIMPLE_HOP + 2 * 3 / 4 * SIZE / BW_IN)
 
 
 def test_group_of_one_costs_nothing():
@@ -299,26 +389,42 @@ def test_unsupported_precision_gives_finite_time(a100):
 
 
 def test_nvlink_sharp_caps_small_all_reduce_latency_at_nccl_nvls_latency():
-    """In-switch reduction (NVLS): an in-domain all-reduce pays the faster of the ring's
-    2 (n - 1) hops and NCCL's flat 23 us NVLS latency; the bandwidth term is the ring's either
-    way. At 2 us per hop the ring wins up to 6 GPUs (20 us) and NVLS from 7 (24 us > 23 us)."""
+    """In-switch reduction (NVLS): with NVLink SHARP an in-domain all-reduce may take NCCL's flat
+    23 us NVLS latency in Simple's place (at the ring's bandwidth either way). A 16 B message is
+    latency-bound, and its fastest candidates are LL's 2 (n - 1) hops of 2 us (the alpha-beta
+    ring before protocols) and NVLS: LL wins up to 6 GPUs (20 us) and NVLS from 7 (24 us > 23
+    us), as before protocols. The smooth minimum sits at most 2^(-1/32) = 0.979 of the fastest
+    (a two-way tie; at 7 GPUs, 23 against 24 us, it gives 22.84 us); the exact value is the
+    p-norm by hand. Without NVLink SHARP, LL (>= 2.6x faster than LL128 and Simple) is exact."""
     sharp = eqx.tree_at(lambda n: n.nvlink_sharp, NET, jnp.float32(1.0))
     tiny = 16.0  # bytes: latency-bound
-    for n, nvls_latency in ((2, 4e-6), (4, 12e-6), (6, 20e-6), (7, 23e-6), (8, 23e-6)):
+    for n, fastest in ((2, 4e-6), (4, 12e-6), (6, 20e-6), (7, 23e-6), (8, 23e-6)):
+        bus, steps = 2 * (n - 1) / n * tiny, 2 * (n - 1)
         ring = float(coll.all_reduce(NET, EFF, tiny, n, 1))
         nvls = float(coll.all_reduce(sharp, EFF, tiny, n, 1))
-        bw = 2 * (n - 1) / n * tiny / BW_IN
-        close(ring, bw + 2 * (n - 1) * 2e-6 + OVH)
-        close(nvls, bw + nvls_latency + OVH)
-    # a 72-GPU domain (NVL72) at NCCL's 0.6 us LL hop: ring 85.2 us, so NVLS's 23 us
+        close(ring, steps * 2e-6 + bus / (0.5 * BW_IN) + OVH)
+        cands = ring_protocols(bus, steps, nvls=True)
+        close(nvls, smooth_min_by_hand(cands) + OVH)
+        assert min(cands) == pytest.approx(fastest, abs=1e-9)  # which candidate wins, by hand
+        assert 2 ** (-1 / 32) * min(cands) * (1 - 1e-6) <= nvls - OVH <= min(cands) * (1 + 1e-6)
+    # a 72-GPU domain (NVL72) at NCCL's 0.6 us LL hop: LL 85.2 us, so NVLS's 23 us (far from
+    # a tie: exact)
     nvl72 = eqx.tree_at(lambda n: (n.nvlink_domain, n.nvlink_latency), sharp,
                         (jnp.float32(72.0), jnp.float32(0.6e-6)))
     close(float(coll.all_reduce(nvl72, EFF, tiny, 72, 1)), 2 * 71 / 72 * tiny / BW_IN + 23e-6 + OVH)
-    # large messages: identical bandwidth term, so the same time up to the latency difference
+    # large messages: identical bandwidth term, so the Simple candidates differ by the latency
+    # alone: 1.8 us + 14 x 4.8 us = 69 us against NVLS's 23 us, 46 us. The smooth minimum takes
+    # a little of it back (LL128, 8.4 % slower than Simple, 9.1 % slower than NVLS, pulls the
+    # ring's time further down): 42.9 us by hand.
     big = 1e9
+    bus = 2 * 7 / 8 * big
     diff = (float(coll.all_reduce(NET, EFF, big, 8, 1))
             - float(coll.all_reduce(sharp, EFF, big, 8, 1)))
-    close(diff, 14 * 2e-6 - 23e-6, rtol=1e-3)
+    want = (smooth_min_by_hand(ring_protocols(bus, 14))
+            - smooth_min_by_hand(ring_protocols(bus, 14, nvls=True)))
+    assert (SIMPLE_BASE + 14 * SIMPLE_HOP) - 23e-6 == pytest.approx(46e-6, rel=1e-9)
+    close(diff, want, rtol=1e-3)
+    assert 0 < diff < 46e-6
 
 
 def test_nvlink_sharp_must_be_a_flag():

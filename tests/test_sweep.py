@@ -23,6 +23,7 @@ from diffperf.explore import (
     run_sweep,
     search_training,
 )
+from diffperf.explore._search_training import _BREAKDOWN
 from diffperf.internal import REASON_GPUS
 
 GPUS, GBS = 32, 64
@@ -170,7 +171,16 @@ def test_search_training_reports(setup):
     top = r["top"]
     assert len(top) == 3 and top["feasible"].all()
     assert list(top["step_time_s"]) == sorted(top["step_time_s"])
-    assert top["vs_best"].iloc[0] == "best" and "mostly" in top["vs_best"].iloc[1]
+    # the second plan's note gives its gap and names the term that grew most, as "mostly <term>"
+    # or, when another term wins some back, "<term> +x s, <other> -y s"
+    best, second = top.iloc[0], top.iloc[1]
+    growth = {name: second[f.replace("_time", "_s")] - best[f.replace("_time", "_s")]
+              for f, name in _BREAKDOWN.items()}
+    note = top["vs_best"].iloc[1]
+    assert top["vs_best"].iloc[0] == "best"
+    assert note.startswith(f"+{second['step_time_s'] - best['step_time_s']:.3f} s; ")
+    assert note.split("; ", 1)[1].removeprefix("mostly ").startswith(
+        max(growth, key=growth.get))
     assert (top["tp"] * top["pp"] * top["dp"] * top["cp"] == GPUS).all()
     assert "does not fit in HBM" in r["reasons"]
     # The table's reports (a separately compiled vmap with the model as a constant) agree with
