@@ -84,8 +84,9 @@ def test_a_host_bound_step_takes_the_host_time():
                             (1e-3, 1e-3))
     base = dp.train_step(model, A100, plan, EFF)
     r = dp.train_step(model, A100, plan, EFF, slow_host)
-    h = float(host_time_per_layer(model, plan, slow_host))
-    assert h == pytest.approx(55 * 1e-3 + 55 * 1.1 * 1e-3, rel=1e-5)
+    s = float(EFF.host_overhead)  # the calibrated factor on every host time
+    h = float(host_time_per_layer(model, plan, slow_host, s))
+    assert h == pytest.approx(s * (55 * 1e-3 + 55 * 1.1 * 1e-3), rel=1e-5)
     m_l = 4 * 4  # 4 micro-batches x 4 layers
     layer_gpu = float(base.compute_time - 0.0) / m_l  # an upper bound: includes the head
     assert layer_gpu < 0.01 * h
@@ -178,3 +179,10 @@ def test_a_rows_runtime_column_sets_its_runtime_and_plan_defaults(tmp_path):
     with pytest.raises(ValueError, match=r"row 1, column 'runtime': unknown runtime "
                                          r"'tensorflow-1'"):
         read_benchmarks(tmp_path / "bad.csv")
+
+
+def test_host_overhead_scales_the_host_time():
+    """H = s (n (1 + f) t_op + n b t_bwd + c t_coll) with s = Efficiency.host_overhead."""
+    plan = dp.TrainingPlan(**SMALL_PLAN)
+    want = 1.5 * (55 * 2 * 19e-6 + 55 * 1.1 * 19e-6 + 6 * 20e-6)
+    assert float(host_time_per_layer(SMALL, plan, EAGER, 1.5)) == pytest.approx(want, rel=1e-5)

@@ -15,7 +15,10 @@ from diffperf.inference import boundedness, host_issue_time
 from diffperf.specs import Runtime
 
 A100 = dp.system("dgx-a100")
-EFF = dp.default_efficiency("a100-sxm4-80gb")
+#: The shipped A100 factors with the host at the presets' reference speed (host_overhead 1), so
+#: host times here are the runtime's own.
+EFF = eqx.tree_at(lambda e: e.host_overhead, dp.default_efficiency("a100-sxm4-80gb"),
+                  jnp.asarray(1.0, jnp.result_type(float)))
 LLAMA7 = dp.model("llama2-7b")
 LLAMA70 = dp.model("llama2-70b")
 BATCH1 = dp.InferencePlan(tp=1, batch=1, input_len=8, output_len=200)
@@ -221,3 +224,19 @@ def test_gpt_fast_batch_one_decode(name, bound):
     assert abs(tok_s / GPT_FAST[name] - 1.0) < bound, tok_s
     if name == "pytorch-eager":
         assert float(rep.decode.host / rep.decode.total) > 0.5
+
+
+def test_host_overhead_scales_every_host_time():
+    """Efficiency.host_overhead (the calibrated host speed) multiplies the issue time and the
+    per-step time: host-bound, a step takes twice as long at 2."""
+    tiny = dp.Transformer(layers=4, hidden=256, heads=4, kv_heads=4, ffn_hidden=1024,
+                          vocab=1000, seq_len=512)
+    plan = dp.InferencePlan(tp=2, batch=1, input_len=16, output_len=32)
+    rt = _with(Runtime(), host_op_time=1e-3, ops_per_layer=10.0, host_collective_time=2e-3,
+               host_step_time=1e-3)
+    one = INFER(tiny, A100, plan, EFF, rt)
+    two = INFER(tiny, A100, plan, eqx.tree_at(lambda e: e.host_overhead, EFF,
+                                              jnp.asarray(2.0, jnp.result_type(float))), rt)
+    assert float(two.decode.host) == pytest.approx(2 * float(one.decode.host), rel=0.01)
+    assert float(host_issue_time(tiny, plan, rt, 0.0, 2.0)) == pytest.approx(
+        2 * 4 * (10 * 1e-3 + 2 * 2e-3), rel=1e-6)

@@ -194,7 +194,8 @@ def _intervals(kind: str, stacked, fit, progress: Progress | None = None,
         if progress is not None:
             progress.update(stop)
     if kind == "train":
-        quantities = [training_quantity(r.values["num_experts"]) for r in rows]
+        quantities = [training_quantity(r.values["num_experts"], r.values.get("runtime"))
+                      for r in rows]
         floors = [()] * len(rows)
     else:
         quantities = [decode_quantity(r.values["batch"], r.values["output_len"]) for r in rows]

@@ -63,7 +63,7 @@ from ._uncertainty import inference_support, laplace, residual_sds
 
 #: Reason codes kept in the fit: 0 feasible, and the memory reasons (those runs happened).
 KEPT_REASONS = (0, *MEMORY_REASONS)
-DEFAULT_DATA = ("train_calibration.csv", "infer_calibration.csv")
+DEFAULT_DATA = ("train_calibration.csv", "infer_calibration.csv", "train_vtrain_h2048.csv")
 
 
 

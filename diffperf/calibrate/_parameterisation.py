@@ -18,7 +18,7 @@ FRACTION_FIELDS = ("matmul_peak", "matmul_lowp", "attention", "vector", "hbm", "
                    "zero3_overlap", "per_head_attention")
 #: Positive factors: parameterised as default * softplus(u) / log(2).
 POSITIVE_FIELDS = ("matmul_size_scale", "kernel_overhead", "collective_overhead",
-                   "memory_reserve")
+                   "memory_reserve", "host_overhead")
 ALL_FIELDS = tuple(Efficiency.__dataclass_fields__)
 #: Fitted by default: every factor that changes a time (memory_reserve only moves the HBM
 #: capacity check, which has no gradient).

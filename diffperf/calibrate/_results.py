@@ -83,6 +83,8 @@ def predictions_table(ds, lp_t, lp_i, w_t, w_i) -> list[dict]:
                             "predicted": pred, "ape": abs(pred - meas) / meas * 100.0}
                     if kind == "infer":
                         cell["batch"] = float(r.values["batch"])
+                    else:
+                        cell["runtime"] = r.values.get("runtime")
                     out.append(cell)
     return out
 

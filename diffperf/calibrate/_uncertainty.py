@@ -41,7 +41,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import read_json
-from ..presets import _default_efficiency_data, chip_of, fitted_gpu, system_gpu
+from ..presets import (
+    DEFAULT_RUNTIME,
+    _default_efficiency_data,
+    chip_of,
+    fitted_gpu,
+    runtime,
+    system_gpu,
+)
 from ..specs._hardware import PRECISION_CODES
 from ..validation._data import TRAIN_TIME_METRICS
 from ._parameterisation import Parameterisation
@@ -73,11 +80,31 @@ QUANTITIES = {
 MOE_STEP_TIME = "step_time_moe"
 
 
-def training_quantity(num_experts) -> str:
+#: The model error of a training step under a runtime whose host issues the work (eager
+#: frameworks: `Runtime` host times > 0), used instead of `step_time` when a fit records it.
+#: Those runs (small models on few GPUs, host-bound) miss by more than the large runs of the
+#: calibration set, and they are many (720 vTrain rows): pooled with the others they would
+#: widen every large run's interval, so they are kept apart, also from the `train` / `all`
+#: fallbacks.
+HOST_STEP_TIME = "step_time_host"
+
+
+def issues_from_host(runtime_name: str | None) -> bool:
+    """Whether the named runtime preset spends host time per operator or collective (an eager
+    framework), which makes its runs' model error `HOST_STEP_TIME`."""
+    rt = runtime(runtime_name or DEFAULT_RUNTIME)
+    return max(float(rt.host_op_time), float(rt.host_backward_op_time),
+               float(rt.host_collective_time)) > 0.0
+
+
+def training_quantity(num_experts, runtime_name: str | None = None) -> str:
     """The model-error key of a training prediction for a model with `num_experts` experts per
-    MoE layer (`Transformer.num_experts`, a benchmark row's column): `MOE_STEP_TIME` for a MoE
-    model (> 1), else `"step_time"`."""
-    return MOE_STEP_TIME if float(np.max(np.asarray(num_experts))) > 1 else "step_time"
+    MoE layer (`Transformer.num_experts`, a benchmark row's column) under the runtime preset
+    `runtime_name`: `MOE_STEP_TIME` for a MoE model (> 1), else `HOST_STEP_TIME` under a
+    runtime whose host issues the work (`issues_from_host`), else `"step_time"`."""
+    if float(np.max(np.asarray(num_experts))) > 1:
+        return MOE_STEP_TIME
+    return HOST_STEP_TIME if issues_from_host(runtime_name) else "step_time"
 
 
 #: File name of the held-out MoE training runs in `benchmarks_data/` (never fitted): the rows
@@ -279,7 +306,10 @@ def measurements(preds: list[dict], parameter_sd: dict | None = None) -> list[di
     of its cells and, given `{(id, metric): sd}`, their mean parameter sd `parameter_sd`."""
     groups: dict = {}
     for p in preds:
-        key = (p["id"], quantity_of(p["metric"], p.get("batch")))
+        quantity = quantity_of(p["metric"], p.get("batch"))
+        if quantity == "step_time" and issues_from_host(p.get("runtime")):
+            quantity = HOST_STEP_TIME
+        key = (p["id"], quantity)
         g = groups.setdefault(key, {"id": p["id"], "kind": p["kind"], "source": p["source"],
                                     "quantity": key[1], "r": [], "parameter_sd": []})
         g["r"].append(math.log(p["predicted"] / p["measured"]))
@@ -291,13 +321,16 @@ def measurements(preds: list[dict], parameter_sd: dict | None = None) -> list[di
 
 
 def residual_sds(preds: list[dict]) -> dict:
-    """RMS log residual log(predicted / measured) per quantity (`QUANTITIES`), per kind
-    ("train", "infer") and over everything ("all"), one residual per measurement
+    """RMS log residual log(predicted / measured) per quantity (`QUANTITIES`; `HOST_STEP_TIME`
+    for runs of a host-issuing runtime), per kind ("train", "infer") and over everything
+    ("all", both without the `HOST_STEP_TIME` runs), one residual per measurement
     (`measurements`), from prediction cells as `_results.predictions_table` makes them
     (in-sample or cross-validated)."""
     groups: dict = {}
     for m in measurements(preds):
-        for key in (m["quantity"], m["kind"], "all"):
+        keys = ((m["quantity"],) if m["quantity"] == HOST_STEP_TIME
+                else (m["quantity"], m["kind"], "all"))
+        for key in keys:
             groups.setdefault(key, []).append(m["r"])
     return {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in groups.items()}
 
@@ -323,7 +356,7 @@ def governing_error(residual_sd: dict, quantity: str | None = None, kind: str | 
 
 def _error_key(residual_sd: dict, quantity: str | None, kind: str | None) -> str | None:
     """The key of `residual_sd` whose model error applies (see `model_error_sd`), or None."""
-    fallback = "step_time" if quantity == MOE_STEP_TIME else None
+    fallback = "step_time" if quantity in (MOE_STEP_TIME, HOST_STEP_TIME) else None
     return next((k for k in (quantity, fallback, kind, "all")
                  if k is not None and k in residual_sd), None)
 
@@ -614,7 +647,7 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
       parameter uncertainty). Without it the interval is a confidence interval of the model.
     - `quantity`: what `fn_of_efficiency` predicts (a `QUANTITIES` key: `"step_time"`,
       `"latency"` (batch 1), `"throughput"` (batched runs; see `decode_quantity`), `"ttft"`;
-      or `MOE_STEP_TIME`, a MoE model's step: see `training_quantity`), which selects the
+      or `MOE_STEP_TIME` / `HOST_STEP_TIME`: see `training_quantity`), which selects the
       model error of that quantity.
     - `floors`: model errors the interval is at least as wide as (an inference prediction's
       `inference_floors`: outside the fit's inference data, a MoE model).
@@ -623,9 +656,9 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
-    if quantity is not None and quantity not in (*QUANTITIES, MOE_STEP_TIME):
+    if quantity is not None and quantity not in (*QUANTITIES, MOE_STEP_TIME, HOST_STEP_TIME):
         raise ValueError(f"unknown quantity {quantity!r} (one of {', '.join(QUANTITIES)}, "
-                         f"{MOE_STEP_TIME})")
+                         f"{MOE_STEP_TIME}, {HOST_STEP_TIME})")
     u = load_uncertainty(fit)
     if model_error:
         require_measured_kind(u.residual_sd, kind)
@@ -767,7 +800,7 @@ def interval_caveats(u: FitUncertainty, gpu: str | None, kind: str | None,
         notes.append("no inference measurement of a MoE model with this many experts is in the "
                      "calibration, so the real error may be larger than the interval's")
     key = _error_key(sd, quantity, kind)
-    fallback = "step_time" if quantity == MOE_STEP_TIME else None
+    fallback = "step_time" if quantity in (MOE_STEP_TIME, HOST_STEP_TIME) else None
     if quantity is not None and key is not None and key not in (quantity, fallback):
         notes.append(f"this fit has no model error for {quantity}: the {key} one "
                      f"({sd[key]:.1%}) is used")

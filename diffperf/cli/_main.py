@@ -19,7 +19,12 @@ import pandas as pd
 
 from .. import presets
 from ..calibrate._batch_predict import predict_csv
-from ..calibrate._uncertainty import MOE_STEP_TIME, interval_summary, training_quantity
+from ..calibrate._uncertainty import (
+    HOST_STEP_TIME,
+    MOE_STEP_TIME,
+    interval_summary,
+    training_quantity,
+)
 from ..explore._what_if import (
     add_set_argument,
     change,
@@ -290,7 +295,8 @@ def _print_training(args, s: dict, plan, layers: float, choice) -> None:
     print(f"  step time            {s['step_time_s']:10.3f} s")
     if "step_time_interval_s" in s:
         iv = s["step_time_interval_s"]
-        moe = " (MoE runs' model error)" if iv.get("quantity") == MOE_STEP_TIME else ""
+        moe = {MOE_STEP_TIME: " (MoE runs' model error)",
+               HOST_STEP_TIME: " (host-issuing runtimes' model error)"}.get(iv.get("quantity"), "")
         print(f"    prediction         {iv['text']}{moe}" if "text" in iv else
               f"    (no interval: {iv['error']})")
         if "note" in iv:
@@ -352,7 +358,7 @@ def run_train(args) -> int:
     if args.interval:
         s["step_time_interval_s"] = interval_summary(
             lambda e: train_step(model, system, plan, e, runtime).step_time, args.efficiency,
-            args.gpu, "train", training_quantity(model.num_experts))
+            args.gpu, "train", training_quantity(model.num_experts, choice.name))
     if args.set:
         base_system = _train_system(args)
         try:

@@ -16,12 +16,13 @@ Host issue. An eager engine (Python model code) spends host time on every framew
 and collective of every layer; the host runs ahead of the GPU and binds only when issuing a
 pass takes longer than the GPU needs to run it. Per pass (a prefill pass, or one decode step)
 
-    wait = t_step + x(H / pp, G / pp),   H = (1 - g) L (n t_op + c t_coll)
+    wait = s t_step + x(H / pp, G / pp),   H = (1 - g) s L (n t_op + c t_coll)
 
 with x = `exposed_after_overlap` (a smooth clip(H - G, 0, H)), G the pass's GPU time (every
 operation of every stage, s), L layers, n = `Runtime.ops_per_layer`, c the layer's
 collective calls (`model.tp_reductions_per_pass` all-reduces when tp > 1), t the `Runtime`
-host times and t_step = `Runtime.host_step_time` (scheduler, sampling: CPU work between steps,
+host times, s = `Efficiency.host_overhead` (the calibrated host speed, 1 by default) and
+t_step = `Runtime.host_step_time` (scheduler, sampling: CPU work between steps,
 during which the GPU idles). Each pipeline stage has its own host process, issuing its L / pp
 layers while the earlier stages compute, so the first stage binds: x(H / pp, G / pp). x is
 homogeneous of degree one, so over the S decode steps the wait is S t_step + x(S H, S G) / pp
@@ -61,18 +62,18 @@ def collectives_per_layer(model: Transformer, plan: InferencePlan) -> jax.Array:
 
 
 def host_issue_time(model: Transformer, plan: InferencePlan, runtime: Runtime,
-                    graph) -> jax.Array:
-    """H: host time to issue one pass's layers (all stages), s: (1 - g) L (n t_op + c t_coll)
-    (module docstring)."""
+                    graph, host_overhead=1.0) -> jax.Array:
+    """H: host time to issue one pass's layers (all stages), s: (1 - g) s L (n t_op + c t_coll)
+    with s = `host_overhead` (module docstring)."""
     per_layer = (runtime.ops_per_layer * runtime.host_op_time
                  + collectives_per_layer(model, plan) * runtime.host_collective_time)
-    return (1.0 - graph) * model.layers * per_layer
+    return (1.0 - graph) * host_overhead * model.layers * per_layer
 
 
 def host_wait(model: Transformer, plan: InferencePlan, runtime: Runtime, gpu_time, passes,
-              graph) -> jax.Array:
+              graph, host_overhead=1.0) -> jax.Array:
     """Time the GPU waits for the host over `passes` passes whose GPU time is `gpu_time` in
-    all, s: passes t_step + x(passes H, gpu_time) / pp (module docstring)."""
-    issue = passes * host_issue_time(model, plan, runtime, graph)
-    return (passes * runtime.host_step_time
+    all, s: passes s t_step + x(passes H, gpu_time) / pp (module docstring)."""
+    issue = passes * host_issue_time(model, plan, runtime, graph, host_overhead)
+    return (passes * host_overhead * runtime.host_step_time
             + exposed_after_overlap(issue, gpu_time) / plan.pp)

@@ -585,9 +585,10 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
     steps = plan.output_len - 1.0
     graphs = phase_graphs(plan, runtime)
     prefill = _breakdown(ops["prefill"], lambda gpu: host_wait(
-        model, plan, runtime, gpu, 1.0, graphs["prefill"]))
+        model, plan, runtime, gpu, 1.0, graphs["prefill"], eff.host_overhead))
     decode = _breakdown(ops["decode"], lambda gpu: host_wait(
-        model, plan, runtime, gpu, jnp.maximum(steps, 1.0), graphs["decode"]))
+        model, plan, runtime, gpu, jnp.maximum(steps, 1.0), graphs["decode"],
+        eff.host_overhead))
     tpot = decode.total / jnp.maximum(steps, 1.0)  # one hypothetical step when output_len = 1
     decode = jax.tree.map(lambda t: jnp.where(steps > 0, t, 0.0), decode)
     ttft = prefill.total

@@ -56,6 +56,10 @@ class Efficiency(eqx.Module):
       dequantised, dot products, softmax and reductions in scalar FP32), (0, 1].
     - `memory_reserve`: per-GPU memory used by the CUDA context, NCCL buffers, workspace and
       fragmentation, B.
+    - `host_overhead`: factor on every host time of the software runtime (`Runtime`'s per
+      operator, per collective and per step times): the host CPU and framework measured
+      against the runtime preset's reference, ratio > 0 (1: the preset as published / fitted;
+      no effect on runtimes whose host times are 0, such as the default).
     """
 
     matmul_peak: jax.Array = _F(default=0.85)
@@ -77,6 +81,7 @@ class Efficiency(eqx.Module):
     zero3_overlap: jax.Array = _F(default=0.8)
     per_head_attention: jax.Array = _F(default=0.15)
     memory_reserve: jax.Array = _F(default=2e9)
+    host_overhead: jax.Array = _F(default=1.0)
 
     def __check_init__(self):
         for name in ("matmul_peak", "matmul_lowp", "attention", "vector", "hbm", "l2", "nvlink",
@@ -85,6 +90,7 @@ class Efficiency(eqx.Module):
         for name in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "zero3_overlap"):
             check_fraction("Efficiency", name, getattr(self, name))
         check_positive("Efficiency", "matmul_size_scale", self.matmul_size_scale)
+        check_positive("Efficiency", "host_overhead", self.host_overhead)
         for name in ("kernel_overhead", "collective_overhead", "memory_reserve"):
             check_nonnegative("Efficiency", name, getattr(self, name))
 

@@ -10,11 +10,12 @@ one micro-batch, or the whole step without pipelining), the GPU waits
 
 with G the layer's GPU time (compute and exposed communication, s) and H its host time (s):
 
-    H = (1 - graph) (n (1 + f) t_op + n b t_bwd + c t_coll)
+    H = (1 - graph) s (n (1 + f) t_op + n b t_bwd + c t_coll)
 
 n = `Runtime.ops_per_layer` forward operators, f the recomputed share of the layer (its
 forward operators run again), b backward operators per forward operator, c the layer's
-collective calls, t the `Runtime` host times and graph = `Runtime.train_graph`. A layer thus
+collective calls, t the `Runtime` host times, s = `Efficiency.host_overhead` (the calibrated
+host speed, 1 by default) and graph = `Runtime.train_graph`. A layer thus
 takes about max(G, H); with every host time 0 (the default runtime) the wait is exactly 0.
 """
 
@@ -47,19 +48,21 @@ def collectives_per_layer(model: Transformer, plan: TrainingPlan) -> jax.Array:
     return passes * (tp + cp + ep)
 
 
-def host_time_per_layer(model: Transformer, plan: TrainingPlan, runtime: Runtime) -> jax.Array:
-    """H: host time to issue one layer's work for one micro-batch, s (module docstring)."""
+def host_time_per_layer(model: Transformer, plan: TrainingPlan, runtime: Runtime,
+                        host_overhead=1.0) -> jax.Array:
+    """H: host time to issue one layer's work for one micro-batch, s (module docstring);
+    `host_overhead` = s, the factor on every host time."""
     n = runtime.ops_per_layer
     full = plan.recomputed_fraction(model.layers)
     ops = (n * (1.0 + full) * runtime.host_op_time
            + n * runtime.backward_ops_per_op * runtime.host_backward_op_time)
     colls = collectives_per_layer(model, plan) * runtime.host_collective_time
-    return (1.0 - runtime.train_graph) * (ops + colls)
+    return (1.0 - runtime.train_graph) * host_overhead * (ops + colls)
 
 
 def host_wait(model: Transformer, plan: TrainingPlan, layer: LayerTimes,
-              runtime: Runtime) -> jax.Array:
+              runtime: Runtime, host_overhead=1.0) -> jax.Array:
     """Time the GPU waits for the host per layer and micro-batch, s: x(H, G) with G =
     compute + exposed communication of the layer (module docstring)."""
-    return exposed_after_overlap(host_time_per_layer(model, plan, runtime),
+    return exposed_after_overlap(host_time_per_layer(model, plan, runtime, host_overhead),
                                  layer.compute + layer.comm)

@@ -104,7 +104,7 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     runtime = Runtime() if runtime is None else runtime
     acc, net = system.accelerator, system.network
     layer = layer_costs(model, plan, system, eff)
-    wait = host_wait(model, plan, layer, runtime)
+    wait = host_wait(model, plan, layer, runtime, eff.host_overhead)
     m = plan.num_micro_batches
     stage_layers = plan.end_stage_layers(model.layers)
 
