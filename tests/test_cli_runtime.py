@@ -12,6 +12,7 @@ import pytest
 import diffperf as dp
 from diffperf import presets
 from diffperf.cli import main
+from diffperf.design._sensitivity import best_training_plan
 from diffperf.explore._what_if import parse_override
 from diffperf.specs._hardware import Accelerator, Network
 from diffperf.specs._runtime import Runtime
@@ -221,3 +222,12 @@ def test_search_train_takes_the_runtime_and_its_plan_defaults(capsys, monkeypatc
     plan = plan_from_values({"tp": 2.0}, 8, 16, defaults)
     assert float(plan.overlap_tp) == float(plan.overlap_tp_backward) == 0.0
     assert float(plan_from_values({"tp": 2.0}, 8, 16).overlap_tp_backward) == 1.0
+
+
+@pytest.mark.slow
+def test_design_studies_keep_the_runtimes_zero_default():
+    """`megatron-lm-2022` has no distributed optimizer (zero 0): the studies' own choice
+    (zero 1) must not replace it."""
+    plan = best_training_plan(dp.model("llama2-7b"), dp.system("dgx-a100"), 16, 64,
+                              plan_defaults=presets.runtime_plan_defaults("megatron-lm-2022"))
+    assert float(plan.zero) == 0.0 and float(plan.flash_attention) == 0.0

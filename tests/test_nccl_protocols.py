@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import diffperf as dp
 from diffperf import presets
 from diffperf.costs import all_gather, all_reduce, reduce_scatter
 from diffperf.costs._collectives import smooth_min
@@ -168,3 +169,15 @@ def test_smooth_min_bounds():
     assert m[0] == pytest.approx(2 ** (-1 / 32), rel=1e-6)
     assert m[1] == pytest.approx(1e-6, rel=1e-6)
     assert np.isfinite(np.asarray(jax.grad(lambda x: smooth_min(x).sum())(t))).all()
+
+
+def test_zero_byte_collective_on_zero_latency_links_is_finite():
+    """LL's time is 0 there (no bytes, no hop latency): the result is the call overhead, not
+    0 / 0."""
+    s = dp.system("dgx-a100")
+    net = eqx.tree_at(lambda n: n.nvlink_latency, s.network, jnp.asarray(0.0))
+    eff = dp.Efficiency()
+    for fn in (all_reduce, all_gather):
+        t = float(fn(net, eff, 0.0, 8.0))
+        assert t == pytest.approx(float(eff.collective_overhead), rel=1e-6)
+        assert np.isfinite(float(jax.grad(lambda x, fn=fn: fn(net, eff, x, 8.0))(0.0)))

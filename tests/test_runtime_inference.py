@@ -4,6 +4,9 @@ where issuing a pass takes longer than running it."""
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -13,6 +16,7 @@ import pytest
 import diffperf as dp
 from diffperf.inference import boundedness, host_issue_time
 from diffperf.specs import Runtime
+from diffperf.validation import infer_specs, predict_infer_rows, read_benchmarks
 
 A100 = dp.system("dgx-a100")
 #: The shipped A100 factors with the host at the presets' reference speed (host_overhead 1), so
@@ -240,3 +244,48 @@ def test_host_overhead_scales_every_host_time():
     assert float(two.decode.host) == pytest.approx(2 * float(one.decode.host), rel=0.01)
     assert float(host_issue_time(tiny, plan, rt, 0.0, 2.0)) == pytest.approx(
         2 * 4 * (10 * 1e-3 + 2 * 2e-3), rel=1e-6)
+
+
+def test_prefill_graph_up_to_its_largest_captured_pass():
+    """vLLM replays a prefill pass of at most 512 tokens from a graph (batch x prompt)."""
+    vllm = dp.runtime("vllm")
+    for batch, graphed in ((4, True), (5, False)):  # 4 x 128 = 512 tokens; 5 x 128 = 640
+        plan = dp.InferencePlan(tp=1, batch=batch, input_len=128, output_len=2)
+        rep = INFER(LLAMA7, A100, plan, EFF, vllm)
+        kernels = float(rep.prefill.kernels)
+        ko, lo = float(EFF.kernel_overhead), float(A100.accelerator.launch_overhead)
+        per_kernel = (0.5e-6 + ko) if graphed else (lo + ko)
+        assert float(rep.prefill.launch) == pytest.approx(kernels * per_kernel, rel=1e-5)
+        assert (float(rep.prefill.host) == 0.0) == graphed
+
+
+def test_inference_rows_use_their_runtime_column(tmp_path):
+    """A benchmark CSV's infer row is predicted with its `runtime` (host stream and graphs),
+    as `infer` with that runtime predicts it."""
+    data = Path(__file__).resolve().parent.parent / "benchmarks_data" / "infer_calibration.csv"
+    with data.open(newline="") as f:
+        reader = csv.DictReader(line for line in f if not line.startswith("#"))
+        first = next(reader)
+        fields = list(reader.fieldnames or [])
+    fields = fields + ["runtime"] if "runtime" not in fields else fields
+    out = tmp_path / "rows.csv"
+    names = ("", "pytorch-eager", "trtllm")
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for name in names:
+            w.writerow({**first, "id": f"x-{name or 'default'}", "runtime": name})
+    rows = read_benchmarks(out)
+    preds, failed = predict_infer_rows(rows, None)
+    assert not failed
+    got = {row.id: p for row, p, _ in preds}
+    metric = next(iter(got["x-default"]))
+    values = [got[f"x-{n or 'default'}"][metric] for n in names]
+    assert values[1] > 1.5 * values[0] and values[2] < values[0], values
+    model, system, plan = infer_specs(rows[1])
+    want = dp.infer(model, system, plan, dp.default_efficiency(rows[1].values["gpu"]), EAGER)
+    assert values[1] == pytest.approx(float(getattr(want, {"e2e_latency_s": "e2e_latency",
+                                                           "ttft_s": "ttft", "tpot_s": "tpot",
+                                                           "output_tok_s_per_gpu":
+                                                           "output_tok_s_per_gpu"}[metric])),
+                                      rel=1e-4)

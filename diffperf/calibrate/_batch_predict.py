@@ -165,7 +165,7 @@ def _log_and_jacobian(par, kind: str, theta, group, models, systems, plans, runt
         eff = par.row_efficiency(th, group)
         if kind == "train":
             return jnp.log(jax.vmap(train_step)(models, systems, plans, eff, runtimes).step_time)
-        return jnp.log(jax.vmap(infer)(models, systems, plans, eff).e2e_latency)
+        return jnp.log(jax.vmap(infer)(models, systems, plans, eff, runtimes).e2e_latency)
     return log_time(theta), jax.jacfwd(log_time)(theta)
 
 
@@ -185,8 +185,8 @@ def _intervals(kind: str, stacked, fit, progress: Progress | None = None,
         progress.start(len(rows), f"{kind} rows: prediction intervals")
     log_value, variance = [], []
     for start, stop, index in chunks(len(rows), INTERVAL_CHUNK_ROWS):
-        specs = take((stacked.models, stacked.systems, stacked.plans)
-                     + ((stacked.runtimes,) if kind == "train" else ()), index)
+        specs = take((stacked.models, stacked.systems, stacked.plans, stacked.runtimes),
+                     index)
         value, jac = jax.device_get(_log_and_jacobian(par, kind, theta, group[index], *specs))
         value, jac = np.asarray(value, np.float64), np.asarray(jac, np.float64)
         log_value.append(value[:stop - start])

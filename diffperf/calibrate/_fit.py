@@ -215,7 +215,8 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
     # What every row shares enters the trace as constants (see `validation._stack.constants_static`)
     specs_t = (constants_static((tr.models, tr.systems, tr.plans, tr.runtimes)) if has_t
                else None)
-    specs_i = constants_static((inf.models, inf.systems, inf.plans)) if has_i else None
+    specs_i = (constants_static((inf.models, inf.systems, inf.plans, inf.runtimes)) if has_i
+               else None)
 
     def loss(theta, w_t, w_i):
         total = jnp.zeros(())
@@ -234,7 +235,8 @@ def make_loss(ds: Dataset, par: Parameterisation, prior_weight: float = 1e-3,
             lp_t, reason_t = jnp.zeros((0, 3)), jnp.zeros((0,), jnp.int32)
         if has_i:
             eff = par.row_efficiency(theta, g_i)
-            rep = eqx.filter_vmap(infer)(*specs_i, eff)
+            rep = eqx.filter_vmap(lambda m, s, p, rt, e: infer(m, s, p, e, rt))(
+                *specs_i, eff)
             lp_i = jnp.log(jnp.stack([rep.e2e_latency, rep.ttft, rep.tpot,
                                       rep.output_tok_s_per_gpu], axis=1))
             r = jnp.where(w_i > 0, lp_i - y_i, 0.0)

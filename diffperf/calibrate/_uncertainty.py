@@ -31,6 +31,7 @@ MoE inference (`moe_inference_error`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,19 +90,28 @@ MOE_STEP_TIME = "step_time_moe"
 HOST_STEP_TIME = "step_time_host"
 
 
-def issues_from_host(runtime_name: str | None) -> bool:
-    """Whether the named runtime preset spends host time per operator or collective (an eager
-    framework), which makes its runs' model error `HOST_STEP_TIME`."""
-    rt = runtime(runtime_name or DEFAULT_RUNTIME)
+def issues_from_host(runtime_name) -> bool:
+    """Whether the runtime (a preset name, None for the default, or a `Runtime`) spends host
+    time per operator, collective or step (an eager framework), which makes its runs' model
+    error `HOST_STEP_TIME`."""
+    if runtime_name is None or isinstance(runtime_name, str):
+        return _preset_issues_from_host(runtime_name or DEFAULT_RUNTIME)
+    rt = runtime_name
     return max(float(rt.host_op_time), float(rt.host_backward_op_time),
-               float(rt.host_collective_time)) > 0.0
+               float(rt.host_collective_time), float(rt.host_step_time)) > 0.0
 
 
-def training_quantity(num_experts, runtime_name: str | None = None) -> str:
+@functools.cache
+def _preset_issues_from_host(name: str) -> bool:
+    return issues_from_host(runtime(name))
+
+
+def training_quantity(num_experts, runtime_name=None) -> str:
     """The model-error key of a training prediction for a model with `num_experts` experts per
-    MoE layer (`Transformer.num_experts`, a benchmark row's column) under the runtime preset
-    `runtime_name`: `MOE_STEP_TIME` for a MoE model (> 1), else `HOST_STEP_TIME` under a
-    runtime whose host issues the work (`issues_from_host`), else `"step_time"`."""
+    MoE layer (`Transformer.num_experts`, a benchmark row's column) under the runtime
+    `runtime_name` (a preset name or a `Runtime`): `MOE_STEP_TIME` for a MoE model (> 1),
+    else `HOST_STEP_TIME` under a runtime whose host issues the work (`issues_from_host`),
+    else `"step_time"`."""
     if float(np.max(np.asarray(num_experts))) > 1:
         return MOE_STEP_TIME
     return HOST_STEP_TIME if issues_from_host(runtime_name) else "step_time"

@@ -358,7 +358,7 @@ def run_train(args) -> int:
     if args.interval:
         s["step_time_interval_s"] = interval_summary(
             lambda e: train_step(model, system, plan, e, runtime).step_time, args.efficiency,
-            args.gpu, "train", training_quantity(model.num_experts, choice.name))
+            args.gpu, "train", training_quantity(model.num_experts, runtime))
     if args.set:
         base_system = _train_system(args)
         try:

@@ -52,6 +52,8 @@ INFER_OPTIONS: dict[str, tuple[str, Callable]] = {
     "grouped_decode_attention": ("per_head_decode", lambda v: not v),
 }
 _PLANS = {"train": (TrainingPlan, TRAIN_OPTIONS), "infer": (InferencePlan, INFER_OPTIONS)}
+#: Options whose name is not their dest's (`train --flash / --no-flash` sets flash_attention).
+_OPTION_NAMES = {"flash_attention": "--flash / --no-flash"}
 
 
 def option_of(kind: str, name: str) -> tuple[str, Callable]:
@@ -168,7 +170,7 @@ def resolve_runtime(args, kind: str | None) -> RuntimeChoice:
             continue  # a default of the other kind of plan
         dest, _ = option_of(kind, k)
         if dest in given:
-            choice.overridden[k] = "--" + dest.replace("_", "-")
+            choice.overridden[k] = _OPTION_NAMES.get(dest, "--" + dest.replace("_", "-"))
         else:
             choice.applied[k] = v
     return choice

@@ -90,15 +90,19 @@ def smooth_min_of(times: list, p: float = PROTOCOL_SHARPNESS) -> jax.Array:
     as five square roots), with each ratio m / t_i floored at 1/4: a term below 0.25^32 =
     5e-20 against the fastest term's 1 changes nothing, and no power reaches float32's
     subnormal range."""
-    m = functools.reduce(jnp.minimum, times)
-    m = jax.lax.stop_gradient(m)
+    m = jax.lax.stop_gradient(functools.reduce(jnp.minimum, times))
+    # A zero time (a zero-byte message on zero-latency links) makes the minimum 0: return it,
+    # with safe operands (no 0 / 0) everywhere.
+    positive = m > 0
+    m = jnp.where(positive, m, 1.0)
+    times = [jnp.where(positive, t, 1.0) for t in times]
     if p == 32.0:
         total = sum(jnp.maximum(m / t, 0.25) ** 32 for t in times)
         root = total
         for _ in range(5):
             root = jnp.sqrt(root)
-        return m / root
-    return m * sum((t / m) ** (-p) for t in times) ** (-1.0 / p)
+        return jnp.where(positive, m / root, 0.0)
+    return jnp.where(positive, m * sum((t / m) ** (-p) for t in times) ** (-1.0 / p), 0.0)
 
 
 def _nvlink_ring(net: Network, eff: Efficiency, bus_bytes, steps, nvls=False) -> jax.Array:

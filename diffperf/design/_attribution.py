@@ -144,8 +144,12 @@ def coalition_times(model: Transformer, base: System, target: System, gpus: int,
         on = {f: mask[i] for i, f in enumerate(FACTORS)}
         system = _coalition_system(base, target, on, ratio)
         values = grid.decode(flat)
-        values = dict(values, precision=jnp.full((n_plans,), precision, values["tp"].dtype),
-                      zero=jnp.ones(n_plans), sequence_parallel=jnp.ones(n_plans))
+        fixed = plan_defaults or {}  # a runtime's software defaults win over the study's
+        dtype = values["tp"].dtype
+        values = dict(values, precision=jnp.full((n_plans,), precision, dtype),
+                      zero=jnp.full((n_plans,), fixed.get("zero", 1.0), dtype),
+                      sequence_parallel=jnp.full((n_plans,), fixed.get("sequence_parallel", 1.0),
+                                                 dtype))
 
         return jax.vmap(lambda v: candidate_step_time(model, system, v, gpus, global_batch,
                                                       eff, runtime, plan_defaults))(values)

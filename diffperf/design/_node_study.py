@@ -82,7 +82,9 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
     grid = candidate_plans(tm, gpus, global_batch)
     vals = {k: jnp.asarray(v) for k, v in grid.product(grid.names).items()}
     n_plans = grid.size
-    vals |= {"zero": jnp.ones(n_plans), "sequence_parallel": jnp.ones(n_plans),
+    fixed = plan_defaults or {}  # a runtime's software defaults win over the study's choice
+    vals |= {"zero": jnp.full(n_plans, float(fixed.get("zero", 1.0))),
+             "sequence_parallel": jnp.full(n_plans, float(fixed.get("sequence_parallel", 1.0))),
              "precision": jnp.ones(n_plans)}
 
     @jax.jit

@@ -61,8 +61,10 @@ def best_training_plan(model: Transformer, system: System, gpus: int, global_bat
     values = grid.product(grid.names)
     n = grid.size
     values = {k: jnp.asarray(v) for k, v in values.items()}
+    fixed = plan_defaults or {}  # a runtime's software defaults win over the study's choice
     values |= {"precision": jnp.full(n, float(precision_code(precision))),
-               "zero": jnp.ones(n), "sequence_parallel": jnp.ones(n)}
+               "zero": jnp.full(n, float(fixed.get("zero", 1.0))),
+               "sequence_parallel": jnp.full(n, float(fixed.get("sequence_parallel", 1.0)))}
 
     @jax.jit
     def times(vals):

@@ -29,6 +29,7 @@ from ._stack import (
     evaluate_chunks,
     gpus_per_node_ok,
     row_efficiencies,
+    row_runtimes,
     row_systems,
     spec_field,
     stack_specs,
@@ -97,10 +98,12 @@ def batched_infer_specs(rows: list[BenchmarkRow]):
 
 
 @eqx.filter_jit(compiler_options=FAST_COMPILE)
-def _infer_batch(models, systems, plans, effs):
-    """A vmapped `infer` over one chunk of rows. The whole report: returning only the fields
-    kept changes XLA's fusion, and with it the last bit of some float32 results."""
-    return jax.vmap(lambda m, s, p, e: infer(m, s, p, e))(models, systems, plans, effs)
+def _infer_batch(models, systems, plans, effs, runtimes):
+    """A vmapped `infer` over one chunk of rows, each with its runtime. The whole report:
+    returning only the fields kept changes XLA's fusion, and with it the last bit of some
+    float32 results."""
+    return jax.vmap(lambda m, s, p, e, r: infer(m, s, p, e, r))(models, systems, plans, effs,
+                                                                runtimes)
 
 
 def _kept(r) -> dict:
@@ -111,8 +114,10 @@ def _kept(r) -> dict:
 
 def stacked_infer_specs(rows: list[BenchmarkRow], progress: Progress | None = None):
     """Stack the `(Transformer, System, InferencePlan)` of every infer row with valid specs
-    (a `_stack.StackedRows`; invalid rows go to its `failed`), a chunk of rows at a time."""
-    return stack_specs(rows, infer_specs, batched_infer_specs, _screen, progress)
+    (a `_stack.StackedRows`; invalid rows go to its `failed`), a chunk of rows at a time,
+    with each row's `Runtime` (its `runtime` column)."""
+    st = stack_specs(rows, infer_specs, batched_infer_specs, _screen, progress)
+    return st._replace(runtimes=row_runtimes(st.rows)) if st.rows else st
 
 
 def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None,
@@ -136,7 +141,7 @@ def predict_infer_rows(rows: list[BenchmarkRow], eff: Efficiency | None = None,
     if progress is not None:
         progress.start(len(ok), "inference rows", "compiling the model first")
     rep = evaluate_chunks(_infer_batch, (st.models, st.systems, st.plans,
-                                         row_efficiencies(ok, eff)),
+                                         row_efficiencies(ok, eff), st.runtimes),
                           len(ok), _kept, progress)
     hbm = np.asarray(st.systems.accelerator.hbm_capacity)
     precision = np.asarray(st.plans.math_precision)

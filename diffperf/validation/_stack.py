@@ -69,7 +69,7 @@ class StackedRows(NamedTuple):
     systems: object  # stacked System
     plans: object  # stacked TrainingPlan / InferencePlan
     failed: list  # [{"id", "error"}] of rows whose specs are invalid
-    runtimes: object = None  # train rows: stacked Runtime of each row (`row_runtimes`)
+    runtimes: object = None  # stacked Runtime of each row (`row_runtimes`)
 
 
 # ------------------------------------------------------------------------------- stacking
