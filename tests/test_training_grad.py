@@ -63,7 +63,7 @@ def test_every_hardware_and_efficiency_gradient_is_finite(batched_grads):
     leaves = _leaves_by_name(batched_grads)
     # Accelerator (incl. host_bandwidth, host_memory), Network (incl. the nvlink_sharp flag),
     # Efficiency.
-    assert len(leaves) == 13 + 6 + 19
+    assert len(leaves) == 13 + 6 + 20
     for name, g in leaves.items():
         assert g.shape == (len(PLANS),), name
         assert np.all(np.isfinite(g)), (name, g)

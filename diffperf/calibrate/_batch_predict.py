@@ -38,6 +38,7 @@ from ._uncertainty import (
     governing_error,
     inference_floors,
     load_uncertainty,
+    require_converged,
     require_measured_kind,
     training_quantity,
 )
@@ -175,6 +176,7 @@ def _intervals(kind: str, stacked, fit, progress: Progress | None = None,
     `stacked`'s rows, s (`_uncertainty.row_intervals`, evaluated `INTERVAL_CHUNK_ROWS` rows at
     a time in one compiled program)."""
     u = load_uncertainty(fit)
+    require_converged(u)
     require_measured_kind(u.residual_sd, kind)
     par, rows = u.par, stacked.rows
     gpus = [r.values["gpu"] for r in rows]

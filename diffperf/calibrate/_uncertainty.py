@@ -534,6 +534,18 @@ class FitUncertainty:
     #: Mean log residual log(predicted / measured) of the held-out rows behind each floor
     #: error (`metadata.floor_bias`; > 0: those runs were predicted too fast).
     floor_bias: dict | None = None
+    #: False when the fit's optimiser stopped before converging (`metadata.converged`): its
+    #: covariance is not that of an optimum, so intervals are refused.
+    converged: bool = True
+
+
+def require_converged(u: FitUncertainty) -> None:
+    """A ValueError when the fit's optimiser stopped before converging: its covariance is not
+    that of an optimum, so its intervals would not mean anything."""
+    if not u.converged:
+        raise ValueError("the fit did not converge (its metadata.converged is false): its "
+                         "covariance is not that of an optimum, so no interval; refit with "
+                         "more steps (--lbfgs-steps)")
 
 
 def load_uncertainty(fit=None) -> FitUncertainty:
@@ -545,7 +557,8 @@ def load_uncertainty(fit=None) -> FitUncertainty:
             raise ValueError("this fit has no covariance (calibrate(..., uncertainty=True))")
         return FitUncertainty(fit.par, np.asarray(fit.theta), np.asarray(fit.covariance),
                               dict(fit.residual_sd), fit.inference_support,
-                              _checked_bias(fit.metadata.get("floor_bias")))
+                              _checked_bias(fit.metadata.get("floor_bias")),
+                              fit.metadata.get("converged") is not False)
     if fit is None:
         data, where = _default_efficiency_data(), "diffperf/presets/efficiency.json"
     else:
@@ -557,6 +570,7 @@ def load_uncertainty(fit=None) -> FitUncertainty:
     u = _checked_uncertainty(unc, where)
     meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
     u.floor_bias = _checked_bias(meta.get("floor_bias"))
+    u.converged = meta.get("converged") is not False
     return u
 
 
@@ -670,6 +684,7 @@ def prediction_interval(fn_of_efficiency: Callable, fit=None, level: float = 0.9
         raise ValueError(f"unknown quantity {quantity!r} (one of {', '.join(QUANTITIES)}, "
                          f"{MOE_STEP_TIME}, {HOST_STEP_TIME})")
     u = load_uncertainty(fit)
+    require_converged(u)
     if model_error:
         require_measured_kind(u.residual_sd, kind)
     theta = jnp.asarray(u.theta, dtype=jnp.result_type(float))
@@ -725,6 +740,7 @@ def row_intervals(predict_rows: Callable, gpus: list[str], quantities: list[str]
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     u = load_uncertainty(fit)
+    require_converged(u)
     require_measured_kind(u.residual_sd, kind)
     par = u.par
     fitted = [fitted_gpu(g, par.groups) for g in gpus]  # H800: H100's offsets
