@@ -106,6 +106,7 @@ def test_cli_fails_when_no_row_can_be_evaluated_and_checks_the_output_name(confi
     assert "--out: use a .csv file name" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_write_failure_names_the_output_option(configs, tmp_path, capsys, monkeypatch):
     """A full disk reports no file name; the error still says which option's file failed."""
     import errno

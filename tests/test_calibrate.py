@@ -204,6 +204,7 @@ def test_cli_writes_loadable_fit(report):
     assert abs(float(eff.matmul_peak) - TRUE["matmul_peak"]) / TRUE["matmul_peak"] < 0.01
 
 
+@pytest.mark.slow
 def test_per_gpu_file_loads_and_validate_uses_row_gpu(tmp_path):
     from diffperf.presets import GpuEfficiency, efficiency_from_json
     from diffperf.validation import validate

@@ -67,6 +67,7 @@ def test_prefill_tokens_column_reaches_the_plan_and_bad_values_are_named(tmp_pat
         read_benchmarks(path)
 
 
+@pytest.mark.slow
 def test_cli_prefill_tokens(capsys):
     args = ["infer", "--model", "llama3-70b", "--gpu", "b200", "--batch", "418", "--input", "128",
             "--output", "2048", "--precision", "fp4", "--kv-precision", "fp8", "--json"]

@@ -211,6 +211,7 @@ def test_validate_json_on_a_small_file(capsys, tmp_path):
     assert {"id", "metric", "measured", "predicted", "ape"} <= set(r["rows"][0])
 
 
+@pytest.mark.slow
 def test_search_train_json(capsys):
     code, out, _ = run(capsys, "search", "train", "--model", "gpt-1.7b", "--gpus", "8",
                        "--global-batch", "32", "--precision", "bf16", "--top", "3", "--json")
@@ -221,6 +222,7 @@ def test_search_train_json(capsys):
     assert times == sorted(times) and len(times) == 3
 
 
+@pytest.mark.slow
 def test_search_train_and_train_agree_on_the_best_plan(capsys):
     """Both commands use the GPU's own fitted factors: the step time `search train` reports for
     its best plan is the one `train` prints for that plan (H100 has per-GPU overrides)."""
@@ -335,6 +337,7 @@ def test_search_infer_without_a_feasible_plan_says_why(capsys):
     assert "no feasible plan; why the plans fail" in out and "Empty DataFrame" not in out
 
 
+@pytest.mark.slow
 def test_search_train_without_a_feasible_plan_exits_1(capsys):
     """GPT-3 175B cannot train on 8 A100s: the reasons are listed and the exit status says
     that nothing was found (2 stays for invalid input)."""
@@ -347,6 +350,7 @@ def test_search_train_without_a_feasible_plan_exits_1(capsys):
     assert least and float(least.group(1)) > 87.5
 
 
+@pytest.mark.slow
 def test_a_prediction_that_overflows_float32_is_an_error_not_nan():
     # Sizes beyond the CLI's 2^24 cap reach the API: the checked entry points refuse a report
     # with NaN / inf fields and name them. Float32 as the CLI runs (another test may have
@@ -490,6 +494,7 @@ def test_fused_expert_gemm_flag_saves_the_per_expert_launches(capsys):
     assert json.loads(a)["step_time_s"] == json.loads(b)["step_time_s"]
 
 
+@pytest.mark.slow
 def test_v100_rejects_bf16_and_tf32_by_name(capsys):
     """fp16 and bf16 share one precision code; V100 has only fp16 tensor cores (and no tf32),
     so the command line checks the names, and search labels V100's 16-bit plans fp16."""

@@ -165,6 +165,7 @@ def test_a_config_error_names_the_config_field_not_the_spec_field(capsys, tmp_pa
                            f"field 'num_attention_heads'=32")
 
 
+@pytest.mark.slow
 def test_infer_and_attribution_say_which_plot_they_wrote(capsys, tmp_path):
     roof = tmp_path / "roof.png"
     code, _, err = run(capsys, "infer", "--model", "llama2-7b", "--plot", str(roof))

@@ -343,6 +343,7 @@ def test_more_bandwidth_or_flops_never_slower(gpu, tp, batch, inp, out, factor):
     assert np.all(more_flops <= base * (1 + 1e-5))
 
 
+@pytest.mark.slow
 def test_dram_scaling_and_plot(tmp_path):
     m, s = model("llama2-70b"), system(H100)
     plan = InferencePlan(tp=8, batch=1, input_len=200, output_len=200)

@@ -19,6 +19,7 @@ from diffperf.validation import read_benchmarks, train_specs, validate
 HOLDOUT = Path(__file__).resolve().parent.parent / "benchmarks_data" / "train_moe_holdout.csv"
 
 
+@pytest.mark.slow
 def test_holdout_rows_are_valid_not_in_the_fit_and_no_worse_than_measured():
     rows = read_benchmarks(HOLDOUT)
     assert len(rows) == 36 and all(r.kind == "train" for r in rows)
