@@ -60,7 +60,8 @@ _TEXT = {
                       "micro_batch, global_batch; batch, input_len, output_len; >= 0: expert_tp, "
                       "recompute_layers, offload_layers). Built from concrete values a plan "
                       "refuses these; traced values (inside jit / vmap) get this code",
-    Reason.HOST_MEMORY: "offloaded activations do not fit in host memory",
+    Reason.HOST_MEMORY: "offloaded activations, weights and optimizer states do not fit in "
+                        "host memory",
 }
 #: The model's reason codes and their text (the search's own codes 13-16 are described by
 #: `diffperf.search_training`).
@@ -120,12 +121,18 @@ def even_layout(model: Transformer, plan) -> jax.Array:
 
 
 def offload_supported(model: Transformer, plan) -> jax.Array:
-    """True where the plan offloads no activations, or does so as Megatron-core allows:
-    pp = 1, no recomputation (neither `recompute` nor `recompute_layers`) and fewer offloaded
-    layers than the model has. `train_step` models the other combinations too."""
+    """True where each offload of the plan is one its software runs: activations as
+    Megatron-core allows (pp = 1, no recomputation, neither `recompute` nor
+    `recompute_layers`, and fewer offloaded layers than the model has); optimizer states with
+    a sharded optimizer (ZeRO >= 1: DeepSpeed's ZeRO-Offload, Megatron-core's optimizer CPU
+    offload on its distributed optimizer); weights with ZeRO-3 (ZeRO-Infinity's
+    `offload_param`). `train_step` models the other combinations too."""
     allowed = ((plan.pp == 1) & (plan.recompute == 0) & (plan.recompute_layers == 0)
                & (plan.offload_layers < model.layers))
-    return (plan.offload_layers == 0) | allowed
+    activations = (plan.offload_layers == 0) | allowed
+    optimizer = (plan.offload_optimizer == 0) | (plan.zero >= 1)
+    weights = (plan.offload_weights == 0) | (plan.zero >= 3)
+    return activations & optimizer & weights
 
 
 #: `TrainingPlan` counts checked by `whole_counts` (reason 11).
@@ -143,8 +150,8 @@ def _first_failure(checks: list[jax.Array]) -> jax.Array:
 
 def training_reason(model: Transformer, plan, acc: Accelerator, memory_total,
                     host_total=0.0) -> jax.Array:
-    """Reason code of a training plan (see `REASONS`); `host_total` = offloaded activation
-    bytes per GPU in host memory."""
+    """Reason code of a training plan (see `REASONS`); `host_total` = offloaded bytes per GPU
+    in host memory (activations, weights, optimizer states)."""
     m = plan.num_micro_batches
     etp = plan.expert_layout(model)[0]
     checks = [

@@ -65,7 +65,20 @@ _add("train", "--gpus --nvlink-domain --tp --pp --dp --cp --ep --vp --micro-batc
               "--global-batch --seq-len", COUNT)
 _add("train", "--expert-tp --recompute-layers --offload-layers", COUNT0)
 _add("train", "--zero", ("-1", "4", "abc"))
+#: A share that may be 0 (off): [0, 1].
+SHARE = ("-1", "1.5", "1e30", *FLOAT_JUNK)
+_add("train", "--offload-optimizer", SHARE)
+_add("search train", "--offload-optimizer", SHARE)
+_add("search train", "--offload-weights", ("-1", "2", *INT_JUNK))
+#: A complete `--distributed` setting (the option under test comes after and wins).
+_JOIN = ("--distributed", "--coordinator", "127.0.0.1", "--num-processes", "2",
+         "--process-id", "0")
+for _command in ("search train", "search infer"):
+    _add(_command, "--num-processes", COUNT, _JOIN)
+    _add(_command, "--process-id", ("-1", "2147483648", *INT_JUNK), _JOIN)
+    _add(_command, "--coordinator-port", ("-1", "0", "65536", *INT_JUNK), _JOIN)
 _add("bench", "--n", ("-1", "0", "1", "2147483648", "100000000", *INT_JUNK))
+_add("bench", "--repeats", ("-1", "0", "2147483648", "100000", *INT_JUNK))
 _add("infer", "--tp --pp --ep --batch --input --output", COUNT)
 _add("infer", "--prefill-tokens", COUNT0)
 _add("infer", "--gemm-peak-fraction", FRACTION)

@@ -77,3 +77,21 @@ def test_disabled_for_benchmarks_even_with_jax_cache_set(tmp_path):
         subprocess.run([sys.executable, "-c", code, mode], env=env, check=True)
         written = cache.exists() and any(cache.iterdir())
         assert written == (mode == "on"), mode
+
+
+@pytest.mark.slow
+def test_stored_programs_skip_the_trace_and_survive_a_warm_jax_cache(tmp_path):
+    """The train step is stored with its arguments' structure (`diffperf._stored_programs`) and
+    loaded by the next run. Stored again while JAX's own cache holds it (the programs deleted,
+    as after a change to the sources that leaves the program alone), it is compiled afresh: an
+    executable loaded from JAX's cache serializes incompletely and failed when run."""
+    cache = tmp_path / "jaxcache"
+    first = _run(str(cache), tmp_path)
+    (stored,) = (cache / "programs").iterdir()
+    assert stored.name.startswith("_jitted_train_step-")
+    assert _run(str(cache), tmp_path) == first
+    stored.unlink()
+    assert _run(str(cache), tmp_path) == first  # stores it again, from a warm JAX cache
+    written = stored.stat().st_mtime_ns
+    assert _run(str(cache), tmp_path) == first  # and runs what it stored (a defective file
+    assert stored.stat().st_mtime_ns == written  # would be replaced)

@@ -3,7 +3,7 @@
 Every `diffperf` module's intra-package imports are read from its AST (imports under
 `if TYPE_CHECKING:` are ignored: they never run). A module may import a module of its own layer
 or of a lower one; an import inside a function is allowed only for the optional heavy
-dependencies (optax, matplotlib) and multi-process JAX, nothing else.
+dependencies (optax, matplotlib, pandas) and multi-process JAX, nothing else.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "diffperf"
 
 #: Layers from the bottom. A module's layer is its subpackage's (or, at the top, its own name's).
 LAYERS = [
-    {"_checks", "_paths", "_types"},
+    {"_checks", "_paths", "_types", "_stored_programs"},
     {"specs"},
     {"presets"},
     {"costs"},
@@ -56,9 +56,11 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return ids
 
 
-#: Imports that may stay inside a function: the optional heavy dependencies (matplotlib, the
-#: `plot` extra; optax, only for fitting and co-design) and multi-process JAX.
-DEFERRED = ("optax", "matplotlib", "jax.experimental.multihost_utils")
+#: Imports that may stay inside a function: the heavy dependencies (matplotlib, the `plot`
+#: extra; optax, only for fitting and co-design; pandas, only where a table is built or read:
+#: `import diffperf` and one prediction load none of them, `tests/test_import_cost.py`) and
+#: multi-process JAX.
+DEFERRED = ("optax", "matplotlib", "pandas", "jax.experimental.multihost_utils")
 
 
 def import_graph() -> tuple[dict[str, set[str]], list[str]]:

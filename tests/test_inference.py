@@ -457,3 +457,13 @@ def test_infer_notes_an_uneven_pipeline_layout(capsys):
         err = capsys.readouterr().err
         assert ("uneven layout: 80 layers over pp = 3" in err) == noted
         assert ("the largest holds 27 layers" in err) == noted
+
+
+def test_boundedness_takes_the_callers_report():
+    """`boundedness(..., report=)` (what `diffperf infer` passes: its own `infer` of the same
+    arguments) gives the table it computes itself."""
+    m, s = model("llama2-70b"), system(H100)
+    plan = InferencePlan(tp=4, batch=8, input_len=512, output_len=64)
+    own = boundedness(m, s, plan, EFF)
+    given_report = boundedness(m, s, plan, EFF, report=jax.device_get(infer(m, s, plan, EFF)))
+    assert own.equals(given_report)

@@ -10,12 +10,12 @@ factors.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from ..inference._infer import infer
 from ..presets import fitted_gpu
@@ -42,6 +42,9 @@ from ._uncertainty import (
     require_measured_kind,
     training_quantity,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Output columns, in order: what every row says about itself, then the predictions (s, tokens,
 #: TFLOP/s, GB), then whether the plan fits in HBM and a status text.
@@ -79,6 +82,7 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
     or `invalid: <reason>` for a row that cannot be evaluated (no predictions); a predicted row
     without an interval says so in its status.
     """
+    import pandas as pd
     if isinstance(paths, (str, Path)):
         paths = [paths]
     bar = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))

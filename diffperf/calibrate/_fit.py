@@ -45,7 +45,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from .._paths import BENCHMARKS_DATA
 from ..feasibility import MEMORY_REASONS, explain
@@ -131,6 +130,7 @@ class Dataset:
 def _rows_from(data) -> tuple[list[BenchmarkRow], list]:
     """Rows from paths / a DataFrame / BenchmarkRows (DataFrames go through a temp CSV so
     that they get the same checks and error messages)."""
+    import pandas as pd
     if data is None:
         data = default_data_paths()
     if isinstance(data, (str, Path)):

@@ -3,11 +3,15 @@ and the cost of a reverse-mode gradient relative to a forward evaluation."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +61,8 @@ def random_plans(n: int, gpus: int = 1024, global_batch: int = 1536, seed: int =
         overlap_tp_backward=np.ones(n), overlap_dp=np.ones(n), zero3_per_matrix=np.zeros(n),
         recompute_layers=np.zeros(n), offload_layers=np.zeros(n), fp32_gradients=np.ones(n),
         account_embedding_loss=np.zeros(n), fp32_optimizer_moments=np.ones(n),
-        expert_tp=np.zeros(n), overlap_ep=np.zeros(n), fused_expert_gemm=np.zeros(n))
+        expert_tp=np.zeros(n), overlap_ep=np.zeros(n), fused_expert_gemm=np.zeros(n),
+        offload_optimizer=np.zeros(n), offload_weights=np.zeros(n))
 
 
 def _slice(tree, i, j):
@@ -253,3 +258,89 @@ def search_benchmark(log=print) -> dict:
         f"({r['feasible']:,} feasible) searched in {r['seconds']:.2f} s, compilation included "
         f"(fresh process)")
     return {"gpt3_175b_1024_a100": r, "megatron": megatron_comparison(log=log)}
+
+
+# ---------------------------------------------------------------------------- command line
+#: `bench cli`'s commands, each run in a fresh process: the module a prediction imports, one
+#: training and one inference prediction (their defaults) and `validate` on a few rows.
+CLI_COMMANDS = {
+    "import diffperf": ["-c", "import diffperf"],
+    "train": ["-m", "diffperf.cli", "train"],
+    "infer": ["-m", "diffperf.cli", "infer"],
+    "validate (8 rows)": ["-m", "diffperf.cli", "validate", "--data", "{train}", "--data",
+                          "{infer}"],
+}
+#: Rows of each shipped calibration CSV that `bench cli` validates.
+CLI_ROWS = 4
+
+
+def _few_rows(source, target, rows: int = CLI_ROWS) -> str:
+    """Copy the header and the first `rows` rows of benchmark CSV `source` to `target`."""
+    with open(source, newline="", encoding="utf-8-sig") as fh:
+        lines = [line for line in fh if line.strip() and not line.lstrip().startswith("#")]
+    records = list(csv.reader(lines))[: rows + 1]
+    with open(target, "w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows(records)
+    return str(target)
+
+
+def _timed_run(args: list[str], env: dict) -> tuple[float, float]:
+    """(wall, CPU) seconds of `python ARGS` (CPU: user + system of the process and its threads,
+    steadier than the wall time on a shared machine)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise RuntimeError(f"`{' '.join(args)}` exited with {out.returncode}: "
+                           f"{out.stderr.strip()[-500:]}")
+    return seconds, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def cli_benchmark(repeats: int = 5, against: str | None = None, log=print) -> dict:
+    """Wall time of the commands in `CLI_COMMANDS`, each in a fresh Python process with a warm
+    compilation cache (a temporary directory, filled by one untimed run of each command):
+    median, min and max of `repeats` runs. With `against` (a source tree, e.g. a `git worktree`
+    of another commit), its runs alternate with this installation's, in the same directories
+    and caches of their own: the two sets of figures are comparable on a busy machine."""
+    say = log or (lambda *a: None)
+    if against and not (Path(against) / "diffperf" / "__init__.py").is_file():
+        raise ValueError(f"--against {against}: not a source tree (no diffperf/__init__.py)")
+    trees = {"this": None} | ({"against": str(against)} if against else {})
+    with tempfile.TemporaryDirectory(prefix="diffperf-bench-cli-") as tmp:
+        files = {"train": _few_rows(BENCHMARKS / "train_calibration.csv", f"{tmp}/train.csv"),
+                 "infer": _few_rows(BENCHMARKS / "infer_calibration.csv", f"{tmp}/infer.csv")}
+        envs = {}
+        for name, tree in trees.items():
+            env = dict(os.environ)
+            env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the command line's own cache
+            env["DIFFPERF_COMPILATION_CACHE"] = f"{tmp}/cache-{name}"
+            if tree:
+                env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
+            envs[name] = env
+        commands = {k: [a.format(**files) for a in v] for k, v in CLI_COMMANDS.items()}
+        runs: dict[str, dict[str, list[tuple[float, float]]]] = {
+            n: {k: [] for k in commands} for n in trees}
+        for name in trees:  # fill the caches
+            for args in commands.values():
+                _timed_run(args, envs[name])
+        for _ in range(repeats):
+            for label, args in commands.items():
+                for name in trees:
+                    runs[name][label].append(_timed_run(args, envs[name]))
+    result: dict = {"repeats": repeats, "rows_per_csv": CLI_ROWS, "against": against}
+    for name in trees:
+        result[name] = {}
+        for label, r in runs[name].items():
+            wall, cpu = [w for w, _ in r], [c for _, c in r]
+            result[name][label] = {"median_s": float(np.median(wall)), "min_s": min(wall),
+                                   "max_s": max(wall), "runs_s": wall,
+                                   "cpu_median_s": float(np.median(cpu))}
+    say(f"fresh process, warm compilation cache; wall time median (min-max) of {repeats} runs, "
+        f"[CPU time median]" + (f"; alternating with {against}" if against else ""))
+    for label in commands:
+        cells = [f"{r['median_s']:5.2f} s ({r['min_s']:.2f}-{r['max_s']:.2f}) "
+                 f"[{r['cpu_median_s']:.2f}]" for r in (result[n][label] for n in trees)]
+        say(f"  {label:20s} " + ("   against: ".join(cells)))
+    return result

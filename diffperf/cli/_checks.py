@@ -6,11 +6,19 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import sys
 from pathlib import Path
 
 from .._checks import MAX_EXACT_COUNT
 from ..design._technology import tables
-from ..presets import resolve_hardware_name
+from ..presets import (
+    chip_of,
+    gpu_names,
+    is_spec_file,
+    resolve_hardware_name,
+    runtime,
+    runtime_names,
+)
 
 
 class CliError(Exception):
@@ -20,11 +28,11 @@ class CliError(Exception):
 #: Options that count things: whole numbers >= 1 wherever a command has them.
 _AT_LEAST_ONE = ("gpus", "nvlink_domain", "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
                  "global_batch", "seq_len", "n", "batch", "input", "output", "max_gpus",
-                 "starts")
-#: Of those, the sizes the model computes with in float32 (all but the sweep size `n` and the
-#: optimiser's `starts`), which counts integers exactly only up to 2^24 (a larger GPU count or
-#: length would be silently rounded).
-_FLOAT32_EXACT = tuple(k for k in _AT_LEAST_ONE if k not in ("n", "starts"))
+                 "starts", "repeats")
+#: Of those, the sizes the model computes with in float32 (all but the sweep size `n`, the
+#: optimiser's `starts` and `bench cli`'s `repeats`), which counts integers exactly only up to
+#: 2^24 (a larger GPU count or length would be silently rounded).
+_FLOAT32_EXACT = tuple(k for k in _AT_LEAST_ONE if k not in ("n", "starts", "repeats"))
 #: Options that are physical budgets or targets: > 0.
 _POSITIVE = ("latency", "tpot", "area", "power", "perimeter", "cost")
 #: Options where 0 is meaningful (no L-BFGS stage, no prior, expert TP = TP, no prefill cap,
@@ -39,7 +47,7 @@ _FLOAT32_EXACT_OR_ZERO = ("expert_tp", "prefill_tokens", "recompute_layers", "of
 #: steps of `calibrate`, the sweep size of `bench`.
 WORK_CAPS = {("codesign", "steps"): 100_000, ("codesign", "starts"): 4096,
              ("calibrate", "steps"): 100_000, ("calibrate", "lbfgs_steps"): 100_000,
-             ("bench", "n"): 10_000_000}
+             ("bench", "n"): 10_000_000, ("bench", "repeats"): 1000}
 #: Largest `codesign` --steps x --starts: about a minute and 1 GB on a 2-core CPU.
 CODESIGN_MAX_EVALUATIONS = 10_000_000
 #: Shares in (0, 1]: the fraction of the tensor peak a GEMM kernel can reach.
@@ -136,7 +144,11 @@ _HARDWARE = ("gpu", "system", "base", "targets")
 def resolve_hardware_names(args) -> None:
     """Replace each GPU / system option's value by the preset id it stands for (`--gpu h100`
     -> `h100-sxm5-80gb`), so every later lookup, the per-GPU calibration included, sees the
-    full id; raise CliError naming the option for an unknown or ambiguous name."""
+    full id; raise CliError naming the option for an unknown or ambiguous name. A GPU or
+    system JSON file (docs/spec-files.md) is validated and stays its path, the name every
+    later lookup takes; a note says when its GPU names no `efficiency_of` preset (the shared
+    efficiency factors then apply). `--runtime` is checked the same way (a preset id or a
+    runtime file)."""
     for dest in _HARDWARE:
         value = getattr(args, dest, None)
         if value is None:
@@ -148,11 +160,28 @@ def resolve_hardware_names(args) -> None:
                 setattr(args, dest, resolve_hardware_name(value))
         except ValueError as e:
             raise CliError(f"{_opt(dest)}: {e}") from None
+    for dest in ("gpu", "system"):
+        value = getattr(args, dest, None)
+        if dest == "system" and getattr(args, "gpu", None) is not None:
+            continue  # --gpu's accelerator replaces the system's
+        if isinstance(value, str) and is_spec_file(value) and chip_of(value) not in gpu_names():
+            print(f"note: {_opt(dest)} {value}: its GPU names no \"efficiency_of\" preset GPU, "
+                  f"so the shared efficiency factors apply, not a preset GPU's fitted ones (add "
+                  f"e.g. \"efficiency_of\": \"h100-sxm5-80gb\" for a GPU with that chip)",
+                  file=sys.stderr)
+    name = getattr(args, "runtime", None)
+    if isinstance(name, str):
+        try:
+            runtime(name)
+        except ValueError as e:
+            raise CliError(f"--runtime: {e}") from None
+        if name.lower() in runtime_names():
+            args.runtime = name.lower()
 
 
 #: Options naming files the command reads / writes.
 _INPUTS = ("efficiency", "data")
-_OUTPUTS = ("out", "plot", "csv")
+_OUTPUTS = ("out", "plot", "csv", "all_plans")
 
 
 def check_paths(args) -> None:

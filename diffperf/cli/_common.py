@@ -48,19 +48,23 @@ def group(parser, name: str):
 
 def add_model_argument(parser, default: str | None = DEFAULT_TRAIN_MODEL, *,
                        default_text: str | None = None) -> None:
-    """`--model`: a preset id or a Hugging Face config.json, for every command."""
+    """`--model`: a preset id, a model JSON file or a Hugging Face config.json, for every
+    command."""
     group(parser, "model").add_argument(
         "--model", default=default,
         help=f"model preset id (diffperf presets) or path to a Hugging Face config.json "
-             f"(default {default_text or default})")
+             f"(default {default_text or default}) or to a model JSON file with the fields of "
+             f"a preset (docs/spec-files.md)")
 
 
 def add_gpu_argument(parser, default: str | None = DEFAULT_INFER_GPU, *,
                      default_text: str | None = None, what: str = "GPU or system") -> None:
-    """`--gpu`: a GPU or system preset id (or a prefix naming one)."""
+    """`--gpu`: a GPU or system preset id (or a prefix naming one), or a GPU or system JSON
+    file."""
     group(parser, "hardware").add_argument(
         "--gpu", default=default,
-        help=f"{what} preset id or a prefix naming one, e.g. h100 (default "
+        help=f"{what} preset id or a prefix naming one, e.g. h100, or a GPU or system JSON file "
+             f"(docs/spec-files.md; diffperf presets export ID writes one) (default "
              f"{default_text or default})")
 
 
@@ -97,14 +101,20 @@ LONG_CONFIG_CONTEXT = 8192
 
 
 def _load_model(name_or_path: str, seq_len=None, training: bool = False):
-    """A preset or a Hugging Face config.json; the loader's warnings (shared experts,
+    """A preset, a model JSON file (presets.model_from_file) or a Hugging Face config.json
+    (told apart by their fields: `layers`, `hidden`, ... or `model_type`, `hidden_size`, ...);
+    the config loader's warnings (shared experts,
     multimodal config) and, for training, a long context taken as the sequence length are
     printed as `warning: ...` lines on stderr, a sliding window as a `note: ...` line."""
     if not name_or_path.strip():
-        raise CliError("--model is empty; give a preset id (diffperf presets) or the path of a "
-                       "Hugging Face config.json")
+        raise CliError("--model is empty; give a preset id (diffperf presets), a model JSON "
+                       "file or the path of a Hugging Face config.json")
     p = Path(name_or_path)
-    if p.suffix.lower() == ".json" or p.is_dir() or p.is_file():
+    if name_or_path.lower() in presets.model_names():
+        pass  # a preset id, even where a file of that name exists
+    elif (p.suffix.lower() == ".json" or p.is_file()) and presets.is_model_file(p):
+        return _seq_len(presets.model_from_file(p, max_context=not training), seq_len)
+    elif p.suffix.lower() == ".json" or p.is_dir() or p.is_file():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             m = transformer_from_hf_config(p, seq_len=seq_len, max_context=not training)
@@ -119,7 +129,11 @@ def _load_model(name_or_path: str, seq_len=None, training: bool = False):
                   f"maximum context; pass --seq-len for the length you train at",
                   file=sys.stderr)
         return m
-    m = presets.model(name_or_path, max_context=not training)
+    return _seq_len(presets.model(name_or_path, max_context=not training), seq_len)
+
+
+def _seq_len(m, seq_len):
+    """Model `m` with --seq-len (None: its own)."""
     if seq_len is not None:
         m = eqx.tree_at(lambda x: x.seq_len, m, as_float(seq_len))
         m.__check_init__()

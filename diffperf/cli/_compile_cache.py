@@ -4,6 +4,10 @@
 2.7-2.9 s, `validate --summary` 10.3-11.4 -> 4.8-5.9 s, the GPT-3 175B / 1,024 GPU
 `search train` 9.9-11.2 -> 5.1-5.7 s).
 
+The programs of `stored_jit` functions (the training step, the batched CSV rows) are also
+stored, with their arguments' structure, in its `programs` subdirectory
+(`diffperf._stored_programs`): a later run skips tracing them as well.
+
 Used by `diffperf.cli.main` (not on import: a library should not change JAX's configuration).
 The directory is `$DIFFPERF_COMPILATION_CACHE` if that is a path, else
 `$XDG_CACHE_HOME/diffperf/jax` (default `~/.cache/diffperf/jax`), created private to the user:
@@ -19,6 +23,11 @@ from pathlib import Path
 
 import jax
 
+from .._stored_programs import set_directory
+
+#: Subdirectory of the programs stored with their arguments' structure (`diffperf._stored_programs`:
+#: a later run skips tracing them too).
+PROGRAMS = "programs"
 #: Values of `DIFFPERF_COMPILATION_CACHE` that turn the cache off.
 OFF = ("0", "off", "false", "no", "")
 #: Programs that compile faster than this are not written, s. 0: the many small programs add
@@ -54,6 +63,7 @@ def enable_compilation_cache() -> Path | None:
         return None
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    set_directory(path / PROGRAMS)
     return path
 
 
@@ -61,3 +71,4 @@ def disable_compilation_cache() -> None:
     """No persistent cache in this process, even one set through `JAX_COMPILATION_CACHE_DIR`
     (`diffperf bench` measures cold, compilation-included times)."""
     jax.config.update("jax_enable_compilation_cache", False)
+    set_directory(None)

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from ..design import _attribution as A, _codesign as C, _sensitivity as S, _technology as T
 from ..design._attribution import FACTORS
@@ -92,9 +91,11 @@ def add_design_parsers(subparsers) -> None:
     add_model_argument(p, None, default_text=f"{DEFAULT_TRAIN_MODEL}, or {DEFAULT_INFER_MODEL} "
                                              f"with --workload infer")
     h, pl = group(p, "hardware"), group(p, "plan")
-    h.add_argument("--base", default="dgx-a100", help="base system preset (default dgx-a100)")
+    h.add_argument("--base", default="dgx-a100", help="base system preset or system JSON file "
+                                                     "(default dgx-a100)")
     h.add_argument("--targets", nargs="+", default=["dgx-h100", "dgx-b200", "gb200-nvl72"],
-                   help="target system presets (default dgx-h100 dgx-b200 gb200-nvl72)")
+                   help="target system presets or system JSON files (default dgx-h100 "
+                        "dgx-b200 gb200-nvl72)")
     pl.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
     pl.add_argument("--global-batch", type=int, default=1536,
                     help="sequences per optimizer step (default 1536)")
@@ -425,6 +426,7 @@ def _plot_attribution(results, args) -> None:
 
 
 def run_technology(args) -> int:
+    import pandas as pd
     if args.infer_model is not None:  # the old name of --model
         if args.model is not None and args.model != args.infer_model:
             return _err(f"--infer-model {args.infer_model} and --model {args.model} name two "

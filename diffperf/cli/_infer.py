@@ -329,7 +329,7 @@ def run_infer(args) -> int:
             return 2
         check_finite_report(rep, "the inference prediction",
                             f"input={args.input}, output={args.output}, batch={args.batch}")
-        table = boundedness(mdl, sys_, plan, eff, runtime)
+        table = boundedness(mdl, sys_, plan, eff, runtime, report=rep)
         if args.plot:
             roofline_plot(table, args.plot, sys_,
                           f"{args.model} on {args.gpu}{tag(args.set)}, tp={args.tp}")

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import pandas as pd
 
 from .. import presets
 from ..calibrate._batch_predict import predict_csv
@@ -36,7 +35,9 @@ from ..explore._what_if import (
 from ..feasibility import explain
 from ..plots._validation_plot import validation_plot
 from ..specs._training_plan import TrainingPlan, layer_count_error
+from ..training._layer import layer_costs
 from ..training._notes import training_notes, utilisation_notes
+from ..training._offload import offload_traffic
 from ..training._step import predict_training, train_step
 from ..validation._data import BenchmarkError, _leading_comments
 from ..validation._stack import capacity_warning
@@ -66,6 +67,7 @@ from ._common import (
 )
 from ._compile_cache import disable_compilation_cache, enable_compilation_cache
 from ._design import add_design_parsers
+from ._detail import detail_summary, print_detail
 from ._infer import add_infer_parser
 from ._runtime import (
     add_runtime_argument,
@@ -88,7 +90,8 @@ def _add_train(sub):
     add_gpu_argument(p, None, what="GPU",
                      default_text=f"the --system's GPU, else {DEFAULT_TRAIN_GPU}")
     h, pl = group(p, "hardware"), group(p, "plan")
-    h.add_argument("--system", default=None, help="system preset id (default: the GPU's system)")
+    h.add_argument("--system", default=None, help="system preset id or system JSON file "
+                                                  "(default: the GPU's system)")
     pl.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
     h.add_argument("--nvlink-domain", type=int, default=None, help="GPUs per NVLink domain")
     pl.add_argument("--tp", type=int, default=8, help="tensor-parallel degree (default 8)")
@@ -121,6 +124,13 @@ def _add_train(sub):
     pl.add_argument("--offload-layers", type=int, default=0,
                     help="layers per pipeline chunk whose activations are offloaded to host "
                          "memory (Megatron-core's cpu_offloading_num_layers; default 0)")
+    pl.add_argument("--offload-optimizer", type=float, default=0.0, metavar="SHARE",
+                    help="share of the optimizer states kept in host memory and stepped by the "
+                         "CPU, 0 to 1 (ZeRO-Offload: 1; Megatron-core --optimizer-cpu-offload "
+                         "--optimizer-offload-fraction; default 0)")
+    pl.add_argument("--offload-weights", action="store_true",
+                    help="keep the weights in host memory and copy each layer's in before it "
+                         "runs (ZeRO-Infinity offload_param, usually with --zero 3)")
     pl.add_argument("--account-embedding-loss", action="store_true",
                     help="count the embedding and the LM head + loss as one pipeline layer each "
                          "(Megatron's account_for_{embedding,loss}_in_pipeline_split)")
@@ -162,6 +172,12 @@ def _add_train(sub):
         help="also print the 90%% prediction interval of the step time (calibration "
              "uncertainty + model error, a MoE model's from held-out MoE runs; a few seconds "
              "more)")
+    group(p, "output").add_argument(
+        "--detail", action="store_true",
+        help="also print the full breakdown: per operation of a layer (forward, backward, "
+             "recompute) its FLOPs, bytes, time and binding resource; per communication term "
+             "its message size, calls, link time and hidden and exposed parts (with --json: a "
+             "\"detail\" object)")
     add_output_arguments(p)
     p.set_defaults(func=run_train)
 
@@ -197,6 +213,8 @@ def _train_inputs(args):
                                 name=lambda f: "--" + f.replace("_", "-"))
     if problem:
         raise CliError(problem)
+    if not 0.0 <= args.offload_optimizer <= 1.0:
+        raise CliError(f"--offload-optimizer must lie in [0, 1], got {args.offload_optimizer:g}")
     if args.zero3_per_matrix and args.zero != 3:
         raise CliError(f"--zero3-per-matrix describes ZeRO-3's gathers; it needs --zero 3 "
                        f"(got --zero {args.zero})")
@@ -216,7 +234,9 @@ def _train_inputs(args):
                         offload_layers=args.offload_layers,
                         fp32_optimizer_moments=int(args.optimizer_moments == "fp32"),
                         expert_tp=args.expert_tp, overlap_ep=int(args.overlap_ep),
-                        fused_expert_gemm=int(args.fused_expert_gemm))
+                        fused_expert_gemm=int(args.fused_expert_gemm),
+                        offload_optimizer=args.offload_optimizer,
+                        offload_weights=int(args.offload_weights))
     plan = with_plan_fields(plan, unflagged)
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu), choice
 
@@ -247,6 +267,9 @@ def training_summary(report, system) -> dict:
             "reserved": float(mem.reserved) / 1e9, "total": float(mem.total) / 1e9,
             "capacity": float(system.accelerator.hbm_capacity) / 1e9,
             "host_offloaded": float(mem.host) / 1e9,
+            "host_activations": float(mem.host_activations) / 1e9,
+            "host_weights": float(mem.host_weights) / 1e9,
+            "host_optimizer": float(mem.host_optimizer) / 1e9,
             "host_capacity": float(system.accelerator.host_memory) / 1e9,
         },
         "fits": bool(r.fits),
@@ -257,6 +280,39 @@ def training_summary(report, system) -> dict:
         "feasible": bool(r.feasible),
         "reason": _training_reason_text(reason, mem, system.accelerator),
     }
+
+
+def _offloads(args) -> bool:
+    """Whether the command line offloads anything to host memory."""
+    return bool(args.offload_layers or args.offload_optimizer or args.offload_weights)
+
+
+def offload_summary(model, system, plan, eff) -> dict:
+    """`offload_traffic` of a scalar plan as plain floats: what each offload moves per step, B,
+    the host bandwidth it needs to stay hidden, B/s, and the optimizer's host streams, s."""
+    layer = layer_costs(model, plan, system, eff)
+    t = jax.device_get(offload_traffic(model, plan, system.accelerator, layer))
+    return {k: float(v) for k, v in t.items()} | {
+        "host_bandwidth": float(system.accelerator.host_bandwidth),
+        "host_memory_bandwidth": float(system.accelerator.host_memory_bandwidth)}
+
+
+def _print_offload(o: dict) -> None:
+    """The offload lines of `train`: per kind the bytes per step and the bandwidth that hides
+    them, against the GPU's host link; the CPU optimizer's streams."""
+    link = o["host_bandwidth"]
+    for kind in ("activations", "weights", "gradients"):
+        moved = o[f"{kind}_bytes_per_step"]
+        if moved <= 0:
+            continue
+        need = o.get(f"{kind}_hide_bandwidth", 0.0)
+        verdict = "hidden" if need <= link else "exposed"
+        print(f"  offload {kind:11s}  {moved / 1e9:9.1f} GB per step; hiding each copy needs "
+              f"{need / 1e9:.0f} GB/s, the host link has {link / 1e9:.0f} GB/s ({verdict})")
+    if o["cpu_adam_s"] > 0:
+        print(f"  CPU optimizer        {o['cpu_adam_s']:9.3f} s  (Adam at "
+              f"{o['host_memory_bandwidth'] / 1e9:.0f} GB/s host DRAM per GPU; gradients to "
+              f"host {o['to_host_s']:.3f} s, weights back {o['to_gpu_s']:.3f} s, pipelined)")
 
 
 def _training_reason_text(reason: int, mem, acc) -> str:
@@ -302,7 +358,7 @@ def _print_training(args, s: dict, plan, layers: float, choice) -> None:
         if "note" in iv:
             print(f"    note: {iv['note']}")
     for k, v in s["breakdown_s"].items():
-        if k == "offload_exposed" and not args.offload_layers:
+        if k == "offload_exposed" and not _offloads(args):
             continue  # no offloading: keep the table to the terms that apply
         degree = {"cp_comm_exposed": args.cp, "ep_comm_exposed": args.ep}.get(k)
         if degree == 1:
@@ -324,9 +380,14 @@ def _print_training(args, s: dict, plan, layers: float, choice) -> None:
           f"(weights {m['weights']:.1f}, grads {m['gradients']:.1f}, optimizer "
           f"{m['optimizer']:.1f}, activations {m['activations']:.1f}, reserved "
           f"{m['reserved']:.1f})")
-    if args.offload_layers:
+    if _offloads(args):
+        parts = ", ".join(f"{k} {m['host_' + k]:.1f}" for k in ("activations", "weights",
+                                                                 "optimizer")
+                          if m["host_" + k] > 0)
         print(f"  host memory per GPU  {m['host_offloaded']:9.1f} GB of {m['host_capacity']:.0f} GB"
-              f"  (offloaded activations)")
+              f"  (offloaded: {parts or 'nothing'})")
+    if "offload" in s:
+        _print_offload(s["offload"])
     print(f"  feasible             {'yes' if s['feasible'] else 'NO: ' + s['reason']}")
     if "note" in s:
         print(f"  note: {s['note']}")
@@ -353,6 +414,14 @@ def run_train(args) -> int:
     s["seq_len"] = int(float(model.seq_len))
     notes = training_notes(model, plan) + utilisation_notes(
         float(report.mfu), float(report.hfu), float(plan.flash_attention))
+    if _offloads(args):
+        s["offload"] = offload_summary(model, system, plan, eff)
+        domain = float(system.network.nvlink_domain)
+        if args.offload_optimizer and s["num_gpus"] < domain:
+            notes.append(f"CPU Adam gets {s['offload']['host_memory_bandwidth'] / 1e9:.0f} GB/s "
+                         f"of host DRAM per GPU, the node's shared by all {domain:g} of its "
+                         f"GPUs; a job on {s['num_gpus']} of them may get more "
+                         f"(--set host_memory_bandwidth=x{domain / s['num_gpus']:g})")
     if notes:
         s["note"] = "; ".join(notes)
     if args.interval:
@@ -370,10 +439,14 @@ def run_train(args) -> int:
             preset = {"feasible": False, "reason": str(e)}
         s["what_if"] = comparison(base_system, system, args.set, preset, choice.preset,
                                   runtime)
+    if args.detail:
+        s["detail"] = detail_summary(model, system, plan, eff, report)
     if args.json:
         print(json.dumps(s, indent=2))
     else:
         _print_training(args, s, plan, float(model.layers), choice)
+        if args.detail:
+            print_detail(s["detail"])
     return 0
 
 
@@ -511,6 +584,7 @@ def _add_predict(sub):
 
 
 def run_predict(args) -> int:
+    import pandas as pd
     df = predict_csv(args.data, _load_efficiency(args.efficiency), intervals=args.interval,
                      fit=args.efficiency, progress=True)
     if df.empty:
@@ -553,6 +627,7 @@ def run_predict(args) -> int:
 def csv_runtimes(paths) -> dict[str, int]:
     """{runtime: rows} of the `runtime` columns of benchmark CSVs (empty or absent: the
     default runtime), for the report's header."""
+    import pandas as pd
     counts: dict[str, int] = {}
     for path in paths:
         df = pd.read_csv(path, dtype=str, keep_default_na=False,
@@ -571,10 +646,18 @@ def _add_bench(sub):
                        description="core: training / inference evaluations per second, latency "
                                    "after jit, gradient cost; sweep: the sweep engine with 1, 2, "
                                    "4, 8 forced CPU devices; search: the GPT-3 175B / 1,024 A100 "
-                                   "exhaustive plan search.")
-    p.add_argument("what", nargs="?", default="core", choices=["core", "sweep", "search", "all"])
+                                   "exhaustive plan search; cli: wall time of `diffperf train`, "
+                                   "`infer` and `validate` on a few rows, each in a fresh "
+                                   "process with a warm compilation cache.")
+    p.add_argument("what", nargs="?", default="core",
+                   choices=["core", "sweep", "search", "cli", "all"])
     p.add_argument("--n", type=int, default=1_000_000,
                    help="configurations (default 10^6, at most 10^7)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="cli: timed runs of each command (default 5)")
+    p.add_argument("--against", default=None, metavar="DIR",
+                   help="cli: also time the source tree DIR (e.g. a `git worktree` of another "
+                        "commit, run through PYTHONPATH), alternating with this one")
     add_output_arguments(p)
     p.set_defaults(func=run_bench)
 
@@ -584,7 +667,7 @@ def run_bench(args) -> int:
         print(f"error: --n must be at least 2 (the sweeps are vmapped over a batch), got "
               f"{args.n}", file=sys.stderr)
         return 2
-    if args.what in ("sweep", "search") and args.n != 1_000_000:
+    if args.what in ("sweep", "search", "cli") and args.n != 1_000_000:
         print(f"note: --n applies to 'core' only; 'bench {args.what}' has a fixed workload",
               file=sys.stderr)
     log = None if args.json else print
@@ -595,6 +678,8 @@ def run_bench(args) -> int:
         result["sweep"] = bench.sweep_scaling(log=log)
     if args.what in ("search", "all"):
         result["search"] = bench.search_benchmark(log=log)
+    if args.what in ("cli", "all"):
+        result["cli"] = bench.cli_benchmark(repeats=args.repeats, against=args.against, log=log)
     if args.json:
         print(json.dumps(result))
     return 0
@@ -606,12 +691,36 @@ def _add_presets(sub):
                                        "runtime presets",
                        description="List the shipped presets: GPUs, systems, models, and the "
                                    "software runtimes of --runtime (each with its description, "
-                                   "CUDA graphs, host costs and plan defaults).")
-    add_output_arguments(p)
+                                   "CUDA graphs, host costs and plan defaults). `diffperf "
+                                   "presets export NAME` writes one as a JSON file that --gpu, "
+                                   "--system, --model and --runtime take (docs/spec-files.md).")
+    p.add_argument("action", nargs="?", choices=["export"],
+                   help="export: write preset NAME as a spec file (to stdout, or --out)")
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="the GPU, system, model or runtime id to export")
+    add_output_arguments(p, out="with export: write the file here instead of to stdout")
     p.set_defaults(func=run_presets)
 
 
+def run_presets_export(args) -> int:
+    """`diffperf presets export NAME [--out FILE]`: the preset as a spec file."""
+    if not args.name:
+        raise CliError("presets export needs the NAME of a GPU, system, model or runtime preset")
+    text = json.dumps(presets.preset_file(args.name), indent=2) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    Path(args.out).write_text(text)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def run_presets(args) -> int:
+    if args.action == "export":
+        return run_presets_export(args)
+    if args.name is not None or args.out is not None:
+        raise CliError(f"{'NAME' if args.name is not None else '--out'} is for `diffperf "
+                       f"presets export NAME`")
     names = {"gpus": presets.gpu_names(), "systems": presets.system_names(),
              "models": presets.model_names()}
     runtimes = [runtime_summary(n) for n in presets.runtime_names()]

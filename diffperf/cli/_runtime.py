@@ -71,8 +71,9 @@ def add_runtime_argument(parser, *, what: str = "") -> None:
         listed.append(name + (f" ({', '.join(f'{k}={v:g}' for k, v in pd.items())})"
                               if pd else ""))
     group(parser, "runtime").add_argument(
-        "--runtime", default=None, choices=presets.runtime_names(), metavar="NAME",
-        help=f"software runtime preset (diffperf presets): the host (CPU) cost of issuing the "
+        "--runtime", default=None, metavar="NAME",
+        help=f"software runtime preset (diffperf presets) or runtime JSON file "
+             f"(docs/spec-files.md): the host (CPU) cost of issuing the "
              f"work and the plan options its software fixes, which replace the defaults of "
              f"the plan options not given on the command line (given ones win). One of: "
              f"{'; '.join(listed)}. Default {presets.DEFAULT_RUNTIME}." + (
@@ -115,8 +116,14 @@ class RuntimeChoice:
 
     @property
     def is_default(self) -> bool:
-        """The default runtime, unchanged by `--set`: predictions are today's."""
-        return self.name == presets.DEFAULT_RUNTIME and not self.set_items
+        """The default runtime, unchanged by `--set`: predictions are today's. A runtime file
+        with the default's fields and no plan defaults (the default exported) is the default."""
+        if self.set_items:
+            return False
+        if self.name == presets.DEFAULT_RUNTIME:
+            return True
+        return (presets.is_spec_file(self.name) and not presets.runtime_plan_defaults(self.name)
+                and runtime_fields(self.preset) == runtime_fields(presets.runtime()))
 
     def header(self) -> str:
         """`runtime: NAME (description; plan defaults applied: ...; ...)` for a report."""
@@ -158,7 +165,8 @@ def resolve_runtime(args, kind: str | None) -> RuntimeChoice:
     choice = RuntimeChoice(
         name=name, given=getattr(args, "runtime", None) is not None, preset=preset,
         runtime=runtime_with_overrides(preset, items),
-        description=str(presets.runtime_info(name).get("description", "")),
+        description=str(presets.runtime_info(name).get("description", "")) or (
+            "a runtime file" if presets.is_spec_file(name) else ""),
         set_items=[o.text for o in parse_overrides(items) if o.part == "runtime"])
     if kind is None:
         return choice

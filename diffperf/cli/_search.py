@@ -7,9 +7,9 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .. import presets
 from ..explore._search_inference import search_inference
@@ -20,6 +20,13 @@ from ..feasibility import explain
 from ..plots._search_plot import front_plot
 from ..specs._hardware import precision_code
 from ..specs._inference_plan import InferencePlan
+from ._all_plans import (
+    add_all_plans_argument,
+    check_all_plans,
+    close_all_plans,
+    open_all_plans,
+    write_all_inference_plans,
+)
 from ._checks import CliError, check_writable
 from ._common import (
     DEFAULT_INFER_GPU,
@@ -35,6 +42,7 @@ from ._common import (
     group,
     wrote,
 )
+from ._distributed import add_distributed_arguments, distributed
 from ._infer import (
     add_per_head_decode,
     add_precision_arguments,
@@ -43,6 +51,9 @@ from ._infer import (
     precisions_text,
 )
 from ._runtime import add_runtime_argument, apply_plan_defaults, resolve_runtime
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Exit status when the search found no plan (feasible, or meeting the target): like grep's 1
 #: for "no match", distinct from 2 for invalid input.
@@ -65,7 +76,8 @@ def add_search_parser(sub) -> None:
     add_gpu_argument(t, None, what="GPU",
                      default_text=f"the --system's GPU, else {DEFAULT_TRAIN_GPU}")
     h, pl = group(t, "hardware"), group(t, "plan")
-    h.add_argument("--system", default=None, help="system preset (default: the GPU's)")
+    h.add_argument("--system", default=None, help="system preset or system JSON file "
+                                                  "(default: the GPU's)")
     pl.add_argument("--gpus", type=int, default=1024, help="GPUs in the job (default 1024)")
     pl.add_argument("--global-batch", type=int, default=1536,
                     help="sequences per optimizer step (default 1536)")
@@ -80,6 +92,15 @@ def add_search_parser(sub) -> None:
                     help="activation-offloading setting(s) to search: layers per pipeline chunk "
                          "kept in host memory (repeatable, e.g. --offload-layers 0 "
                          "--offload-layers 40; default 0)")
+    pl.add_argument("--offload-optimizer", type=float, action="append", default=None,
+                    help="optimizer-offload share(s) to search: the part of the optimizer states "
+                         "kept in host memory and stepped by the CPU, 0 to 1 (ZeRO-Offload; "
+                         "repeatable, e.g. --offload-optimizer 0 --offload-optimizer 1; "
+                         "default 0)")
+    pl.add_argument("--offload-weights", type=int, action="append", default=None,
+                    choices=[0, 1],
+                    help="weight offload setting(s) to search: 1 keeps the weights in host "
+                         "memory (ZeRO-Infinity, with ZeRO-3; repeatable; default 0)")
     pl.add_argument("--uneven-layouts", action="store_true",
                     help="also rank plans whose pp * vp does not divide the layer count (they "
                          "need a custom pipeline layout; modelled as perfectly balanced)")
@@ -90,7 +111,7 @@ def add_search_parser(sub) -> None:
                                  "plan fields no axis varies; --precision, --fp32-gradients "
                                  "and --offload-layers given on the command line win.")
     _add_search_outputs(t, "memory / step-time")
-    t.set_defaults(func=run_search_train)
+    t.set_defaults(func=distributed(run_search_train))
 
     i = kinds.add_parser("infer", help="best TP / PP / EP / batch for a latency target; "
                                        "Pareto front",
@@ -115,7 +136,7 @@ def add_search_parser(sub) -> None:
     add_set_argument(h)
     add_runtime_argument(i, what="Its plan defaults fill the plan options not given.")
     _add_search_outputs(i, "latency / throughput")
-    i.set_defaults(func=run_search_infer)
+    i.set_defaults(func=distributed(run_search_infer))
 
 
 def _add_search_outputs(parser, front: str) -> None:
@@ -128,6 +149,8 @@ def _add_search_outputs(parser, front: str) -> None:
             "(parquet needs pyarrow); the front goes to FILE-pareto.csv/.parquet. Checked "
             "writable before the search; a search that finds no plan leaves existing files "
             "alone")
+    add_all_plans_argument(group(parser, "output"))
+    add_distributed_arguments(parser)
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -151,15 +174,24 @@ def run_search_train(args) -> int:
     if offload[-1] >= float(model.layers):
         raise CliError(f"--offload-layers must be fewer than the model's {float(model.layers):g} "
                        f"layers (a pipeline chunk holds at most that many), got {offload[-1]}")
+    shares = sorted(set(args.offload_optimizer)) if args.offload_optimizer else [0.0]
+    if shares[0] < 0 or shares[-1] > 1:
+        raise CliError(f"--offload-optimizer must lie in [0, 1], got "
+                       f"{shares[0] if shares[0] < 0 else shares[-1]:g}")
+    weights = sorted(set(args.offload_weights)) if args.offload_weights else [0]
     if args.out:  # the Pareto table's file too, before the search (--out itself: check_paths)
         check_writable("--out", _suffixed(args.out, "-pareto"))
     grid = default_training_grid(model, args.gpus, args.global_batch, precisions=codes,
                                  fp32_gradients=[int(args.fp32_gradients)],
-                                 offload_layers=offload, plan_defaults=choice.applied)
+                                 offload_layers=offload, plan_defaults=choice.applied,
+                                 offload_optimizer=shares, offload_weights=weights)
+    sink = open_all_plans(args, grid)  # --all-plans: every feasible plan, streamed
     result = search_training(model, system, args.gpus, args.global_batch, grid=grid,
                              efficiency=_load_efficiency(args.efficiency, args.gpu), top_k=args.top,
                              progress=not args.json, even_layouts=not args.uneven_layouts,
-                             runtime=choice.runtime, plan_defaults=choice.applied)
+                             runtime=choice.runtime, plan_defaults=choice.applied,
+                             plan_sink=sink)
+    close_all_plans(sink)
     top, pareto = result["top"], result["pareto"]
     for df in (top, pareto, result["least_memory"]):
         if df is not None and len(df):
@@ -203,7 +235,8 @@ def run_search_train(args) -> int:
         return NO_PLAN
     plan_cols = ["tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "zero",
                  "sequence_parallel", "flash_attention", "ep", "overlap_tp", "overlap_dp",
-                 "precision", "fp32_gradients", "offload_layers", "expert_tp", "overlap_ep"]
+                 "precision", "fp32_gradients", "offload_layers", "expert_tp", "overlap_ep",
+                 "offload_optimizer", "offload_weights"]
     host = ["host_s"] if (top["host_s"] > 0).any() else []  # the host-bound time per step
     print("\nbest plans:")
     print(top[_shown(top, plan_cols, always=10) + ["step_time_s", *host, "mfu", "memory_gb",
@@ -300,6 +333,8 @@ def run_search_infer(args) -> int:
     weights, act, kv = precisions_of(args)
     if args.out:  # the Pareto table's file too, before the search (--out itself: check_paths)
         check_writable("--out", _suffixed(args.out, "-pareto"))
+    if args.all_plans:
+        check_all_plans(args.all_plans, args.distributed)
     if args.max_gpus > 64 * 64:
         print(f"note: --max-gpus {args.max_gpus}: tp and pp are each searched up to 64, so at "
               f"most {64 * 64} GPUs", file=sys.stderr)
@@ -314,6 +349,7 @@ def run_search_infer(args) -> int:
     ok = df[df["feasible"] & finite]
     gemm = float(InferencePlan(weight_precision=weights, activation_precision=act).math_precision)
     why = _infeasible_reasons(df[~(df["feasible"] & finite)], int(gemm))
+    write_all_inference_plans(args, ok)
     target = ok
     if args.latency is not None:
         target = target[target["e2e_latency_s"] <= args.latency]

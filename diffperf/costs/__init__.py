@@ -21,6 +21,7 @@ from ._gemm import (
     L2_REUSE as L2_REUSE,
     MMA_ROWS as MMA_ROWS,
     TILE as TILE,
+    gemm_cost as gemm_cost,
     gemm_flops as gemm_flops,
     gemm_hbm_bytes as gemm_hbm_bytes,
     gemm_time as gemm_time,
@@ -29,10 +30,13 @@ from ._gemm import (
 )
 from ._roofline import (
     GEMM_SHARPNESS as GEMM_SHARPNESS,
+    OP_RESOURCES as OP_RESOURCES,
     SHARPNESS as SHARPNESS,
+    OpCost as OpCost,
     bytes_per_element as bytes_per_element,
     ceil_div as ceil_div,
     exposed_after_overlap as exposed_after_overlap,
+    op_cost as op_cost,
     op_time as op_time,
     peak_matmul_flops as peak_matmul_flops,
     smooth_max as smooth_max,

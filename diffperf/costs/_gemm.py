@@ -27,7 +27,14 @@ import jax.numpy as jnp
 from ..specs._efficiency import Efficiency, matmul_efficiency
 from ..specs._hardware import Accelerator
 from ._cost import Cost, compute_cost
-from ._roofline import GEMM_SHARPNESS, bytes_per_element, ceil_div, op_time, peak_matmul_flops
+from ._roofline import (
+    GEMM_SHARPNESS,
+    OpCost,
+    bytes_per_element,
+    ceil_div,
+    op_cost,
+    peak_matmul_flops,
+)
 
 #: GEMM output tile edge used for wave/tile quantisation and L2 operand traffic, elements.
 TILE = 128
@@ -72,7 +79,15 @@ def tile_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
 def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
               act_bytes=None, kernels=1.0) -> jax.Array:
     """Time of `batch` independent (m x k) @ (k x n) GEMMs in `kernels` launches (one batched
-    kernel by default; `batch` for one kernel per GEMM), wave-quantised, s.
+    kernel by default; `batch` for one kernel per GEMM), wave-quantised, s: `gemm_cost(...)
+    .time` (the model is stated there)."""
+    return gemm_cost(acc, eff, m, n, k, precision, batch, act_bytes, kernels).time
+
+
+def gemm_cost(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
+              act_bytes=None, kernels=1.0) -> OpCost:
+    """The `OpCost` of `batch` independent (m x k) @ (k x n) GEMMs in `kernels` launches:
+    FLOPs, HBM and L2 bytes, each roof's time and the total `time` (`gemm_time`), s.
 
     FLOPs (`gemm_flops`) at `peak * matmul_efficiency * tile_efficiency`; HBM traffic
     (`gemm_hbm_bytes`) with `act_bytes` per activation element (default the precision's width)
@@ -87,7 +102,7 @@ def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
             * tile_efficiency(acc, m, n, batch))
     hbm = gemm_hbm_bytes(m, n, k, b, ab, batch)
     l2 = flops * b / L2_REUSE
-    return op_time(acc, eff, flops, hbm, l2, kernels=kernels, flops_per_s=rate,
+    return op_cost(acc, eff, flops, hbm, l2, kernels=kernels, flops_per_s=rate,
                    sharpness=GEMM_SHARPNESS)
 
 

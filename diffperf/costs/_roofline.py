@@ -10,6 +10,7 @@ The smooth maximum (see `smooth_max`) lets gradients reach whichever resource is
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -88,9 +89,96 @@ def bytes_per_element(precision) -> jax.Array:
     return jnp.where(p == 0, b[0], jnp.where(p == 1, b[1], jnp.where(p == 2, b[2], b[3])))
 
 
+#: Resources an `OpCost` can be bound by, in the order of its time fields (`OpCost.bound`).
+OP_RESOURCES = ("compute", "memory", "l2", "network", "launch")
+
+
+class OpCost(eqx.Module):
+    """Resources and time of one operation on one GPU, as `op_time` charges them (the training
+    counterpart of inference's `Cost` record, with the L2 roof and the exact `time`).
+
+    Arithmetic `flops` (FLOP), `hbm_bytes` / `l2_bytes` / `network_bytes` moved (B), `kernels`
+    launched (count); the times each resource alone would take, s: `compute` = flops / rate,
+    `memory` = hbm_bytes / (BW_hbm e_hbm), `l2` = l2_bytes / (BW_l2 e_l2), `network` (a
+    collective's time, 0 for a kernel), `launch` = kernels * t_kernel; and `time`, s: for a
+    kernel smax(smax(compute, memory), l2) + launch (`op_time`), for a collective its
+    `network` time. A sum of records (`+`) or a multiple (`*`) sums or scales every field, so
+    a record may stand for several kernels or for a share-weighted mean over layers.
+    """
+
+    flops: jax.Array
+    hbm_bytes: jax.Array
+    l2_bytes: jax.Array
+    network_bytes: jax.Array
+    kernels: jax.Array
+    compute: jax.Array
+    memory: jax.Array
+    l2: jax.Array
+    network: jax.Array
+    launch: jax.Array
+    time: jax.Array
+
+    @classmethod
+    def zero(cls) -> OpCost:
+        """An operation that does not occur: every field 0."""
+        return cls(*(jnp.zeros(()) for _ in range(11)))
+
+    @classmethod
+    def transfer(cls, time, nbytes) -> OpCost:
+        """A collective (or copy) moving `nbytes` B in `time` s, no kernels counted."""
+        zero = jnp.zeros_like(jnp.asarray(time, dtype=jnp.result_type(float)))
+        return cls(zero, zero, zero, nbytes + zero, zero, zero, zero, zero, time + zero, zero,
+                   time + zero)
+
+    @property
+    def bound(self) -> jax.Array:
+        """Index in `OP_RESOURCES` of the largest of the compute, memory, L2, network and
+        launch times: the resource that binds (0, compute, for an absent op)."""
+        parts = jnp.stack([self.compute, self.memory, self.l2, self.network, self.launch], -1)
+        return jnp.argmax(parts, axis=-1)
+
+    def where(self, condition) -> OpCost:
+        """This record where `condition` holds, else the zero record (`jnp.where` per field)."""
+        return jax.tree.map(lambda x: jnp.where(condition, x, 0.0), self)
+
+    def __add__(self, other) -> OpCost:
+        if isinstance(other, (int, float)) and other == 0:
+            return jax.tree.map(lambda x: other + x, self)  # `sum()` starts at 0: 0 + x
+        return jax.tree.map(lambda a, b: a + b, self, other)
+
+    __radd__ = __add__
+
+    def __mul__(self, n) -> OpCost:
+        """`n` executions, or a weight `n` (every field scales linearly)."""
+        return jax.tree.map(lambda x: x * n, self)
+
+    def __rmul__(self, n) -> OpCost:
+        return jax.tree.map(lambda x: n * x, self)
+
+
+def op_cost(acc: Accelerator, eff: Efficiency, flops, hbm_bytes, l2_bytes=0.0, kernels=1.0,
+            flops_per_s=None, sharpness: float = SHARPNESS) -> OpCost:
+    """`op_time` with its parts: the `OpCost` of a kernel (or fused group of `kernels`
+    kernels) on one GPU; its `time` is `op_time`'s value (same arguments)."""
+    if flops_per_s is None:
+        flops_per_s = acc.vector_flops * eff.vector
+    t_compute = flops / flops_per_s
+    t_hbm = hbm_bytes / (acc.hbm_bandwidth * eff.hbm)
+    t_l2 = l2_bytes / (acc.l2_bandwidth * eff.l2)
+    t = smooth_max(smooth_max(t_compute, t_hbm, sharpness), t_l2)
+    launch = kernels * (acc.launch_overhead + eff.kernel_overhead)
+    zero = jnp.zeros_like(t)
+    return OpCost(flops=flops + zero, hbm_bytes=hbm_bytes + zero, l2_bytes=l2_bytes + zero,
+                  network_bytes=zero, kernels=kernels + zero, compute=t_compute + zero,
+                  memory=t_hbm + zero, l2=t_l2 + zero, network=zero, launch=launch + zero,
+                  time=t + launch)
+
+
 def op_time(acc: Accelerator, eff: Efficiency, flops, hbm_bytes, l2_bytes=0.0, kernels=1.0,
             flops_per_s=None, sharpness: float = SHARPNESS) -> jax.Array:
-    """Time of a kernel (or fused group of `kernels` kernels) on one GPU, s.
+    """Time of a kernel (or fused group of `kernels` kernels) on one GPU, s:
+    smax(smax(F / rate, B_hbm / (BW_hbm e_hbm), sharpness), B_l2 / (BW_l2 e_l2)) + kernels *
+    (launch_overhead + kernel_overhead) (`op_cost` returns the parts too).
 
     **Arguments:**
 
@@ -101,10 +189,4 @@ def op_time(acc: Accelerator, eff: Efficiency, flops, hbm_bytes, l2_bytes=0.0, k
       `eff.vector`, right for element-wise kernels).
     - `sharpness`: knee of the smooth maximum of the compute and HBM times (`smooth_max`).
     """
-    if flops_per_s is None:
-        flops_per_s = acc.vector_flops * eff.vector
-    t_compute = flops / flops_per_s
-    t_hbm = hbm_bytes / (acc.hbm_bandwidth * eff.hbm)
-    t_l2 = l2_bytes / (acc.l2_bandwidth * eff.l2)
-    t = smooth_max(smooth_max(t_compute, t_hbm, sharpness), t_l2)
-    return t + kernels * (acc.launch_overhead + eff.kernel_overhead)
+    return op_cost(acc, eff, flops, hbm_bytes, l2_bytes, kernels, flops_per_s, sharpness).time

@@ -44,7 +44,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from ..inference._infer import infer
 from ..presets import model, resolve_efficiency, system
@@ -189,6 +188,8 @@ def optimise(prob: Problem, steps: int = 100, starts: int = 4, lr: float = 0.03,
         seeded = seed_points
         u0[starts - len(best):] = best  # the last starts; random ones stay in between
     u0 = jnp.asarray(u0)
+    import optax  # here only: its import (0.1-0.2 s) is not for the other commands
+
     opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.1))
     vg = jax.value_and_grad(lambda u: _loss(prob, u), has_aux=True)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from ..explore._search_training import plan_from_values
 from ..inference._infer import infer
@@ -57,6 +56,7 @@ def node_study(nodes=None, arch: str = "hopper", train_model: str = "gpt3-175b",
     `plan_defaults` (its plan defaults) fix the training plan fields the candidates do not vary.
 
     **Returns:** a pandas DataFrame, one row per (scaling, node)."""
+    import pandas as pd
 
 
     eff = resolve_efficiency(efficiency)

@@ -3,8 +3,9 @@ call (`diffperf search infer`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from .. import presets
 from ..inference._infer import infer
@@ -12,6 +13,9 @@ from ..specs._hardware import precision_code
 from ..specs._inference_plan import InferencePlan
 from ._grid import Grid
 from ._sweep import evaluate_all
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def inference_candidates(max_gpus: int, num_experts: int = 1) -> dict[str, list]:
@@ -40,6 +44,7 @@ def search_inference(model, system, input_len: int, output_len: int, max_gpus: i
     as in `InferencePlan`. `runtime`: the serving engine's `Runtime` (default None: `infer`'s
     default, the calibration set's); `plan_defaults`: values of the `InferencePlan` fields
     neither searched nor set by the other arguments (a runtime's plan defaults)."""
+    import pandas as pd
     eff = presets.resolve_efficiency(efficiency)
     grid = Grid(inference_candidates(max_gpus, int(float(model.num_experts))))
     code = float(precision_code(precision))

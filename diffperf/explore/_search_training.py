@@ -5,11 +5,11 @@ evaluated on the device with `diffperf.run_sweep`."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from ..feasibility import REASONS, Reason, divides, even_layout, offload_supported
 from ..presets import resolve_efficiency
@@ -22,6 +22,9 @@ from ..training._step import train_step
 from ._grid import Grid
 from ._sweep import pareto_front, run_sweep
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 #: Extra reason codes used by searches (after the model's own, `feasibility.REASONS`): tp * pp
 #: * cp does not divide the GPU count; a setting has no effect (sequence parallelism or TP
 #: overlap at tp = 1, DP overlap or ZeRO without data parallelism, selective recomputation with
@@ -31,16 +34,19 @@ REASON_DUPLICATE = Reason.SEARCH_DUPLICATE
 #: Search-only reason: pp * vp does not divide the layer count, so the stages (or interleaved
 #: chunks) cannot all hold the same whole number of layers with Megatron's standard arguments.
 REASON_UNEVEN = Reason.SEARCH_UNEVEN
-#: Search-only reason: Megatron-core's activation offloading runs only without pipeline
-#: parallelism and without recomputation, on fewer layers than the model has (its
-#: `TransformerConfig` rejects the rest).
+#: Search-only reason: an offload that its software does not run. Megatron-core's activation
+#: offloading runs only without pipeline parallelism and without recomputation, on fewer layers
+#: than the model has (its `TransformerConfig` rejects the rest); optimizer offload needs a
+#: sharded optimizer (ZeRO >= 1: DeepSpeed's ZeRO-Offload, Megatron-core's distributed
+#: optimizer) and weight offload ZeRO-3 (ZeRO-Infinity). See `feasibility.offload_supported`.
 REASON_OFFLOAD = Reason.SEARCH_OFFLOAD
 #: The reason code of a plan that does not fit in HBM (`feasibility.REASONS`).
 HBM_REASON = Reason.HBM
 
 PLAN_AXES = ("tp", "pp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
              "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "precision",
-             "fp32_gradients", "offload_layers", "expert_tp", "overlap_ep")
+             "fp32_gradients", "offload_layers", "expert_tp", "overlap_ep",
+             "offload_optimizer", "offload_weights")
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -49,7 +55,8 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 def default_training_grid(model: Transformer, gpus: int, global_batch: int,
                           precisions=(0, 1), fp32_gradients=(1,), offload_layers=(0,),
-                          plan_defaults: dict | None = None) -> Grid:
+                          plan_defaults: dict | None = None, offload_optimizer=(0,),
+                          offload_weights=(0,)) -> Grid:
     """The default search space (1.8 x 10^7 plans for GPT-3 175B on 1,024 A100s).
 
     tp: powers of two up to 64; pp: divisors of the GPU count up to the layer count that divide
@@ -58,11 +65,12 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
     overlap off / on; vp: divisors of the layer count; micro-batch: divisors of the
     global batch up to 256; recompute none / selective / full; ZeRO 0-3; sequence parallelism,
     flash attention, TP and DP overlap on / off; `precisions` (codes; default tf32 and bf16).
-    `fp32_gradients` (1 fp32, 0 16-bit gradient buffers) and `offload_layers` (layers per chunk
-    with activations in host memory) become axes only when they differ from the defaults (fp32
-    gradients, no offloading). `plan_defaults` (plan field -> value: a software runtime's,
-    `diffperf.presets.runtime_plan_defaults`) fixes those axes to its one value (a runtime
-    without TP overlap searches overlap_tp = 0 only).
+    `fp32_gradients` (1 fp32, 0 16-bit gradient buffers), `offload_layers` (layers per chunk
+    with activations in host memory), `offload_optimizer` (shares of the optimizer states in
+    host memory) and `offload_weights` (0 / 1) become axes only when they differ from the
+    defaults (fp32 gradients, no offloading). `plan_defaults` (plan field -> value: a software
+    runtime's, `diffperf.presets.runtime_plan_defaults`) fixes those axes to its one value (a
+    runtime without TP overlap searches overlap_tp = 0 only).
     """
     layers = int(np.asarray(model.layers))
     experts = int(np.asarray(model.num_experts))
@@ -83,7 +91,10 @@ def default_training_grid(model: Transformer, gpus: int, global_batch: int,
         "precision": list(precisions),
     } | ({"expert_tp": [0, 1], "overlap_ep": [0, 1]} if experts > 1 else {})
       | ({"fp32_gradients": list(fp32_gradients)} if list(fp32_gradients) != [1] else {})
-      | ({"offload_layers": list(offload_layers)} if list(offload_layers) != [0] else {}))
+      | ({"offload_layers": list(offload_layers)} if list(offload_layers) != [0] else {})
+      | ({"offload_optimizer": list(offload_optimizer)}
+         if list(offload_optimizer) != [0] else {})
+      | ({"offload_weights": list(offload_weights)} if list(offload_weights) != [0] else {}))
     return Grid(axes | {k: [v] for k, v in (plan_defaults or {}).items() if k in axes})
 
 
@@ -111,7 +122,8 @@ def plan_from_values(values: dict, gpus, global_batch,
                 "recompute": 0.0,
                 "zero": 1.0, "sequence_parallel": 0.0, "flash_attention": 1.0,
                 "overlap_tp": 1.0, "overlap_dp": 1.0, "precision": 1.0, "fp32_gradients": 1.0,
-                "offload_layers": 0.0, "expert_tp": 0.0, "overlap_ep": 0.0}
+                "offload_layers": 0.0, "expert_tp": 0.0, "overlap_ep": 0.0,
+                "offload_optimizer": 0.0, "offload_weights": 0.0}
     extra = {}
     for key, d in (plan_defaults or {}).items():
         if key in defaults:
@@ -136,7 +148,9 @@ def _gpus_reason(reason, values, gpus):
         | ((values.get("overlap_tp", 0.0) > 0) & (tp == 1) & (cp == 1)
            & (values.get("ep", 1.0) == 1))
         | ((values.get("overlap_dp", 0.0) > 0) & (dp * cp == 1))
-        | ((values.get("zero", 0.0) > 0) & (dp * cp == 1))
+        | ((values.get("zero", 0.0) > 0) & (dp * cp == 1)  # unless an offload needs it
+           & (values.get("offload_optimizer", 0.0) == 0)
+           & (values.get("offload_weights", 0.0) == 0))
         | ((values.get("recompute", 0.0) == 1) & (values.get("flash_attention", 0.0) > 0))
         | ((values.get("expert_tp", 0.0) == 1) & (tp == 1))
         | ((values.get("overlap_ep", 0.0) > 0) & (values.get("ep", 1.0) == 1)))
@@ -148,8 +162,12 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
                     grid: Grid | None = None, efficiency: Efficiency | None = None,
                     top_k: int = 10, devices=None,
                     progress: bool = True, even_layouts: bool = True,
-                    runtime: Runtime | None = None, plan_defaults: dict | None = None) -> dict:
+                    runtime: Runtime | None = None, plan_defaults: dict | None = None,
+                    plan_sink=None) -> dict:
     """Find the fastest feasible training plans.
+
+    `plan_sink`: `run_sweep`'s `sink` (every feasible plan's flat index, step time and memory
+    per block, e.g. to stream them to a file).
 
     `runtime`: the software runtime's host costs (default None: `train_step`'s default, the
     calibration set's); `plan_defaults` (plan field -> value, a runtime's
@@ -158,8 +176,9 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
 
     `even_layouts` (default True): only plans whose pp * vp divides the layer count
     (`even_layout`); False also ranks uneven layouts, modelled as perfectly balanced.
-    Plans that offload activations are kept only where Megatron-core supports it
-    (`offload_supported`). `default_training_grid` searches offloading and 16-bit gradients
+    Plans that offload are kept only where their software runs them (`offload_supported`:
+    activations as Megatron-core allows, optimizer states with ZeRO >= 1, weights with
+    ZeRO-3). `default_training_grid` searches offloading and 16-bit gradients
     only when asked to.
 
     **Returns:** a dict with `evaluated`, `feasible`, `seconds` (wall time, compilation
@@ -185,7 +204,7 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
     # Equivalent plans (e.g. selective recompute with flash attention = none) tie exactly:
     # keep 4x as many and drop the duplicates below.
     res = run_sweep(grid, evaluate, k=4 * top_k, devices=devices, progress=progress,
-                    label="search")
+                    label="search", sink=plan_sink)
     top_idx = res.top_index[np.isfinite(res.top_value)]
     front_ok = res.front_index >= 0
     front_idx = res.front_index[front_ok][pareto_front(res.front_value[front_ok],
@@ -205,7 +224,8 @@ def search_training(model: Transformer, system: System, gpus: int, global_batch:
         REASON_GPUS: "tp * pp * cp does not divide the GPU count",
         REASON_DUPLICATE: "a setting has no effect (the simpler equivalent plan is kept)",
         REASON_UNEVEN: "pp * vp does not divide the layer count (uneven layout)",
-        REASON_OFFLOAD: "activation offloading needs pp = 1 and no recomputation (Megatron-core)"}
+        REASON_OFFLOAD: "activation offloading needs pp = 1 and no recomputation "
+                        "(Megatron-core); optimizer offload ZeRO >= 1; weight offload ZeRO-3"}
     reasons = {reasons_all.get(i, str(i)): int(c) for i, c in enumerate(res.reasons)
                if c and i != 0}
     least = None
@@ -249,7 +269,7 @@ _BREAKDOWN = {"compute_time": "compute", "tp_comm_time": "TP communication",
               "cp_comm_time": "CP communication", "ep_comm_time": "EP all-to-all",
               "pp_comm_time": "pipeline send/recv", "dp_comm_time": "DP communication",
               "bubble_time": "pipeline bubble", "optimizer_time": "optimizer",
-              "offload_time": "activation offload", "host_time": "host wait"}
+              "offload_time": "host offload copies", "host_time": "host wait"}
 
 
 def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,
@@ -257,6 +277,7 @@ def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,
                    plan_defaults: dict | None = None) -> pd.DataFrame:
     """Full reports of a few grid points as a DataFrame (one row per plan, best first);
     `runtime` and `plan_defaults` as in `search_training`."""
+    import pandas as pd
     flat_indices = np.asarray(flat_indices, dtype=np.int64)
     if flat_indices.size == 0:
         return pd.DataFrame()
@@ -270,8 +291,9 @@ def describe_plans(model, system, gpus, global_batch, grid: Grid, flat_indices,
                         plan_from_values(values, gpus, global_batch, plan_defaults))
     cols = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "recompute", "zero",
             "sequence_parallel", "flash_attention", "overlap_tp", "overlap_dp", "fp32_gradients",
-            "offload_layers", "expert_tp", "overlap_ep")
+            "offload_layers", "expert_tp", "overlap_ep", "offload_weights")
     df = pd.DataFrame({k: np.rint(np.asarray(getattr(plan, k))[:n]).astype(int) for k in cols})
+    df["offload_optimizer"] = np.asarray(plan.offload_optimizer, dtype=float)[:n]
     df["recompute"] = [RECOMPUTE[int(x)] for x in df["recompute"]]
     df["precision"] = [PRECISIONS[int(x)] for x in np.asarray(plan.precision)[:n]]
     df["step_time_s"] = rep.step_time

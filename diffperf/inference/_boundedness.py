@@ -10,11 +10,12 @@ A phase whose GPU waits for the host (an eager runtime issuing short kernels) ge
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from ..costs._roofline import peak_matmul_flops
 from ..presets import resolve_efficiency
@@ -23,7 +24,10 @@ from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
-from ._infer import OP_KINDS, infer, inference_ops
+from ._infer import OP_KINDS, InferenceReport, infer, inference_ops
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Resources an operation can be bound by, in the order of the `Cost` fields `boundedness` reads,
 #: and the host (the `host_wait` row of a phase whose GPU waits for the host).
@@ -41,7 +45,8 @@ HBM_GENERATIONS = {
 
 def boundedness(model: Transformer, system: System, plan: InferencePlan,
                 efficiency: Efficiency | None = None,
-                runtime: Runtime | None = None) -> pd.DataFrame:
+                runtime: Runtime | None = None,
+                report: InferenceReport | None = None) -> pd.DataFrame:
     """Per-operation boundedness table of prefill and decode on one GPU.
 
     **Returns:** a DataFrame with one row per operation and phase: `phase`, `op`, `kind`,
@@ -54,11 +59,15 @@ def boundedness(model: Transformer, system: System, plan: InferencePlan,
     executions in the phase: all layers, and all decode steps) and `share` (fraction of the
     phase's time). Operations that do not occur (e.g. the router of a dense model) are
     dropped. With a `runtime` whose host binds, each phase has a `host_wait` row (kind and
-    bound `host`): the time the GPU waits for the host (`PhaseBreakdown.host`).
+    bound `host`): the time the GPU waits for the host (`PhaseBreakdown.host`). `report`: the
+    `infer` report of the same arguments where the caller has it (not evaluated again).
     """
+    import pandas as pd
     eff = resolve_efficiency(efficiency)
     ops = jax.device_get(inference_ops(model, system, plan, eff, runtime=runtime))  # eager
-    report = jax.device_get(infer(model, system, plan, eff, runtime))
+    if report is None:  # the caller's `infer` of the same arguments saves evaluating it again
+        report = infer(model, system, plan, eff, runtime)
+    report = jax.device_get(report)
     waits = {"prefill": float(report.prefill.host), "decode": float(report.decode.host)}
     acc = system.accelerator
     balance = float(peak_matmul_flops(acc, plan.math_precision) / acc.hbm_bandwidth)
@@ -115,6 +124,7 @@ def dram_scaling(model: Transformer, system: System, plan: InferencePlan,
     **Returns:** a DataFrame with `memory`, `hbm_bandwidth` (B/s), `tpot_s`, `ttft_s`,
     `e2e_latency_s` (s) and `e2e_speedup` relative to the first row.
     """
+    import pandas as pd
     eff = resolve_efficiency(efficiency)
     if bandwidths is None:
         bandwidths = HBM_GENERATIONS

@@ -3,12 +3,16 @@ intensity, one point per compute operation, under the machine-balance roof."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from ..specs._hardware import System
 from ._labels import emptiest_corner, place_labels
 from ._pyplot import pyplot
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def roofline_plot(df: pd.DataFrame, path, system: System | None = None, title: str | None = None):

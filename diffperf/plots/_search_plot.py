@@ -7,12 +7,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ._labels import emptiest_corner, place_labels
 from ._pyplot import pyplot
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def front_plot(front: pd.DataFrame, best: pd.DataFrame, x: str, y: str, label, path: str | Path,
@@ -20,6 +23,7 @@ def front_plot(front: pd.DataFrame, best: pd.DataFrame, x: str, y: str, label, p
     """Save the Pareto front `front` (columns `x`, `y`) as a step line with one point per plan,
     each annotated with `label(row)` (its plan, e.g. "tp8 pp4"), and the plans of `best`
     (the ranked list the command prints) as stars; returns the figure."""
+    import pandas as pd
     plt = pyplot("the search plot")
     if front.empty:
         raise ValueError("search plot: the Pareto front is empty (no feasible plan)")

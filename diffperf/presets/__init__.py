@@ -16,10 +16,12 @@ from ..specs._efficiency import Efficiency
 from ..specs._hardware import Accelerator, Network, System
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
+from . import _files
 
 _ACCEL_FIELDS = ("flops_fp32", "flops_bf16", "flops_fp8", "flops_fp4", "vector_flops",
                  "hbm_capacity", "hbm_bandwidth", "l2_capacity", "l2_bandwidth", "num_sms",
-                 "launch_overhead", "host_bandwidth", "host_memory")
+                 "launch_overhead", "host_bandwidth", "host_memory",
+                 "host_memory_bandwidth")
 _NET_FIELDS = ("nvlink_domain", "nvlink_bandwidth", "nvlink_latency", "scaleout_bandwidth",
                "scaleout_latency", "nvlink_sharp")
 _MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -29,16 +31,15 @@ _MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
                  "q_lora_rank", "rope_head_dim", "v_head_dim")
 
 
-@functools.cache
-def _table(name: str) -> dict:
-    text = resources.files("diffperf.presets").joinpath(f"{name}.json").read_text()
-    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+_table = _files.table  # the shipped tables, id -> entry
 
 
 def _lookup(kind: str, name: str) -> dict:
     table = _table(kind)
     key = str(name).lower()
     if key not in table:
+        if _files.is_file_name(name):  # a spec file stands for itself (presets/_files.py)
+            return _files.row(kind, str(name))
         raise ValueError(f"unknown {kind[:-1]} {name!r}; known: {', '.join(sorted(table))}")
     return table[key]
 
@@ -54,9 +55,23 @@ def system_names() -> list[str]:
 
 
 def system_gpu(name: str) -> str:
-    """The GPU id of a system preset (`gb200-nvl72` -> `gb200`); a GPU id is returned as is."""
+    """The GPU id of a system preset (`gb200-nvl72` -> `gb200`); a GPU id is returned as is.
+    A system file gives its GPU's name (a GPU id, a GPU file, or the system file itself for a
+    nested GPU object); a GPU file is returned as is."""
     key = str(name).lower()
-    return _table("systems")[key]["gpu"] if key in _table("systems") else key
+    if key in _table("systems"):
+        return _table("systems")[key]["gpu"]
+    if key not in _table("gpus") and _files.is_file_name(name):
+        return _files.hardware(name).gpu_name
+    return key
+
+
+def _gpu_entry(name: str) -> dict:
+    """The gpus.json entry of a GPU id, or a file's GPU; {} for other names."""
+    key = str(name).lower()
+    if key in _table("gpus"):
+        return _table("gpus")[key]
+    return _files.hardware(name).gpu if _files.is_file_name(name) else {}
 
 
 def model_names() -> list[str]:
@@ -69,11 +84,15 @@ def resolve_hardware_name(name: str) -> str:
     GPU id, or failing that the one system id, that starts with `name` + "-" (`h100` ->
     `h100-sxm5-80gb`, `nvl72` is not a prefix and stays unknown). Raises a ValueError listing
     the candidates when the prefix is ambiguous (`a100`: the 40 GB and the 80 GB part) or
-    the known ids when nothing matches."""
+    the known ids when nothing matches. A GPU or system file (a name ending in `.json`, or an
+    existing file) is validated and stands for itself: its path is returned as given."""
     key = str(name).strip().lower()
     gpus, systems = gpu_names(), system_names()
     if key in gpus or key in systems:
         return key
+    if _files.is_file_name(name):  # a GPU or system file: validated, named by its path
+        _files.hardware(name)
+        return str(name)
     for ids in (gpus, systems):
         hits = [i for i in ids if i.startswith(key + "-")]
         if len(hits) == 1:
@@ -87,7 +106,7 @@ def resolve_hardware_name(name: str) -> str:
 def gpu(name: str) -> Accelerator:
     """The `Accelerator` of a GPU preset, e.g. `gpu("h100-sxm5-80gb")`."""
     row = _lookup("gpus", name)
-    return Accelerator(**{f: row[f] for f in _ACCEL_FIELDS})
+    return Accelerator(**{f: row[f] for f in _ACCEL_FIELDS if f in row})
 
 
 def gpu_info(name: str) -> dict:
@@ -98,7 +117,7 @@ def gpu_info(name: str) -> dict:
 def _unsupported_precisions(gpu_or_system: str) -> dict[str, str]:
     """{precision name: why} for the preset's GPU (`unsupported_precisions` in gpus.json: names
     the precision codes cannot tell apart from supported ones); {} for other names."""
-    return _table("gpus").get(system_gpu(gpu_or_system), {}).get("unsupported_precisions", {})
+    return _gpu_entry(system_gpu(gpu_or_system)).get("unsupported_precisions", {})
 
 
 def check_precision_names(gpu_or_system: str, **names: str | None) -> None:
@@ -135,12 +154,18 @@ def system(name: str, nvlink_domain: int | None = None) -> System:
         accelerator = gpu(key)
         key = _table("gpus")[key]["system"]
     elif key not in _table("systems"):
-        raise ValueError(f"unknown gpu or system {name!r}; known GPUs: {', '.join(gpu_names())};"
-                         f" systems: {', '.join(system_names())}")
+        if not _files.is_file_name(name):
+            raise ValueError(f"unknown gpu or system {name!r}; known GPUs: "
+                             f"{', '.join(gpu_names())}; systems: {', '.join(system_names())}")
+        key = str(name)  # a system file, or a GPU file in the network of its `system`
+        if _files.hardware(key).system is None:
+            accelerator = gpu(key)
+            key = _files.gpu_system(key)
     row = dict(_lookup("systems", key))
     if nvlink_domain is not None:
         row["nvlink_domain"] = nvlink_domain
-    return System(accelerator or gpu(row["gpu"]), Network(**{f: row[f] for f in _NET_FIELDS}))
+    return System(accelerator or gpu(row["gpu"]),
+                  Network(**{f: row[f] for f in _NET_FIELDS if f in row}))
 
 
 #: The runtime of the calibration set, used when nothing names one.
@@ -181,6 +206,69 @@ def model(name: str, max_context: bool = False) -> Transformer:
     if max_context and "max_context" in row:
         fields["seq_len"] = row["max_context"]
     return Transformer(**fields)
+
+
+# Spec files: every function above that takes a preset id also takes the path of a JSON file
+# in the format of that preset table (presets/_files.py, docs/spec-files.md), which then
+# stands for itself: `gpu("my_gpu.json")`, `chip_of("my_gpu.json")` (its `efficiency_of`).
+def is_spec_file(name) -> bool:
+    """Whether a GPU / system / model / runtime name is a spec file's path (it ends in `.json`
+    or is an existing file) rather than a preset id (look ids up first)."""
+    return _files.is_file_name(name)
+
+
+def _as_file(path) -> str:
+    if not _files.is_file_name(path):
+        raise ValueError(f"{path}: no such file (a spec file's name ends in .json)")
+    return str(path)
+
+
+def gpu_from_file(path: str | Path) -> Accelerator:
+    """The `Accelerator` of a GPU file (or of a system file's GPU): the fields of a gpus.json
+    entry. Raises a ValueError naming the file and the field."""
+    return gpu(_as_file(path))
+
+
+def system_from_file(path: str | Path, nvlink_domain: int | None = None) -> System:
+    """The `System` of a system file (network fields and `gpu`: a GPU id, a GPU file or a GPU
+    object), or of a GPU file in the network of the preset `system` it names."""
+    return system(_as_file(path), nvlink_domain)
+
+
+def model_from_file(path: str | Path, max_context: bool = False) -> Transformer:
+    """The `Transformer` of a model file: the fields of a models.json entry (not a Hugging Face
+    config.json: `diffperf.transformer_from_hf_config` reads those)."""
+    return model(_as_file(path), max_context)
+
+
+def runtime_from_file(path: str | Path) -> Runtime:
+    """The `Runtime` of a runtime file: the fields of a runtimes.json entry (its
+    `plan_defaults`: `runtime_plan_defaults(path)`)."""
+    return runtime(_as_file(path))
+
+
+def is_model_file(path: str | Path) -> bool:
+    """Whether `path` is a diffperf model file rather than a Hugging Face config.json (its
+    fields are `layers`, `hidden`, ...; a config's are `model_type`, `hidden_size`, ...).
+    Raises a ValueError for a file that is not JSON."""
+    return _files.is_model_file(read_json(path, "model file or Hugging Face config"))
+
+
+def preset_file(name: str) -> dict:
+    """Preset `name` (a GPU, system, model or runtime id) as the JSON object of a spec file,
+    which the loaders read back to the same predictions: a GPU names its `efficiency_of`
+    (whose fitted factors it uses), a system holds its GPU as a nested object
+    (`diffperf presets export NAME`; a GPU or system prefix such as `h100` names one too)."""
+    key = str(name).strip().lower()
+    known = [i for kind in ("gpus", "systems", "models", "runtimes") for i in _table(kind)]
+    if key not in known:
+        try:
+            key = resolve_hardware_name(key)
+        except ValueError:
+            pass
+    if key not in known:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(known)}")
+    return _files.export(key)
 
 
 class GpuEfficiency(Efficiency):
@@ -225,7 +313,7 @@ def chip_of(gpu: str) -> str:
     """The GPU whose chip and kernels `gpu` has: itself (a system id stands for its GPU), or
     the GPU its preset names as `efficiency_of` (the H800 is an H100 with less NVLink)."""
     key = system_gpu(gpu)
-    return _table("gpus").get(key, {}).get("efficiency_of", key)
+    return _gpu_entry(key).get("efficiency_of", key)
 
 
 def fitted_gpu(gpu: str, fitted) -> str | None:
@@ -332,7 +420,7 @@ def default_efficiency(gpu: str | None = None) -> Efficiency:
     GPU has no override).
     """
     table = _default_gpu_efficiency()
-    if gpu is not None and system_gpu(gpu) not in _table("gpus"):
+    if gpu is not None and not _gpu_entry(system_gpu(gpu)):
         raise ValueError(f"unknown gpu or system {gpu!r}; known GPUs: {', '.join(gpu_names())}; "
                          f"systems: {', '.join(system_names())}")
     return table if gpu is None else table.for_gpu(gpu)

@@ -79,8 +79,14 @@ class Accelerator(eqx.Module):
     - `launch_overhead`: fixed cost of launching one kernel, s.
     - `host_bandwidth`: per-direction bandwidth between the GPU and host (CPU) memory, B/s: PCIe,
       or NVLink-C2C on Grace superchips. Used by activation offloading. Default: PCIe Gen5 x16.
-    - `host_memory`: host (CPU) memory per GPU that offloaded activations may use, B: the
-      reference system's memory divided by its GPUs (DGX H100: 2 TB / 8). Default 256 GB.
+    - `host_memory`: host (CPU) memory per GPU that offloaded activations, weights and
+      optimizer states may use, B: the reference system's memory divided by its GPUs (DGX
+      H100: 2 TB / 8). Default 256 GB.
+    - `host_memory_bandwidth`: the CPU's DRAM bandwidth per GPU, B/s: the reference system's
+      peak (sockets x channels x transfer rate x 8 B, or the Grace CPU's LPDDR5X) divided by
+      its GPUs, which all step their offloaded optimizer states at once (DGX H100: 2 x 8
+      channels of DDR5-4800 = 614 GB/s / 8). Used by optimizer offloading (CPU Adam). Default
+      76.8 GB/s.
     """
 
     flops_fp32: jax.Array = _F()
@@ -96,10 +102,12 @@ class Accelerator(eqx.Module):
     launch_overhead: jax.Array = _F()
     host_bandwidth: jax.Array = _F(default=64e9)
     host_memory: jax.Array = _F(default=256e9)
+    host_memory_bandwidth: jax.Array = _F(default=76.8e9)
 
     def __check_init__(self):
         for name in ("flops_bf16", "vector_flops", "hbm_capacity", "hbm_bandwidth", "l2_capacity",
-                     "l2_bandwidth", "host_bandwidth", "host_memory"):
+                     "l2_bandwidth", "host_bandwidth", "host_memory",
+                     "host_memory_bandwidth"):
             check_positive("Accelerator", name, getattr(self, name))
         for name in ("flops_fp32", "flops_fp8", "flops_fp4", "launch_overhead"):
             check_nonnegative("Accelerator", name, getattr(self, name))

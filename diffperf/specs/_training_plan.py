@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from .._checks import (
     check_choice,
+    check_fraction,
     check_integer,
     named_code,
     names_number_fields,
@@ -91,6 +92,16 @@ class TrainingPlan(eqx.Module):
       memory during the forward pass and back during the backward pass (Megatron-core's
       `cpu_offloading_num_layers`); at most the chunk's layers that are not fully recomputed.
       Each copy overlaps one layer's compute, over `Accelerator.host_bandwidth`.
+    - `offload_optimizer`: share of the optimizer states (fp32 master weights and Adam
+      moments) kept in host memory and stepped by the CPU, 0 to 1 (ZeRO-Offload, DeepSpeed's
+      `offload_optimizer` = 1; Megatron-core's `--optimizer-cpu-offload` with
+      `--optimizer-offload-fraction`). Each step the gradients of that share go to the host,
+      the CPU runs Adam on them, and the updated 16-bit weights come back, pipelined with the
+      GPU's step of the rest (`diffperf.training._offload`).
+    - `offload_weights`: 1 to keep the GPU's 16-bit weights (its ZeRO-3 shard, else all its
+      local weights) in host memory and copy each layer's in before every pass that uses it,
+      prefetched during the previous layer's compute (ZeRO-Infinity's `offload_param`,
+      Megatron-core's `cpu_offloading_weights`); 0 (the default) keeps them in HBM.
     - `fp32_gradients`: 1 to accumulate and reduce gradients in an fp32 buffer (Megatron-LM's
       `main_grad`, which it forces for bf16 training); 0 for 16-bit gradients (Megatron-LM's
       default for fp16; NeMo and Megatron-Bridge performance recipes set
@@ -138,6 +149,8 @@ class TrainingPlan(eqx.Module):
     expert_tp: jax.Array = _F(default=0)
     overlap_ep: jax.Array = _F(default=0)
     fused_expert_gemm: jax.Array = _F(default=0)
+    offload_optimizer: jax.Array = _F(default=0)
+    offload_weights: jax.Array = _F(default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):
@@ -145,11 +158,13 @@ class TrainingPlan(eqx.Module):
         check_integer("TrainingPlan", "expert_tp", self.expert_tp, minimum=0)
         for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_tp_backward",
                      "overlap_dp", "zero3_per_matrix", "fp32_gradients", "account_embedding_loss",
-                     "fp32_optimizer_moments", "overlap_ep", "fused_expert_gemm"):
+                     "fp32_optimizer_moments", "overlap_ep", "fused_expert_gemm",
+                     "offload_weights"):
             check_choice("TrainingPlan", name, getattr(self, name), {0: "off", 1: "on"})
         check_choice("TrainingPlan", "recompute", self.recompute, RECOMPUTE)
         for name in ("recompute_layers", "offload_layers"):
             check_integer("TrainingPlan", name, getattr(self, name), minimum=0)
+        check_fraction("TrainingPlan", "offload_optimizer", self.offload_optimizer)
         check_choice("TrainingPlan", "zero", self.zero, ZERO)
         check_choice("TrainingPlan", "precision", self.precision, PRECISIONS)
 

@@ -1,5 +1,10 @@
 """One optimizer step of distributed training: time by term, memory, FLOPs, MFU / HFU."""
 
+from ._detail import (
+    CommTerm as CommTerm,
+    TrainingDetail as TrainingDetail,
+    training_detail as training_detail,
+)
 from ._flops import (
     hardware_flops_per_step as hardware_flops_per_step,
     model_flops_per_step as model_flops_per_step,

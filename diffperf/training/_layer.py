@@ -8,6 +8,11 @@ permutation (`moe_permute_time`). `layer_costs` sums them, adds the recomputatio
 (`recompute_time`) and the exposed tensor / context / expert parallel communication of
 `_layer_comm`, and returns a `LayerTimes`. `head_time` is the LM head, loss and embedding
 outside the layers.
+
+The times are the `time` of each kernel's `OpCost` record (FLOPs, bytes, the time of each
+resource: `costs.op_cost`, `costs.gemm_cost`); `weight_gemm_ops`, `attention_core_ops`,
+`elementwise_op`, `moe_permute_op` and `head_ops` return those records, which
+`_detail.training_detail` reports per operation.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from ..costs._attention import fused_attention_rate
-from ..costs._gemm import gemm_time
-from ..costs._roofline import op_time
+from ..costs._gemm import gemm_cost
+from ..costs._roofline import OpCost, op_cost
 from ..specs._attention import projections
 from ..specs._efficiency import Efficiency
 from ..specs._hardware import Accelerator, System
@@ -89,32 +94,33 @@ class LayerTimes(eqx.Module):
 
 
 def _attention_projections(model: Transformer, plan: TrainingPlan, acc: Accelerator,
-                           eff: Efficiency) -> tuple[jax.Array, jax.Array]:
-    """(input projections, output projection) forward times, s: each projection's local
+                           eff: Efficiency) -> tuple[OpCost, OpCost]:
+    """(input projections, output projection) forward `OpCost`s: each projection's local
     (tokens x k) @ (k x n) GEMM (`specs.projections`), weighted by its share of the layers."""
     p, ab = plan.precision, activation_bytes(plan.precision)
     tokens = local_tokens(model, plan)
-    proj = [(pr, pr.share * gemm_time(acc, eff, tokens, pr.n, pr.k, p, act_bytes=ab))
+    proj = [(pr, pr.share * gemm_cost(acc, eff, tokens, pr.n, pr.k, p, act_bytes=ab))
             for pr in projections(model, plan.tp)]
-    qkv = sum(time for pr, time in proj if not pr.is_output)
-    out_proj = sum(time for pr, time in proj if pr.is_output)
+    qkv = sum(cost for pr, cost in proj if not pr.is_output)
+    out_proj = sum(cost for pr, cost in proj if pr.is_output)
     return qkv, out_proj
 
 
 def _up_projection(model: Transformer, plan: TrainingPlan, acc: Accelerator, eff: Efficiency,
-                   m, width, batch=1.0, split=None, kernels=1.0) -> jax.Array:
-    """Forward time of the column-parallel GEMM(s) of an MLP of inner width `width` split over
-    `split` ranks (default tp): (m x h) @ (h x (mlp_matrices - 1) width / split), `batch`
-    of them in `kernels` launches, s."""
+                   m, width, batch=1.0, split=None, kernels=1.0) -> OpCost:
+    """Forward `OpCost` of the column-parallel GEMM(s) of an MLP of inner width `width` split
+    over `split` ranks (default tp): (m x h) @ (h x (mlp_matrices - 1) width / split), `batch`
+    of them in `kernels` launches."""
     split = plan.tp if split is None else split
     ab = activation_bytes(plan.precision)
-    return gemm_time(acc, eff, m, (model.mlp_matrices - 1.0) * width / split, model.hidden,
+    return gemm_cost(acc, eff, m, (model.mlp_matrices - 1.0) * width / split, model.hidden,
                      plan.precision, batch=batch, act_bytes=ab, kernels=kernels)
 
 
 def _moe_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
-             eff: Efficiency) -> tuple[jax.Array, jax.Array]:
-    """(column-parallel GEMMs, all GEMMs) of a MoE layer's MLPs, forward, s: the router
+             eff: Efficiency) -> tuple[jax.Array, jax.Array, dict[str, OpCost]]:
+    """(column-parallel GEMMs, all GEMMs, each GEMM's `OpCost`: `router`, `mlp_up`,
+    `mlp_down`, `shared_up`, `shared_down`) of a MoE layer's MLPs, forward, s: the router
     (tokens x h) @ (h x E), the local experts' up and down projections at the tokens each
     sees, tokens * etp / t * k * ep / E, and a shared expert (f_s wide, every token, not
     dispatched)."""
@@ -129,33 +135,54 @@ def _moe_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     # four streams), so each pays its own launch and tail; a fused grouped GEMM is one kernel.
     expert_kernels = jnp.where(plan.fused_expert_gemm > 0, 1.0, local_experts)
     if model.known_absent("shared_ffn_hidden"):  # the common case, kept out of sweeps' traces
-        shared_up = shared_mlp = 0.0
+        shared_up = shared_down = OpCost.zero()
+        shared_mlp = 0.0
     else:
         has, f_c = model.has_shared, model.shared_width  # f_c: f_s, finite when f_s = 0
         shared_up = has * _up_projection(model, plan, acc, eff, tokens, f_c)
-        shared_mlp = shared_up + has * gemm_time(acc, eff, tokens, h, f_c / t, p, act_bytes=ab)
+        shared_down = has * gemm_cost(acc, eff, tokens, h, f_c / t, p, act_bytes=ab)
+        shared_mlp = shared_up.time + shared_down.time
     routed_up = _up_projection(model, plan, acc, eff, per_expert, f, local_experts, etp,
                                expert_kernels)
-    router = jnp.where(model.num_experts > 1,
-                       gemm_time(acc, eff, tokens, model.num_experts, h, p, act_bytes=ab), 0.0)
-    mlp = (routed_up
-           + gemm_time(acc, eff, per_expert, h, f / etp, p, batch=local_experts,
-                       act_bytes=ab, kernels=expert_kernels)
-           + router
+    router = gemm_cost(acc, eff, tokens, model.num_experts, h, p, act_bytes=ab).where(
+        model.num_experts > 1)
+    routed_down = gemm_cost(acc, eff, per_expert, h, f / etp, p, batch=local_experts,
+                            act_bytes=ab, kernels=expert_kernels)
+    mlp = (routed_up.time
+           + routed_down.time
+           + router.time
            + shared_mlp)
-    return routed_up + shared_up, mlp
+    ops = {"router": router, "mlp_up": routed_up, "mlp_down": routed_down,
+           "shared_up": shared_up, "shared_down": shared_down}
+    return routed_up.time + shared_up.time, mlp, ops
 
 
 def _dense_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
-               eff: Efficiency) -> tuple[jax.Array, jax.Array]:
-    """(column-parallel GEMMs, all GEMMs) of a MoE model's dense-MLP layers (f_d wide), forward,
-    s; zero when the model has none."""
+               eff: Efficiency) -> tuple[jax.Array, jax.Array, dict[str, OpCost]]:
+    """(column-parallel GEMMs, all GEMMs, the `OpCost`s `dense_up`, `dense_down`) of a MoE
+    model's dense-MLP layers (f_d wide), forward, s; zero when the model has none."""
     if model.known_absent("dense_layers"):  # the common case, kept out of sweeps' traces
-        return 0.0, 0.0
+        return 0.0, 0.0, {"dense_up": OpCost.zero(), "dense_down": OpCost.zero()}
     tokens, f_d = local_tokens(model, plan), model.dense_width
     up = _up_projection(model, plan, acc, eff, tokens, f_d)
-    return up, up + gemm_time(acc, eff, tokens, model.hidden, f_d / plan.tp, plan.precision,
-                              act_bytes=activation_bytes(plan.precision))
+    down = gemm_cost(acc, eff, tokens, model.hidden, f_d / plan.tp, plan.precision,
+                     act_bytes=activation_bytes(plan.precision))
+    return up.time, up.time + down.time, {"dense_up": up, "dense_down": down}
+
+
+def _weight_gemms(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                  eff: Efficiency) -> tuple[LayerGemms, dict[str, OpCost]]:
+    """`weight_gemms` and `weight_gemm_ops` from one evaluation of the GEMMs."""
+    qkv, out_proj = _attention_projections(model, plan, acc, eff)
+    moe_up, moe_mlp, moe_ops = _moe_mlp(model, plan, acc, eff)
+    dense_up, dense_mlp, dense_ops = _dense_mlp(model, plan, acc, eff)
+    r = model.dense_fraction
+    gemms = LayerGemms(qkv=qkv.time, out_proj=out_proj.time, moe_mlp=moe_mlp, moe_up=moe_up,
+                       dense_mlp=dense_mlp, dense_up=dense_up, dense_share=r)
+    ops = ({"qkv": qkv, "out_proj": out_proj}
+           | {name: (1.0 - r) * cost for name, cost in moe_ops.items()}
+           | {name: r * cost for name, cost in dense_ops.items()})
+    return gemms, ops
 
 
 def weight_gemms(model: Transformer, plan: TrainingPlan, acc: Accelerator,
@@ -163,11 +190,18 @@ def weight_gemms(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     """The weight GEMMs of one layer, forward, each with its local shape, s: the attention
     projections, a MoE layer's MLP GEMMs and those of a MoE model's dense-MLP layers (width
     f_d, share r of the layers)."""
-    qkv, out_proj = _attention_projections(model, plan, acc, eff)
-    moe_up, moe_mlp = _moe_mlp(model, plan, acc, eff)
-    dense_up, dense_mlp = _dense_mlp(model, plan, acc, eff)
-    return LayerGemms(qkv=qkv, out_proj=out_proj, moe_mlp=moe_mlp, moe_up=moe_up,
-                      dense_mlp=dense_mlp, dense_up=dense_up, dense_share=model.dense_fraction)
+    return _weight_gemms(model, plan, acc, eff)[0]
+
+
+def weight_gemm_ops(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                    eff: Efficiency) -> dict[str, OpCost]:
+    """The `OpCost` of each weight GEMM of `weight_gemms`, forward, one micro-batch, one GPU,
+    weighted by its share of the layers (mean over the layers): `qkv` (the attention's input
+    projections), `out_proj`; in the MoE layers (weight 1 - r; a dense model's MLP is its one
+    expert) `router`, `mlp_up` (the column-parallel up / gate projections), `mlp_down`,
+    `shared_up`, `shared_down`; in a MoE model's dense-MLP layers (weight r) `dense_up`,
+    `dense_down`. Their times sum to `LayerGemms.time.forward` (up to rounding)."""
+    return _weight_gemms(model, plan, acc, eff)[1]
 
 
 def attention_core_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
@@ -179,6 +213,34 @@ def attention_core_time(model: Transformer, plan: TrainingPlan, acc: Accelerator
     once; its backward (2.5 x forward) recomputes the scores. The unfused path computes the
     whole s x seq product as two batched GEMMs plus a scale + mask + softmax (+ dropout)
     kernel over the score matrix; backward 2 x forward."""
+    return _attention_time(*_attention_core(model, plan, acc, eff))
+
+
+def _attention_time(flash, ops: dict[str, OpCost]) -> OpTime:
+    """`attention_core_time` from `_attention_core`'s records."""
+    unfused_fwd = (ops["attention_scores"].time + ops["attention_values"].time
+                   + ops["attention_softmax"].time)
+    forward = jnp.where(flash, ops["attention_flash"].time, unfused_fwd)
+    return OpTime(forward, jnp.where(flash, 2.5, 2.0) * forward)
+
+
+def attention_core_ops(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                       eff: Efficiency) -> dict[str, OpCost]:
+    """The forward `OpCost`s of `attention_core_time`'s kernels: `attention_flash` (the fused
+    kernel) or the unfused `attention_scores` (QK^T), `attention_softmax` (scale + mask +
+    softmax + dropout) and `attention_values` (AV); the path not taken is zero."""
+    return _taken_path(*_attention_core(model, plan, acc, eff))
+
+
+def _taken_path(flash, ops: dict[str, OpCost]) -> dict[str, OpCost]:
+    """`_attention_core`'s records with the path not taken zeroed."""
+    return {name: cost.where(flash if name == "attention_flash" else ~flash)
+            for name, cost in ops.items()}
+
+
+def _attention_core(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                    eff: Efficiency) -> tuple[jax.Array, dict[str, OpCost]]:
+    """(flash?, the forward `OpCost`s of both paths of `attention_core_time`)."""
     p, ab = plan.precision, activation_bytes(plan.precision)
     s = model.seq_len / plan.cp  # local query tokens per sequence
     seq = model.seq_len  # keys each query attends to (the full sequence)
@@ -195,27 +257,36 @@ def attention_core_time(model: Transformer, plan: TrainingPlan, acc: Accelerator
     # Fused attention runs in 16 bit even in fp8 recipes, at its own efficiency.
     attn_rate = fused_attention_rate(acc, eff, p, s, keys, core)
     qkvo_bytes = local_tokens(model, plan) * (heads + kv) * (qk + v) * ab
-    flash_fwd = op_time(acc, eff, attn_flops, qkvo_bytes, kernels=1.0, flops_per_s=attn_rate)
+    flash_fwd = op_cost(acc, eff, attn_flops, qkvo_bytes, kernels=1.0, flops_per_s=attn_rate)
     scores = batch_heads * s * seq  # elements of the score matrix
     # The unfused products run at the plan's precision, at most 16 bit (fp8 / fp4 recipes keep
     # attention in 16 bit; an fp32 run multiplies in fp32: at the bf16 rate, V100 fp32 runs
     # reached an MFU of 190 %, issue 41 item 6).
     p16 = jnp.minimum(p, 1.0)
-    unfused_fwd = (
-        gemm_time(acc, eff, s, seq, qk, p16, batch=batch_heads, act_bytes=ab)
-        + gemm_time(acc, eff, s, v, seq, p16, batch=batch_heads, act_bytes=ab)
+    return flash, {
+        "attention_flash": flash_fwd,
+        "attention_scores": gemm_cost(acc, eff, s, seq, qk, p16, batch=batch_heads,
+                                      act_bytes=ab),
+        "attention_values": gemm_cost(acc, eff, s, v, seq, p16, batch=batch_heads,
+                                      act_bytes=ab),
         # scale + mask + softmax, then dropout (writes its output and 1-byte mask)
-        + op_time(acc, eff, 8.0 * scores, scores * (2 * ab + model.dropout * (2 * ab + 1)),
-                  kernels=1.0 + model.dropout))
-    forward = jnp.where(flash, flash_fwd, unfused_fwd)
-    return OpTime(forward, jnp.where(flash, 2.5, 2.0) * forward)
+        "attention_softmax": op_cost(
+            acc, eff, 8.0 * scores, scores * (2 * ab + model.dropout * (2 * ab + 1)),
+            kernels=1.0 + model.dropout)}
 
 
 def elementwise_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
                      eff: Efficiency) -> OpTime:
+    """Element-wise kernels (`elementwise_op`), forward and backward = 2 x forward, s."""
+    forward = elementwise_op(model, plan, acc, eff).time
+    return OpTime(forward, 2.0 * forward)
+
+
+def elementwise_op(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                   eff: Efficiency) -> OpCost:
     """Element-wise kernels: 2 layer norms, 2 bias-dropout-residual adds, the MLP activation,
-    5 kernels; backward 2 x forward, s. With sequence parallelism the first four touch
-    tokens / t per GPU."""
+    5 kernels, forward `OpCost`. With sequence parallelism the first four touch tokens / t per
+    GPU."""
     ab = activation_bytes(plan.precision)
     h, r, t = model.hidden, model.dense_fraction, plan.tp
     tokens = local_tokens(model, plan)
@@ -229,8 +300,7 @@ def elementwise_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     elem_bytes = norm_elems * (2 * 2 * ab + residual_bytes) + act_elems * ab * (
         2.0 + model.gated_mlp)
     elem_flops = norm_elems * (2 * 8 + 2 * 3) + act_elems * 8
-    forward = op_time(acc, eff, elem_flops, elem_bytes, kernels=5.0)
-    return OpTime(forward, 2.0 * forward)
+    return op_cost(acc, eff, elem_flops, elem_bytes, kernels=5.0)
 
 
 def moe_permute_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
@@ -243,11 +313,19 @@ def moe_permute_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     (7 moe_tokens k h bytes in 4 kernels), the same again in the backward pass."""
     if model.known_dense():
         return OpTime(0.0, 0.0)
+    permute = moe_permute_op(model, plan, acc, eff).time
+    return OpTime(permute, permute)
+
+
+def moe_permute_op(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                   eff: Efficiency) -> OpCost:
+    """The forward `OpCost` of `moe_permute_time` (mean over the layers: 1 - r of them)."""
+    if model.known_dense():
+        return OpCost.zero()
     routed = expert_tokens(model, plan)[1] * model.experts_per_token * model.hidden * (
         activation_bytes(plan.precision))
-    permute = jnp.where(model.num_experts > 1, (1.0 - model.dense_fraction) * op_time(
-        acc, eff, 0.0, 7.0 * routed, kernels=4.0), 0.0)
-    return OpTime(permute, permute)
+    return ((1.0 - model.dense_fraction) * op_cost(
+        acc, eff, 0.0, 7.0 * routed, kernels=4.0)).where(model.num_experts > 1)
 
 
 def recompute_time(model: Transformer, plan: TrainingPlan, forward,
@@ -294,14 +372,22 @@ def head_time(model: Transformer, plan: TrainingPlan, system: System,
     (forward, two gradients) in at most 16 bit, an fp32 softmax-cross-entropy over the local
     logits (10 FLOP and 12 B per logit, 3 kernels) and the embedding's 3 passes over
     tokens x h."""
+    ops = head_ops(model, plan, system, eff)
+    return ops["lm_head"].time + ops["loss"].time + ops["embedding"].time
+
+
+def head_ops(model: Transformer, plan: TrainingPlan, system: System,
+             eff: Efficiency) -> dict[str, OpCost]:
+    """The `OpCost`s of `head_time` for one micro-batch, forward + backward: `lm_head` (the
+    three GEMMs), `loss` (softmax-cross-entropy) and `embedding`."""
     acc = system.accelerator
     p = plan.precision
     ab = activation_bytes(p)
     tokens = local_tokens(model, plan)
     v_local = model.vocab / plan.tp
-    head = 3.0 * gemm_time(acc, eff, tokens, v_local, model.hidden, jnp.minimum(p, 1.0),
+    head = 3.0 * gemm_cost(acc, eff, tokens, v_local, model.hidden, jnp.minimum(p, 1.0),
                            act_bytes=ab)
     logits = tokens * v_local
-    loss = op_time(acc, eff, 10.0 * logits, logits * 4.0 * 3.0, kernels=3.0)  # fp32 softmax-CE
-    embed = op_time(acc, eff, 0.0, 3.0 * tokens * model.hidden * ab, kernels=2.0)
-    return head + loss + embed
+    loss = op_cost(acc, eff, 10.0 * logits, logits * 4.0 * 3.0, kernels=3.0)  # fp32 softmax-CE
+    embed = op_cost(acc, eff, 0.0, 3.0 * tokens * model.hidden * ab, kernels=2.0)
+    return {"lm_head": head, "loss": loss, "embedding": embed}

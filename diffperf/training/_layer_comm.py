@@ -32,6 +32,24 @@ def tp_reduction(net: Network, eff: Efficiency, msg, group,
     return jnp.where(sp, rs + ag, ar), jnp.where(sp, ag, 0.0), jnp.where(sp, rs, ar)
 
 
+def _per_block(model: Transformer, plan: TrainingPlan, attn: tuple, expert) -> tuple:
+    """A quantity of one pass's TP reductions summed over the block, elementwise over the
+    tuple `attn` (the attention's reduction over t): attn + (per_pass - 1) mlp, the MLP's
+    reduction mlp = attn, except in the MoE layers with etp < t: r a + (1 - r) (shared a + e),
+    e = `expert(etp, moe_tokens)` (the expert-tensor-parallel group's reduction)."""
+    t, r = plan.tp, model.dense_fraction
+    if model.known_dense():
+        mlp = attn
+    else:
+        etp, moe_tokens = expert_tokens(model, plan)
+        expert = expert(etp, moe_tokens)
+        shared = model.has_shared if not model.known_absent("shared_ffn_hidden") else 0.0
+        mlp = tuple(jnp.where(etp < t, r * a + (1.0 - r) * (shared * a + e), a)
+                    for a, e in zip(attn, expert, strict=True))
+    per_pass = model.tp_reductions_per_pass
+    return tuple(a + (per_pass - 1.0) * m for a, m in zip(attn, mlp, strict=True))
+
+
 def _block_reductions(model: Transformer, plan: TrainingPlan, net: Network,
                       eff: Efficiency) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The TP reductions of one pass through a block, as (forward, SP's backward all-gather,
@@ -41,20 +59,22 @@ def _block_reductions(model: Transformer, plan: TrainingPlan, net: Network,
     too, except in the MoE layers with etp < t, where it runs over the expert-tensor-parallel
     group on that group's tokens (plus a shared expert's over t). A parallel attention + MLP
     block reduces the summed branches once (`tp_reductions_per_pass`)."""
-    t, r = plan.tp, model.dense_fraction
     ab = activation_bytes(plan.precision)
     sp = plan.sequence_parallel > 0
-    attn = tp_reduction(net, eff, local_tokens(model, plan) * model.hidden * ab, t, sp)
-    if model.known_dense():
-        mlp = attn
-    else:
-        etp, moe_tokens = expert_tokens(model, plan)
-        expert = tp_reduction(net, eff, moe_tokens * model.hidden * ab, etp, sp)
-        shared = model.has_shared if not model.known_absent("shared_ffn_hidden") else 0.0
-        mlp = tuple(jnp.where(etp < t, r * a + (1.0 - r) * (shared * a + e), a)
-                    for a, e in zip(attn, expert, strict=True))
-    per_pass = model.tp_reductions_per_pass
-    return tuple(a + (per_pass - 1.0) * m for a, m in zip(attn, mlp, strict=True))
+    attn = tp_reduction(net, eff, local_tokens(model, plan) * model.hidden * ab, plan.tp, sp)
+    return _per_block(model, plan, attn, lambda etp, moe_tokens: tp_reduction(
+        net, eff, moe_tokens * model.hidden * ab, etp, sp))
+
+
+def tp_traffic(model: Transformer, plan: TrainingPlan) -> tuple[jax.Array, jax.Array]:
+    """`(bytes, reductions)` of one pass's TP reductions in one layer (`_block_reductions`):
+    their messages (tokens x h activations each, the full message a collective takes), B, and
+    their count (only groups of more than one rank count), mean over the layers."""
+    ab = activation_bytes(plan.precision)
+    on = jnp.where(plan.tp > 1, 1.0, 0.0)
+    attn = (on * local_tokens(model, plan) * model.hidden * ab, on)
+    return _per_block(model, plan, attn, lambda etp, moe_tokens: (
+        jnp.where(etp > 1, moe_tokens * model.hidden * ab, 0.0), jnp.where(etp > 1, 1.0, 0.0)))
 
 
 def tp_comm(model: Transformer, plan: TrainingPlan, net: Network, eff: Efficiency,
@@ -82,11 +102,17 @@ def cp_comm(model: Transformer, plan: TrainingPlan, net: Network, eff: Efficienc
     sequence (micro_batch * seq * kv_heads/tp * (d_qk + d_v) elements) in the forward and the
     recompute, reduce-scatter their gradients in the backward; largely hidden behind the
     attention core (1 - e_cp_overlap left)."""
-    kv = jnp.maximum(model.attention_kv_heads / plan.tp, 1.0)
-    kv_bytes = (plan.micro_batch * model.seq_len * kv * (model.qk_dim + model.v_dim)
-                * activation_bytes(plan.precision))
     n_cp = 2.0 + plan.recomputed_fraction(model.layers)
-    return n_cp * coll.all_gather(net, eff, kv_bytes, plan.cp, plan.tp) * (1.0 - eff.cp_overlap)
+    return (n_cp * coll.all_gather(net, eff, cp_message(model, plan), plan.cp, plan.tp)
+            * (1.0 - eff.cp_overlap))
+
+
+def cp_message(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """The K / V of the whole sequence one context-parallel all-gather produces, B:
+    micro_batch * seq * max(kv_heads / tp, 1) * (d_qk + d_v) activations."""
+    kv = jnp.maximum(model.attention_kv_heads / plan.tp, 1.0)
+    return (plan.micro_batch * model.seq_len * kv * (model.qk_dim + model.v_dim)
+            * activation_bytes(plan.precision))
 
 
 def ep_comm(model: Transformer, plan: TrainingPlan, net: Network, eff: Efficiency,
@@ -97,10 +123,16 @@ def ep_comm(model: Transformer, plan: TrainingPlan, net: Network, eff: Efficienc
     forward + backward, 2 more with full recompute), between ranks etp apart, in the MoE layers
     (share 1 - r). With `overlap_ep` they run while another micro-batch computes (its forward
     and backward), in `window`: the compute time the asynchronous TP reductions left, s."""
-    etp, moe_tokens = expert_tokens(model, plan)
-    a2a = coll.all_to_all(net, eff, moe_tokens * model.experts_per_token * model.hidden
-                          * activation_bytes(plan.precision), plan.ep, etp)
+    etp = expert_tokens(model, plan)[0]
+    a2a = coll.all_to_all(net, eff, ep_message(model, plan), plan.ep, etp)
     per_block = 4.0 + 2.0 * plan.recomputed_fraction(model.layers)
     ep_all = jnp.where(model.num_experts > 1, (1.0 - model.dense_fraction) * per_block * a2a, 0.0)
     exposed = jnp.where(plan.overlap_ep > 0, exposed_after_overlap(ep_all, window), ep_all)
     return exposed, ep_all
+
+
+def ep_message(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """What one GPU sends in one expert-parallel dispatch (or combine) all-to-all, B:
+    moe_tokens * k * h activations (`expert_tokens`)."""
+    return (expert_tokens(model, plan)[1] * model.experts_per_token * model.hidden
+            * activation_bytes(plan.precision))

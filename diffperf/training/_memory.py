@@ -5,7 +5,10 @@ fp8 recipes), 4 B of fp32 gradient (`main_grad`; 2 B with `fp32_gradients = 0`) 
 fp32 master weights + Adam moments (8 B with bf16 moments, `fp32_optimizer_moments = 0`;
 4 B weights and 8 B of moments for fp32 training: `TrainingPlan.optimizer_state_bytes`).
 ZeRO stage 1 shards the optimizer states over the data-parallel group, 2 also the gradients,
-3 also the weights.
+3 also the weights. Offloading (`diffperf.training._offload`) moves a share f of the optimizer
+states (with an fp32 gradient copy: (S + 4) B per parameter; ZeRO-2 / 3 then keep no gradients
+of that share) and, with weight offload, the held weights (HBM keeps two layers' worth) to host
+memory, `TrainingMemory.host`.
 
 Activations follow Korthikanti et al. 2022 (arXiv:2205.05198), Table 2, per layer and micro-batch
 in 16-bit, with s the (context-parallel local) sequence, b the micro-batch, h the width, a heads,
@@ -40,6 +43,8 @@ Beyond Korthikanti's GPT:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -52,11 +57,15 @@ from ..specs._transformer import Transformer
 #: Bytes per 16-bit weight (gradients: `TrainingPlan.gradient_bytes`; optimizer states:
 #: `TrainingPlan.optimizer_state_bytes`).
 WEIGHT_BYTES = 2.0
+#: Bytes per parameter of the fp32 gradient copy that CPU Adam steps on in host memory
+#: (optimizer offload, `diffperf.training._offload`).
+HOST_GRADIENT_BYTES = 4.0
 
 
 class TrainingMemory(eqx.Module):
     """Per-GPU memory of the most loaded (first) pipeline stage, B. `total` is the HBM the GPU
-    needs; `host` the host (CPU) memory its offloaded activations take (not in `total`)."""
+    needs (`weights` and `optimizer` only what stays in HBM); `host` the host (CPU) memory its
+    offloads take (not in `total`): `host_activations + host_weights + host_optimizer`."""
 
     weights: jax.Array
     gradients: jax.Array
@@ -65,6 +74,9 @@ class TrainingMemory(eqx.Module):
     reserved: jax.Array
     total: jax.Array
     host: jax.Array
+    host_activations: jax.Array
+    host_weights: jax.Array
+    host_optimizer: jax.Array
 
 
 def weight_bytes(plan: TrainingPlan) -> jax.Array:
@@ -100,10 +112,58 @@ def sharded_params_per_gpu(model: Transformer, plan: TrainingPlan) -> jax.Array:
     """`params_per_gpu` after sharding each weight over the ranks that hold a copy of it (ZeRO,
     the distributed optimizer): dense weights over dp * cp, expert weights over their
     expert-data-parallel ranks (`TrainingPlan.expert_layout`; dp * cp / ep when expert_tp = tp),
-    count."""
+    count (`param_counts(...).sharded`)."""
+    return param_counts(model, plan).sharded
+
+
+class ParamCounts(NamedTuple):
+    """The parameter counts of one GPU that memory, the optimizer and offloading share,
+    computed once (`param_counts`): `local` all its weights (`params_per_gpu`), `sharded` its
+    ZeRO shard of them (`sharded_params_per_gpu`), count."""
+
+    local: jax.Array
+    sharded: jax.Array
+
+    def held(self, plan: TrainingPlan) -> jax.Array:
+        """Parameters whose weights the GPU holds, in HBM or (weight offload) in host memory:
+        its ZeRO-3 shard, else all its local weights, count."""
+        return jnp.where(plan.zero >= 3, self.sharded, self.local)
+
+    def held_weight_bytes(self, plan: TrainingPlan) -> jax.Array:
+        """`held` at `weight_bytes` each, B."""
+        return self.held(plan) * weight_bytes(plan)
+
+    def optimizer_shard(self, plan: TrainingPlan) -> jax.Array:
+        """Parameters whose optimizer states the GPU keeps and updates: its ZeRO shard (ZeRO
+        >= 1), else all its local parameters, count."""
+        return jnp.where(plan.zero >= 1, self.sharded, self.local)
+
+
+def param_counts(model: Transformer, plan: TrainingPlan, local=None) -> ParamCounts:
+    """`ParamCounts` of the plan (`local`: `params_per_gpu` if already computed)."""
+    local = params_per_gpu(model, plan) if local is None else local
     expert = expert_params_per_gpu(model, plan)
-    return ((params_per_gpu(model, plan) - expert) / (plan.dp * plan.cp)
-            + expert / plan.expert_layout(model)[1])
+    sharded = (local - expert) / (plan.dp * plan.cp) + expert / plan.expert_layout(model)[1]
+    return ParamCounts(local, sharded)
+
+
+def host_optimizer_bytes(plan: TrainingPlan, counts: ParamCounts) -> jax.Array:
+    """Host memory the offloaded optimizer share takes per GPU, B: f * shard * (S + 4)."""
+    return (plan.offload_optimizer * counts.optimizer_shard(plan)
+            * (plan.optimizer_state_bytes + HOST_GRADIENT_BYTES))
+
+
+def host_weight_bytes(plan: TrainingPlan, counts: ParamCounts) -> jax.Array:
+    """Host memory the offloaded weights take per GPU, B: the weights it holds, or 0."""
+    return plan.offload_weights * counts.held_weight_bytes(plan)
+
+
+def hbm_weight_bytes(model: Transformer, plan: TrainingPlan, counts: ParamCounts) -> jax.Array:
+    """HBM the weights take per GPU, B: all it holds, or with weight offload two layers'
+    worth (the layer computing and the one being copied in): 2 / L of them, at most all."""
+    held = counts.held_weight_bytes(plan)
+    buffer = jnp.minimum(2.0 / plan.end_stage_layers(model.layers), 1.0) * held
+    return jnp.where(plan.offload_weights > 0, buffer, held)
 
 
 def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Array:
@@ -184,11 +244,15 @@ def in_flight_factor(plan: TrainingPlan) -> jax.Array:
 
 def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> TrainingMemory:
     """Per-GPU memory breakdown of the first pipeline stage (the most loaded one), B."""
-    n = params_per_gpu(model, plan)
-    shard = sharded_params_per_gpu(model, plan)
-    weights = jnp.where(plan.zero >= 3, shard, n) * weight_bytes(plan)
-    grads = jnp.where(plan.zero >= 2, shard, n) * plan.gradient_bytes
-    optim = jnp.where(plan.zero >= 1, shard, n) * plan.optimizer_state_bytes
+    counts = param_counts(model, plan)
+    n, shard = counts
+    weights = hbm_weight_bytes(model, plan, counts)
+    # ZeRO-2 / 3 keep the gradients of their shard, less the offloaded optimizer share's,
+    # which go to the host as they are reduced (`_offload.gradient_copy_exposed`).
+    kept = jnp.where(plan.zero >= 2, (1.0 - plan.offload_optimizer) * shard, n)
+    grads = kept * plan.gradient_bytes
+    optim = ((1.0 - plan.offload_optimizer) * counts.optimizer_shard(plan)
+             * plan.optimizer_state_bytes)
     # Per layer: fully recomputed layers keep their input, offloaded ones nothing, the others
     # what their `recompute` mode stores.
     full_frac = plan.recomputed_fraction(model.layers)
@@ -198,7 +262,7 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
                  + (1.0 - full_frac - off_frac) * stored)
     stage_layers = plan.end_stage_layers(model.layers)
     acts = stage_layers * per_layer * in_flight_factor(plan)
-    host = stage_layers * off_frac * stored * in_flight_factor(plan)
+    host_acts = stage_layers * off_frac * stored * in_flight_factor(plan)
     # Recomputation rebuilds one layer's full set of activations at a time during the backward
     # pass; offloading stages one layer's activations in HBM while they are copied.
     no_recompute = _layer_bytes(model, plan, plan.flash_attention == 0)
@@ -216,4 +280,6 @@ def training_memory(model: Transformer, plan: TrainingPlan, eff: Efficiency) -> 
                        * model.vocab / plan.tp * jnp.where(plan.precision == 0, 2.0, 1.0))
     acts = acts + working + embed + logits
     total = weights + grads + optim + acts + eff.memory_reserve
-    return TrainingMemory(weights, grads, optim, acts, eff.memory_reserve, total, host)
+    host_w, host_o = host_weight_bytes(plan, counts), host_optimizer_bytes(plan, counts)
+    return TrainingMemory(weights, grads, optim, acts, eff.memory_reserve, total,
+                          host_acts + host_w + host_o, host_acts, host_w, host_o)

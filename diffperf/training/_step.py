@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .._checks import check_finite_report
+from .._stored_programs import stored_jit
 from ..costs._roofline import peak_matmul_flops
 from ..feasibility import MEMORY_REASONS, describe_failure, training_reason
 from ..presets import resolve_efficiency
@@ -25,7 +26,8 @@ from ..specs._transformer import Transformer
 from ._flops import hardware_flops_per_step, model_flops_per_step
 from ._host import host_wait
 from ._layer import head_time, layer_costs
-from ._memory import TrainingMemory, training_memory
+from ._memory import TrainingMemory, param_counts, training_memory
+from ._offload import host_copies_exposed
 from ._terms import (
     dp_collectives,
     dp_exposed,
@@ -59,7 +61,7 @@ class TrainingReport(eqx.Module):
     dp_comm_time: jax.Array  # exposed data-parallel gradient / parameter communication
     bubble_time: jax.Array  # pipeline fill and drain
     optimizer_time: jax.Array
-    offload_time: jax.Array  # exposed activation copies to / from host memory
+    offload_time: jax.Array  # exposed activation and weight copies to / from host memory
     host_time: jax.Array  # the GPU waiting for the host to issue the layers' work (`_host`)
     memory: TrainingMemory
     fits: jax.Array  # total memory <= HBM capacity
@@ -117,14 +119,16 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     bubble = pipeline_bubble(model, plan, layer, wait)
     pp_comm = pipeline_p2p(model, plan, net, eff)
     # The window-based overlaps in turn (the overlap rule: `_terms`): offloading, then DP.
-    offload, offload_hidden = offload_exposed(model, plan, acc, layer,
-                                              free_compute_share(layer))
     params = local_params(model, plan)
+    counts = param_counts(model, plan, params[0])  # once, for offloading and the optimizer
+    free = free_compute_share(layer)
+    offload, offload_hidden = host_copies_exposed(
+        model, plan, acc, layer, free, offload_exposed(model, plan, acc, layer, free), counts)
     dp_total = jnp.where(plan.zero >= 3, zero3_collectives(model, plan, net, eff, params),
                          dp_collectives(model, plan, net, eff, params))
     dp_comm = dp_exposed(model, plan, dp_total,
                          dp_overlap_window(model, plan, eff, layer, compute, offload_hidden))
-    optimizer = optimizer_time(model, plan, acc, eff, params)
+    optimizer = optimizer_time(model, plan, acc, eff, params, counts)
 
     step = (compute + tp_comm + cp_comm + ep_comm + bubble + pp_comm + dp_comm + optimizer
             + offload + host)
@@ -174,7 +178,7 @@ def predict_training(model: Transformer, system: System, plan: TrainingPlan,
     return report
 
 
-@jax.jit
+@stored_jit  # jax.jit; the command line also stores the program, skipping the trace later
 def _jitted_train_step(model, system, plan, efficiency, runtime):
     return train_step(model, system, plan, efficiency, runtime)
 

@@ -7,8 +7,9 @@ w is exposed by `exposed_after_overlap(total, w)`, a smooth clip(total - w, 0, t
 hides each transfer once: the overlaps that share a layer's compute take it in turn, each
 getting what the earlier ones left, so faster compute never exposes more communication than it
 saves. The order is: the asynchronous TP reductions and the EP all-to-alls inside the layer
-(`LayerTimes.hidden`), then activation offloading (`free_compute_share`), then the DP / ZeRO-3
-collectives (the compute the first two left: `dp_overlap_window`). The overlaps modelled as
+(`LayerTimes.hidden`), then activation and weight offloading (`free_compute_share`; weights:
+`_offload`), then the DP / ZeRO-3 collectives (the compute the first two left:
+`dp_overlap_window`). The overlaps modelled as
 fixed fractions (TP GEMM-collective, CP, PP) take nothing from the window.
 """
 
@@ -26,12 +27,14 @@ from ..specs._transformer import Transformer
 from ._layer import LayerTimes
 from ._local import activation_bytes
 from ._memory import (
+    ParamCounts,
     expert_params_per_gpu,
+    param_counts,
     params_per_gpu,
-    sharded_params_per_gpu,
     stored_bytes_per_layer,
     weight_bytes,
 )
+from ._offload import offloaded_optimizer_time
 
 
 def stage_compute(model: Transformer, plan: TrainingPlan, layer: LayerTimes,
@@ -231,7 +234,7 @@ def dp_exposed(model: Transformer, plan: TrainingPlan, total, window) -> jax.Arr
 
 
 def optimizer_time(model: Transformer, plan: TrainingPlan, acc: Accelerator, eff: Efficiency,
-                   params) -> jax.Array:
+                   params, counts: ParamCounts | None = None) -> jax.Array:
     """Adam on the local shard, s: 14 FLOP per shard parameter, (2 state + 2 g + w) B per shard
     parameter + g B per local parameter, 6 kernels.
 
@@ -239,10 +242,18 @@ def optimizer_time(model: Transformer, plan: TrainingPlan, acc: Accelerator, eff
     `optimizer_state_bytes`, 12 B), write the state and the model weight (w B), after reading
     the gradient once more for the clipping norm (g B); then the whole local gradient buffer is
     zeroed for the next step (g B per parameter). With fp32 gradients and moments and 16-bit
-    weights: 34 B per shard parameter. `params`: `local_params(model, plan)`."""
+    weights: 34 B per shard parameter. `params`: `local_params(model, plan)`; `counts`: the
+    plan's `param_counts` if already computed.
+
+    With optimizer offload (a share f of the states in host memory) the GPU steps the rest,
+    (1 - f) of the shard, while the host streams of `_offload` run: the step takes the
+    smooth maximum of the two (`offloaded_optimizer_time`)."""
     n_params = params[0]
-    shard = jnp.where(plan.zero >= 1, sharded_params_per_gpu(model, plan), n_params)
+    counts = param_counts(model, plan, n_params) if counts is None else counts
+    shard = counts.optimizer_shard(plan)
+    on_gpu = (1.0 - plan.offload_optimizer) * shard
     g = plan.gradient_bytes
     state = 2.0 * plan.optimizer_state_bytes  # read + write
-    return op_time(acc, eff, 14.0 * shard,
-                   (state + 2.0 * g + weight_bytes(plan)) * shard + g * n_params, kernels=6.0)
+    gpu = op_time(acc, eff, 14.0 * on_gpu,
+                  (state + 2.0 * g + weight_bytes(plan)) * on_gpu + g * n_params, kernels=6.0)
+    return offloaded_optimizer_time(plan, acc, counts, gpu)

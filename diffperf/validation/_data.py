@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from .._checks import MAX_EXACT_COUNT
 from ..presets import (
@@ -254,6 +253,7 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
     `require_measured=False` accepts rows without any measured column (configurations to
     predict, `diffperf predict`).
     """
+    import pandas as pd
     path = Path(path)
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False,

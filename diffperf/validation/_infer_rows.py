@@ -4,10 +4,10 @@ number of rows)."""
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import numpy as np
 
+from .._stored_programs import stored_jit
 from ..feasibility import VALID_OR_OUT_OF_HBM, explain
 from ..inference._infer import infer
 from ..specs._efficiency import Efficiency
@@ -97,7 +97,7 @@ def batched_infer_specs(rows: list[BenchmarkRow]):
     return model, row_systems(rows), plan  # last: the costliest part of a batch that fails
 
 
-@eqx.filter_jit(compiler_options=FAST_COMPILE)
+@stored_jit(compiler_options=FAST_COMPILE, filter=True)  # eqx.filter_jit; stored by the CLI
 def _infer_batch(models, systems, plans, effs, runtimes):
     """A vmapped `infer` over one chunk of rows, each with its runtime. The whole report:
     returning only the fields kept changes XLA's fusion, and with it the last bit of some

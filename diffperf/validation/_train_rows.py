@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._stored_programs import stored_jit
 from ..feasibility import MEMORY_REASONS, describe_failure
 from ..specs._efficiency import Efficiency
 from ..specs._training_plan import TrainingPlan, layer_count_error
@@ -39,7 +39,7 @@ from ._stack import (
 )
 
 
-@eqx.filter_jit(compiler_options=FAST_COMPILE)
+@stored_jit(compiler_options=FAST_COMPILE, filter=True)  # eqx.filter_jit; stored by the CLI
 def _train_batch(models, systems, plans, effs, runtimes, causal):
     """A vmapped `train_step` (each row with its runtime) and the model FLOPs per step in each
     row's convention, over one chunk of rows (the whole report: see
