@@ -284,12 +284,13 @@ def _few_rows(source, target, rows: int = CLI_ROWS) -> str:
     return str(target)
 
 
-def _timed_run(args: list[str], env: dict) -> tuple[float, float]:
-    """(wall, CPU) seconds of `python ARGS` (CPU: user + system of the process and its threads,
-    steadier than the wall time on a shared machine)."""
+def _timed_run(args: list[str], env: dict, cwd: str | None = None) -> tuple[float, float]:
+    """(wall, CPU) seconds of `python ARGS` run in directory `cwd` (CPU: user + system of the
+    process and its threads, steadier than the wall time on a shared machine)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                         cwd=cwd)
     seconds = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
@@ -322,13 +323,15 @@ def cli_benchmark(repeats: int = 5, against: str | None = None, log=print) -> di
         commands = {k: [a.format(**files) for a in v] for k, v in CLI_COMMANDS.items()}
         runs: dict[str, dict[str, list[tuple[float, float]]]] = {
             n: {k: [] for k in commands} for n in trees}
+        # Run in the temporary directory: `python -m` / `-c` put the working directory first
+        # on sys.path, and from a source checkout its `diffperf/` would shadow `against`.
         for name in trees:  # fill the caches
             for args in commands.values():
-                _timed_run(args, envs[name])
+                _timed_run(args, envs[name], tmp)
         for _ in range(repeats):
             for label, args in commands.items():
                 for name in trees:
-                    runs[name][label].append(_timed_run(args, envs[name]))
+                    runs[name][label].append(_timed_run(args, envs[name], tmp))
     result: dict = {"repeats": repeats, "rows_per_csv": CLI_ROWS, "against": against}
     for name in trees:
         result[name] = {}
