@@ -8,6 +8,7 @@ import json
 
 import pandas as pd
 import pytest
+from cli_run import run
 
 from diffperf.cli import main
 from diffperf.cli._common import (
@@ -25,15 +26,6 @@ CONFIG = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
           "num_key_value_heads": 32, "num_hidden_layers": 32, "intermediate_size": 11008,
           "vocab_size": 32000, "max_position_embeddings": 4096, "hidden_act": "silu"}
 
-
-def run(capsys, *argv):
-    """(exit status, stdout, stderr); argparse's own exits included."""
-    try:
-        code = main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def help_text(capsys, *argv) -> str:

@@ -8,10 +8,10 @@ import dataclasses
 import json
 
 import pytest
+from cli_run import run
 
 import diffperf as dp
 from diffperf import presets
-from diffperf.cli import main
 from diffperf.design._sensitivity import best_training_plan
 from diffperf.explore._what_if import parse_override
 from diffperf.specs._hardware import Accelerator, Network
@@ -23,15 +23,6 @@ SMALL = ["train", "--model", "gpt-1.7b", "--gpu", "a100-sxm4-80gb", "--gpus", "8
          "--pp", "1", "--global-batch", "64"]
 EAGER = "megatron-deepspeed-2023"  # a runtime with host costs and plan defaults
 
-
-def run(capsys, *argv):
-    """(exit status, stdout, stderr), argparse's own exits included."""
-    try:
-        code = main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def train_json(capsys, *extra) -> dict:

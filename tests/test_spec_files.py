@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 
 import pytest
+from cli_run import run
 
 from diffperf import presets
-from diffperf.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Small jobs, quick to predict.
@@ -23,15 +23,6 @@ TRAIN = ["train", "--model", "gpt-1.7b", "--gpus", "16", "--tp", "2", "--pp", "1
 INFER = ["infer", "--model", "llama2-7b", "--tp", "1", "--batch", "4", "--input", "512",
          "--output", "64", "--json"]
 
-
-def run(capsys, *argv):
-    """(exit status, stdout, stderr), argparse's own exits included."""
-    try:
-        code = main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def predict(capsys, *argv) -> dict:
