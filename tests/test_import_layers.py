@@ -21,6 +21,7 @@ LAYERS = [
     {"costs"},
     {"feasibility"},
     {"training", "inference"},
+    {"serving"},
     {"explore"},
     {"design", "validation"},
     {"calibrate"},

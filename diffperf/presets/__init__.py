@@ -17,6 +17,13 @@ from ..specs._hardware import Accelerator, Network, System
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
 from . import _files
+from ._serving import (
+    engine as engine,
+    engine_info as engine_info,
+    engine_names as engine_names,
+    gpu_power as gpu_power,
+    gpu_price_per_hour as gpu_price_per_hour,
+)
 
 _ACCEL_FIELDS = ("flops_fp32", "flops_bf16", "flops_fp8", "flops_fp4", "vector_flops",
                  "hbm_capacity", "hbm_bandwidth", "l2_capacity", "l2_bandwidth", "num_sms",

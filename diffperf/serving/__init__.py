@@ -1,0 +1,25 @@
+"""Serving under load: an engine's scheduler simulated iteration by iteration (in-flight
+batching, chunked prefill, KV-cache admission) over a request stream, with latency
+percentiles, throughput, cost and energy (docs/serving.md)."""
+
+from ._reference import reference_schedule as reference_schedule
+from ._report import (
+    Latency as Latency,
+    ServingReport as ServingReport,
+    masked_percentile as masked_percentile,
+    report as report,
+)
+from ._serve import serve as serve
+from ._simulate import (
+    Requests as Requests,
+    Schedule as Schedule,
+    reservation as reservation,
+    simulate as simulate,
+    step_bound as step_bound,
+)
+from ._traffic import (
+    LENGTH_DISTRIBUTIONS as LENGTH_DISTRIBUTIONS,
+    Traffic as Traffic,
+    read_trace as read_trace,
+    requests as requests,
+)

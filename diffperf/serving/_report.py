@@ -1,0 +1,110 @@
+"""What a serving benchmark reports, from the simulated per-request times: latency
+percentiles, throughput, goodput under SLOs, cost per million tokens, energy per token."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ._simulate import Schedule
+
+
+def masked_percentile(x, mask, q) -> jax.Array:
+    """The `q`-th percentile (0-100) of `x` over the entries where `mask` holds, with linear
+    interpolation between order statistics (numpy's default); 0 where no entry holds."""
+    k = jnp.sum(mask)
+    s = jnp.sort(jnp.where(mask, x, jnp.inf))
+    last = jnp.maximum(k - 1, 0)
+    pos = q / 100.0 * last.astype(s.dtype)
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, last)
+    v_lo, v_hi = s[lo], s[hi]
+    gap = jnp.where(jnp.isfinite(v_hi - v_lo), v_hi - v_lo, 0.0)
+    v = v_lo + (pos - lo.astype(s.dtype)) * gap
+    return jnp.where(k > 0, v, 0.0)
+
+
+class Latency(eqx.Module):
+    """Mean and percentiles of one latency over the requests, s."""
+
+    mean: jax.Array
+    p50: jax.Array
+    p90: jax.Array
+    p99: jax.Array
+
+
+def _latency(x, mask) -> Latency:
+    k = jnp.maximum(jnp.sum(mask), 1).astype(x.dtype)
+    return Latency(mean=jnp.sum(jnp.where(mask, x, 0.0)) / k,
+                   p50=masked_percentile(x, mask, 50.0), p90=masked_percentile(x, mask, 90.0),
+                   p99=masked_percentile(x, mask, 99.0))
+
+
+class ServingReport(eqx.Module):
+    """One deployment under one traffic. Times s, throughputs per s, cost USD, energy J.
+
+    `ttft`: time to first token; `tpot`: per request (finish - first token) / (output - 1),
+    over the requests with more than one output token; `itl_mean`: the benchmark tools' mean
+    inter-token latency, sum of (finish - first token) / sum of (output - 1); `e2e`:
+    end-to-end latency; `queue`: arrival to admission. `output_tok_s`: output tokens / (last
+    finish - first arrival), all replicas; `per_gpu`: divided by every GPU of the deployment.
+    """
+
+    ttft: Latency
+    tpot: Latency
+    itl_mean: jax.Array
+    e2e: Latency
+    queue: Latency
+    output_tok_s: jax.Array
+    output_tok_s_per_gpu: jax.Array
+    total_tok_s: jax.Array  # input + output tokens / duration, all replicas
+    request_rate: jax.Array  # completed requests / duration, all replicas
+    duration: jax.Array  # last finish - first arrival of the simulated replica
+    busy_share: jax.Array  # share of the duration the engine was iterating
+    mean_batch_tokens: jax.Array  # mean tokens per iteration
+    iterations: jax.Array
+    kv_capacity: jax.Array  # KV-cache tokens of one replica
+    replicas: jax.Array
+    num_gpus: jax.Array
+    cost_per_million_tokens: jax.Array  # USD per 10^6 output tokens (0 without a price)
+    energy_per_token: jax.Array  # J per output token (0 without a power model)
+    completed: jax.Array  # 1 if every request finished within the step bound
+
+
+def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpus_per_replica,
+           price_per_hour=0.0, power_idle=0.0, power_max=0.0) -> ServingReport:
+    """Summarise one replica's `schedule` (its requests' `input_len` / `output_len`) for a
+    deployment of `replicas` alike replicas of `gpus_per_replica` GPUs each.
+
+    Energy: each GPU draws `power_idle` W plus (`power_max` - `power_idle`) x the share of
+    the time the engine iterates (a linear utilisation model, the one most serving-cost
+    studies use); J per output token = power x GPUs x duration / output tokens."""
+    s = schedule
+    out = jnp.asarray(output_len, s.finish.dtype)
+    inp = jnp.asarray(input_len, s.finish.dtype)
+    everyone = jnp.ones(out.shape, bool)
+    decoded = out > 1
+    start = jnp.min(s.arrival)
+    duration = jnp.maximum(jnp.max(s.finish) - start, 1e-12)
+    tpot = (s.finish - s.first_token) / jnp.maximum(out - 1.0, 1.0)
+    steps = jnp.sum(jnp.where(decoded, out - 1.0, 0.0))
+    itl = jnp.where(steps > 0, jnp.sum(jnp.where(decoded, s.finish - s.first_token, 0.0))
+                    / jnp.maximum(steps, 1.0), 0.0)
+    tokens = jnp.sum(out)
+    tok_s = replicas * tokens / duration
+    gpus = replicas * gpus_per_replica
+    busy = jnp.clip(s.busy_time / duration, 0.0, 1.0)
+    power = power_idle + (power_max - power_idle) * busy
+    return ServingReport(
+        ttft=_latency(s.first_token - s.arrival, everyone), tpot=_latency(tpot, decoded),
+        itl_mean=itl, e2e=_latency(s.finish - s.arrival, everyone),
+        queue=_latency(s.admit - s.arrival, everyone), output_tok_s=tok_s,
+        output_tok_s_per_gpu=tok_s / gpus,
+        total_tok_s=replicas * (tokens + jnp.sum(inp)) / duration,
+        request_rate=replicas * out.shape[0] / duration, duration=duration, busy_share=busy,
+        mean_batch_tokens=s.mean_tokens, iterations=s.iterations,
+        kv_capacity=jnp.asarray(kv_capacity, s.finish.dtype), replicas=replicas + 0.0 * busy,
+        num_gpus=gpus + 0.0 * busy,
+        cost_per_million_tokens=price_per_hour * gpus / 3600.0 / tok_s * 1e6,
+        energy_per_token=power * gpus / tok_s, completed=s.completed)

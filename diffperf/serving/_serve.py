@@ -1,0 +1,113 @@
+"""`serve`: one deployment (replicas of one engine) under one request stream."""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..feasibility import explain
+from ..inference import infer
+from ..inference._iteration import iteration_cost, kv_capacity_tokens
+from ..presets import resolve_efficiency
+from ..specs._efficiency import Efficiency
+from ..specs._engine import Engine
+from ..specs._hardware import System
+from ..specs._inference_plan import InferencePlan
+from ..specs._runtime import Runtime
+from ..specs._transformer import Transformer
+from ._report import ServingReport, report
+from ._simulate import Requests, reservation, simulate, step_bound
+from ._traffic import Traffic, requests as traffic_requests
+
+
+def _stream(traffic, replicas: int):
+    if isinstance(traffic, Traffic):
+        arrival, inp, out = traffic_requests(traffic)
+        concurrency = traffic.concurrency
+    else:
+        arrival, inp, out = (np.asarray(a, float) for a in traffic)
+        concurrency = 0
+    # round robin over alike replicas: replica 0 gets requests 0, R, 2R, ...
+    if concurrency:
+        concurrency = max(1, math.ceil(concurrency / replicas))
+    return arrival[::replicas], inp[::replicas], out[::replicas], concurrency
+
+
+@jax.jit
+def _cost_and_capacity(model, system, plan, engine, eff, runtime):
+    cost = iteration_cost(model, system, plan, engine.max_num_batched_tokens, eff, runtime)
+    kv = kv_capacity_tokens(model, system, plan, engine.max_num_batched_tokens,
+                            engine.max_num_seqs, engine.kv_memory_fraction, eff)
+    return cost, kv
+
+
+def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engine, traffic,
+          efficiency: Efficiency | None = None, runtime: Runtime | None = None,
+          replicas: int = 1, price_per_hour: float = 0.0, power=(0.0, 0.0),
+          fast_forward: bool = True) -> ServingReport:
+    """Predict serving `traffic` with `replicas` replicas of an engine running `plan` (its tp,
+    pp, ep and precisions; `plan.batch` is not used: the engine's scheduler decides the
+    batch of every iteration).
+
+    **Arguments:**
+
+    - `traffic`: a `Traffic`, or `(arrival s, input_len, output_len)` arrays (a trace).
+    - `engine`: the scheduler (`diffperf.presets.engine` for the engines' defaults).
+    - `replicas`: alike engine replicas; requests go round robin, so each replica serves every
+      R-th request (a closed loop's clients are split evenly); the simulated replica stands
+      for all.
+    - `price_per_hour`: USD per GPU-hour (0: no cost reported); `power`: (idle, max) W per GPU.
+
+    Raises ValueError (one line, naming the field) for a plan that is infeasible, a request
+    that can never be admitted, or a prompt longer than the budget without chunked prefill.
+    """
+    eff = resolve_efficiency(efficiency)
+    runtime = Runtime() if runtime is None else runtime
+    if not (isinstance(replicas, int) and replicas >= 1):
+        raise ValueError(f"replicas must be a whole number >= 1, got {replicas!r}")
+    s_max = int(np.max(np.asarray(engine.max_num_seqs)))
+    budget = float(np.min(np.asarray(engine.max_num_batched_tokens)))
+    if budget < s_max:
+        raise ValueError(f"Engine.max_num_batched_tokens ({budget:g}) must be at least "
+                         f"max_num_seqs ({s_max})")
+    arrival, inp, out, concurrency = _stream(traffic, replicas)
+    typical = eqx_replace(plan, batch=1.0, input_len=float(np.round(np.mean(inp))),
+                          output_len=float(np.round(np.mean(out))))
+    check = infer(model, system, eqx_replace(typical, batch=1.0), eff, runtime)
+    if not bool(check.feasible):
+        raise ValueError(f"plan infeasible: {explain(int(check.reason))}")
+    cost, kv = _cost_and_capacity(model, system, typical, engine, eff, runtime)
+    res = np.asarray(reservation(engine, inp, out))
+    if res.max() > float(kv):
+        i = int(np.argmax(res))
+        raise ValueError(f"request {i * replicas} needs {res[i]:g} KV-cache tokens "
+                         f"({inp[i]:g} in + {out[i]:g} out), more than a replica holds "
+                         f"({float(kv):g} tokens): it can never be admitted")
+    if float(np.asarray(engine.chunked_prefill)) == 0 and inp.max() > budget:
+        raise ValueError(f"input_len {inp.max():g} exceeds Engine.max_num_batched_tokens "
+                         f"({budget:g}) and chunked_prefill is off")
+    req = Requests(jnp.asarray(arrival, jnp.result_type(float)),
+                   jnp.asarray(inp, jnp.result_type(float)),
+                   jnp.asarray(out, jnp.result_type(float)))
+    steps = step_bound(inp, engine)
+    schedule = _simulate_jit(cost, engine, kv, req, s_max, steps, float(concurrency),
+                             fast_forward)
+    if not bool(schedule.completed):
+        raise RuntimeError(f"the simulation did not finish within {steps} steps "
+                           "(a bug: please report it with the command)")
+    return report(schedule, inp, out, kv, replicas, plan.num_gpus, price_per_hour,
+                  power[0], power[1])
+
+
+_simulate_jit = jax.jit(simulate, static_argnums=(4, 5, 7))
+
+
+def eqx_replace(plan: InferencePlan, **fields) -> InferencePlan:
+    """`plan` with `fields` replaced (values as floats)."""
+    names = tuple(fields)
+    return eqx.tree_at(lambda p: tuple(getattr(p, k) for k in names), plan,
+                       tuple(jnp.asarray(v, jnp.result_type(float)) for v in fields.values()))

@@ -1,0 +1,236 @@
+"""An engine replica's scheduler, simulated iteration by iteration in JAX.
+
+The rules are those of docs/serving.md ("Scheduler semantics"): first-come-first-served
+admission into `max_num_seqs` request slots while the KV cache holds each request's whole
+reservation, a token budget per iteration shared by decode tokens and prompt chunks under a
+decode-first or prefill-first policy, and each iteration's time from
+`diffperf.inference.iteration_time`. `diffperf.serving.reference_schedule` is the same
+scheduler in plain Python; the tests check that both give the same admissions and times.
+
+**State.** Admission and prefill are both in request order, so two pointers describe them:
+`p`, the next request to admit, and `q`, the first admitted request whose prompt is not yet
+complete, with `done` of its tokens prefilled (every admitted request after `q` has none:
+chunks are given in request order, so at most the first pending prompt is part-done). The
+running requests sit in `slots` fixed-size slots (request index, tokens generated). A step
+costs O(slots) work; the per-request arrays (arrival, admission, first token, finish) are
+written by scatters of at most `slots` entries.
+
+**Fast-forward.** When no prompt is pending, the engine runs decode-only iterations with a
+fixed set of decoders until a request finishes or a waiting request can be admitted. One
+simulation step covers all k of them: with n decoders the keys read grow by n per
+iteration, so iteration j takes T_j = T_0 + j (T_1 - T_0) where the iteration time is affine
+in the keys (no sliding window, the host hidden); k is the smallest count whose summed time
+reaches the next admissible arrival, or the fewest tokens any decoder still has to make, and
+the k iterations take k (T_0 + T_{k-1}) / 2. Exact where T is affine in the keys (then the
+per-request times equal those of the iteration-by-iteration loop to float rounding); with a
+sliding window (keys grow more slowly) or a binding host, the sum of T_j is the trapezoid of
+its first and last terms. `fast_forward=False` runs every iteration.
+
+Simulation steps: one per iteration with prompt tokens, one per fast-forwarded stretch, one
+per idle gap; at most about 4 N + (prompt tokens) / budget for N requests (`step_bound`).
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..inference._iteration import IterationCost, iteration_time, keys_read
+from ..specs._engine import Engine
+
+_BIG = 1e30  # "never" (a time or a count); finite so that no NaN is ever produced
+
+
+class Requests(eqx.Module):
+    """The request stream of one replica: `arrival` s (sorted; ignored in a closed loop),
+    `input_len` and `output_len` tokens (>= 1), arrays of N."""
+
+    arrival: jax.Array
+    input_len: jax.Array
+    output_len: jax.Array
+
+
+class Schedule(eqx.Module):
+    """Per-request times of a simulation, s (arrays of N), and its bookkeeping."""
+
+    arrival: jax.Array  # as issued (a closed loop sets them as requests finish)
+    admit: jax.Array
+    first_token: jax.Array
+    finish: jax.Array
+    completed: jax.Array  # 1 if every request finished within the step bound
+    steps: jax.Array  # simulation steps used
+    iterations: jax.Array  # engine iterations simulated
+    busy_time: jax.Array  # time the engine spent iterating (not idle), s
+    mean_tokens: jax.Array  # mean tokens per iteration
+
+
+def reservation(engine: Engine, input_len, output_len) -> jax.Array:
+    """KV-cache tokens a request reserves at admission: its whole context rounded up to
+    blocks, ceil((input + output) / block) block, tokens."""
+    return jnp.ceil((input_len + output_len) / engine.block_size) * engine.block_size
+
+
+def step_bound(input_len, engine: Engine) -> int:
+    """A bound on the simulation steps for these prompts (concrete values): 4 N + total
+    prompt tokens / budget + 16."""
+    n = int(np.size(input_len))
+    budget = float(np.min(np.asarray(engine.max_num_batched_tokens)))
+    return int(4 * n + np.ceil(float(np.sum(input_len)) / budget) + 16)
+
+
+def _affine_root(t0, delta, gap) -> jax.Array:
+    """Smallest whole k >= 1 with k t0 + delta k (k - 1) / 2 >= gap (t0 > 0, delta >= 0)."""
+    a = t0 - 0.5 * delta
+    root = 2.0 * gap / (a + jnp.sqrt(jnp.maximum(a * a + 2.0 * delta * gap, 0.0)))
+    return jnp.maximum(jnp.ceil(root), 1.0)
+
+
+def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Requests,
+             slots: int, max_steps: int, concurrency=0.0, fast_forward: bool = True,
+             differentiable: bool = False) -> Schedule:
+    """Simulate one engine replica serving `requests` (module docstring).
+
+    **Arguments:**
+
+    - `cost`: the deployment's iteration-time coefficients (`diffperf.inference.iteration_cost`).
+    - `engine`: scheduler settings; `engine.max_num_seqs` <= `slots`.
+    - `kv_capacity`: KV-cache tokens of the replica.
+    - `requests`: the request stream (N requests).
+    - `slots`: static size of the slot arrays (>= every vmapped `max_num_seqs`).
+    - `max_steps`: static bound on simulation steps (`step_bound`); `completed` says whether
+      it sufficed.
+    - `concurrency`: 0 for the open loop (arrivals as given), else C clients in a closed loop.
+    - `fast_forward`: cover decode-only stretches in one step (module docstring).
+    - `differentiable`: run all `max_steps` steps as a `lax.scan` (reverse-mode gradients);
+      by default a `lax.while_loop` stops when every request has finished (forward-mode
+      derivatives only).
+
+    Pure JAX: vmap over deployments (cost, engine, kv_capacity, concurrency) or streams.
+    """
+    n = requests.arrival.shape[0]
+    fin = lambda x: jnp.asarray(x, jnp.result_type(float))
+    s_in, s_out = fin(requests.input_len), fin(requests.output_len)
+    closed = fin(concurrency) > 0
+    order = jnp.arange(n, dtype=jnp.int32)
+    arrival0 = jnp.where(closed, jnp.where(fin(order) < concurrency, 0.0, _BIG),
+                         fin(requests.arrival))
+    reserve = reservation(engine, s_in, s_out)
+    window = jnp.arange(slots, dtype=jnp.int32)
+    usable = fin(window) < engine.max_num_seqs
+    budget = engine.max_num_batched_tokens
+    decode_first = engine.policy == 0
+    zeros = jnp.zeros((n,), fin(0).dtype)
+
+    def gather(a, idx):
+        return a[jnp.clip(idx, 0, n - 1)]
+
+    def step(state):
+        (t, p, q, done, kv_used, issued, n_done, steps, iters, busy, tok_sum, slot_req,
+         slot_gen, arrival, admit, first, finish) = state
+        active = n_done < n
+        # 1. admission, first come first served with head-of-line blocking
+        running = slot_req >= 0
+        free = engine.max_num_seqs - fin(jnp.sum(running))
+        idx = p + window
+        valid = idx < n
+        arr_w = jnp.where(valid, gather(arrival, idx), _BIG)
+        res_w = jnp.where(valid, gather(reserve, idx), _BIG)
+        ok = (fin(window) < free) & valid & (arr_w <= t) & (kv_used + jnp.cumsum(res_w)
+                                                       <= kv_capacity)
+        take = jnp.cumprod(ok.astype(jnp.int32))
+        m = jnp.where(active, jnp.sum(take), 0)
+        is_free = (~running) & usable
+        rank = jnp.cumsum(is_free) - 1
+        newly = is_free & (rank < m)
+        slot_req = jnp.where(newly, p + rank, slot_req)
+        slot_gen = jnp.where(newly, 0.0, slot_gen)
+        admit = admit.at[jnp.where(window < m, idx, n)].set(t, mode="drop")
+        kv_used = kv_used + jnp.sum(jnp.where(window < m, res_w, 0.0))
+        p = p + m
+        running = slot_req >= 0
+        # 2. idle: nothing running, wait for the next arrival
+        idle = active & ~jnp.any(running)
+        t_idle = jnp.maximum(t, gather(arrival, p))
+        go = active & ~idle
+        # 3. schedule: decoders (prompt complete) and prompt chunks in request order
+        decoder = running & (slot_req < q)
+        n_dec = fin(jnp.sum(decoder))
+        pending_any = q < p
+        dec_on = decoder & (decode_first | ~pending_any)
+        d = fin(jnp.sum(dec_on))
+        b = jnp.where(decode_first, budget - n_dec, budget)
+        idx2 = q + window
+        pending = idx2 < p
+        prompt = gather(s_in, idx2)
+        before_done = jnp.where(window == 0, done, 0.0)
+        rem = jnp.where(pending, prompt - before_done, 0.0)
+        cum = jnp.cumsum(rem)
+        chunk = jnp.where(engine.chunked_prefill > 0, jnp.clip(b - (cum - rem), 0.0, rem),
+                          jnp.where(cum <= b, rem, 0.0))
+        completes = pending & (rem > 0) & (chunk >= rem)
+        n_c = jnp.sum(jnp.cumprod(completes.astype(jnp.int32)))
+        pre_tokens = jnp.sum(chunk)
+        pairs = jnp.sum(chunk * (before_done + 0.5 * chunk))
+        has_prefill = (pre_tokens > 0).astype(t.dtype)
+        ctx = jnp.where(running, gather(s_in, slot_req) + slot_gen, 0.0)
+        keys0 = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx), 0.0))
+        tokens = d + pre_tokens
+        emitting = d + fin(n_c)
+        t0 = iteration_time(cost, tokens, emitting, keys0, pairs, has_prefill)
+        # 4. fast-forward a decode-only stretch
+        out_slot = gather(s_out, slot_req)
+        left = jnp.where(dec_on, out_slot - slot_gen, _BIG)
+        k_finish = jnp.min(left)
+        head_res = gather(reserve, p)
+        can_admit = (p < n) & (free - fin(m) > 0) & (kv_used + head_res <= kv_capacity)
+        keys1 = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx + 1.0), 0.0))
+        t1 = iteration_time(cost, tokens, emitting, keys1, pairs, has_prefill)
+        gap = gather(arrival, p) - t
+        k_arrive = jnp.where(can_admit & (gap > 0),
+                             _affine_root(t0, jnp.maximum(t1 - t0, 0.0), gap), _BIG)
+        ff = fast_forward & (has_prefill == 0) & ~pending_any & (d > 0)
+        k = jnp.where(ff, jnp.maximum(jnp.minimum(k_finish, k_arrive), 1.0), 1.0)
+        keys_last = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx + k - 1.0), 0.0))
+        t_last = iteration_time(cost, tokens, emitting, keys_last, pairs, has_prefill)
+        span = jnp.where(k > 1, 0.5 * k * (t0 + t_last), t0)
+        t_new = jnp.where(go, t + span, jnp.where(idle, t_idle, t))
+        # 5. updates
+        slot_gen = jnp.where(go & dec_on, slot_gen + k, slot_gen)
+        got_first = go & running & (slot_req >= q) & (slot_req < q + n_c)
+        slot_gen = jnp.where(got_first, 1.0, slot_gen)
+        first = first.at[jnp.where(got_first, slot_req, n)].set(t_new, mode="drop")
+        new_q = jnp.where(go, q + n_c, q)
+        done = jnp.where(go, jnp.where(n_c == 0, done + chunk[0],
+                                       jnp.take(chunk, jnp.minimum(n_c, slots - 1))), done)
+        done = jnp.where(new_q >= p, 0.0, done)
+        ends = go & running & (slot_gen >= out_slot)
+        finish = finish.at[jnp.where(ends, slot_req, n)].set(t_new, mode="drop")
+        kv_used = kv_used - jnp.sum(jnp.where(ends, gather(reserve, slot_req), 0.0))
+        slot_req = jnp.where(ends, -1, slot_req)
+        f = jnp.sum(ends)
+        arrival = jnp.where(closed & (order >= issued) & (order < issued + f), t_new, arrival)
+        issued = jnp.where(closed, jnp.minimum(issued + f, n), issued)
+        iters = iters + jnp.where(go, k, 0.0)
+        busy = busy + jnp.where(go, span, 0.0)
+        tok_sum = tok_sum + jnp.where(go, k * tokens, 0.0)
+        return (t_new, p, new_q, done, kv_used, issued, n_done + f,
+                steps + active.astype(jnp.int32), iters,
+                busy, tok_sum, slot_req, slot_gen, arrival, admit, first, finish)
+
+    int0 = jnp.zeros((), jnp.int32)
+    f0 = jnp.zeros((), fin(0).dtype)
+    issued0 = jnp.where(closed, jnp.minimum(fin(concurrency), fin(n)), fin(n)).astype(jnp.int32)
+    state = (f0, int0, int0, f0, f0, issued0, int0, int0, f0, f0, f0,
+             jnp.full((slots,), -1, jnp.int32), jnp.zeros((slots,), fin(0).dtype),
+             arrival0, zeros, zeros, zeros)
+    if differentiable:
+        state = jax.lax.fori_loop(0, max_steps, lambda i, s: step(s), state)
+    else:
+        state = jax.lax.while_loop(lambda s: (s[6] < n) & (s[7] < max_steps), step, state)
+    (_, _, _, _, _, _, n_done, steps, iters, busy, tok_sum, _, _, arrival, admit, first,
+     finish) = state
+    return Schedule(arrival=arrival, admit=admit, first_token=first, finish=finish,
+                    completed=(n_done >= n).astype(f0.dtype), steps=steps, iterations=iters,
+                    busy_time=busy, mean_tokens=tok_sum / jnp.maximum(iters, 1.0))

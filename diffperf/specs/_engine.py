@@ -1,0 +1,59 @@
+"""A serving engine's scheduler settings: request slots, token budget, chunked prefill, policy,
+KV-cache blocks (the contract: docs/serving.md, "Scheduler semantics")."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+
+from .._checks import (
+    check_choice,
+    check_fraction,
+    check_integer,
+    named_code,
+    names_number_fields,
+    number_field as _F,
+)
+
+#: Scheduling policies: which work an iteration runs first (`Engine.policy`).
+POLICIES = {"decode_first": 0, "prefill_first": 1}
+
+
+@names_number_fields
+class Engine(eqx.Module):
+    """Scheduler of one engine replica (continuous / in-flight batching). Every field is an
+    array leaf, so a sweep can vmap over engine settings.
+
+    **Arguments:**
+
+    - `max_num_seqs`: request slots, the most requests running at once (vLLM
+      `max_num_seqs`, SGLang `max_running_requests`, TensorRT-LLM `max_batch_size`), count.
+    - `max_num_batched_tokens`: token budget of one iteration, decode tokens plus prefill
+      chunk tokens (vLLM `max_num_batched_tokens`, SGLang `chunked_prefill_size`,
+      TensorRT-LLM `max_num_tokens`), count; at least `max_num_seqs`.
+    - `chunked_prefill`: 1 if a prompt may be split over iterations, 0 if its remaining
+      tokens are scheduled whole or not at all.
+    - `policy`: 0 (`"decode_first"`): running decodes first, prefill chunks fill the rest of
+      the budget (vLLM V1, TensorRT-LLM); 1 (`"prefill_first"`): an iteration with prompt
+      tokens pending runs prefill only (SGLang, vLLM V0).
+    - `block_size`: KV-cache block, tokens; a request reserves its whole input + output,
+      rounded up to blocks, at admission (no preemption).
+    - `kv_memory_fraction`: share of the HBM left after weights, workspace and the activations
+      of a full iteration that the engine gives to the KV cache (vLLM
+      `gpu_memory_utilization` is a share of the whole HBM instead; the preset converts), 0-1.
+    """
+
+    max_num_seqs: jax.Array = _F(default=256)
+    max_num_batched_tokens: jax.Array = _F(default=8192)
+    chunked_prefill: jax.Array = _F(default=1)
+    policy: jax.Array = eqx.field(converter=named_code("Engine", "policy", POLICIES), default=0)
+    block_size: jax.Array = _F(default=32)
+    kv_memory_fraction: jax.Array = _F(default=0.9)
+
+    def __check_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            check_integer("Engine", name, getattr(self, name))
+        check_choice("Engine", "chunked_prefill", self.chunked_prefill, {0: "off", 1: "on"})
+        check_choice("Engine", "policy", self.policy, {v: k for k, v in POLICIES.items()})
+        check_fraction("Engine", "kv_memory_fraction", self.kv_memory_fraction,
+                       allow_zero=False)

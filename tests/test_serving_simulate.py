@@ -1,0 +1,167 @@
+"""The JAX scheduler (`diffperf.serving.simulate`) against the plain-Python reference
+(`reference_schedule`): the same admissions and per-request times under both policies, with
+and without chunked prefill, KV-limited admission, closed loops and fast-forwarding; vmap over
+deployments equals a loop; the iteration cost equals `infer`'s phases."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from diffperf import presets
+from diffperf.inference import infer
+from diffperf.inference._iteration import iteration_cost, iteration_time
+from diffperf.serving import Requests, reference_schedule, simulate, step_bound
+from diffperf.specs import Engine, InferencePlan
+
+
+def _affine(tokens, emitting, keys, pairs, has_prefill):
+    """An iteration time affine in every argument (fast-forward is exact for it), s."""
+    return (0.004 + 2e-6 * tokens + 3e-5 * emitting + 4e-8 * keys + 5e-10 * pairs
+            + 0.001 * has_prefill)
+
+
+class _AffineCost:
+    """Stands in for an IterationCost: `iteration_time` is monkeypatched to `_affine`."""
+
+
+def _run_jax(time_fn, arrival, inp, out, engine, kv, concurrency=0, fast_forward=True):
+    import diffperf.serving._simulate as sim
+    original = sim.iteration_time
+    sim.iteration_time = lambda cost, *a: time_fn(*a)
+    sim.keys_read = lambda cost, ctx: ctx  # no sliding window
+    try:
+        req = Requests(jnp.asarray(arrival, jnp.float32), jnp.asarray(inp, jnp.float32),
+                       jnp.asarray(out, jnp.float32))
+        slots = int(engine.max_num_seqs)
+        return simulate(None, engine, kv, req, slots, step_bound(inp, engine) * 4,
+                        float(concurrency), fast_forward)
+    finally:
+        sim.iteration_time = original
+        from diffperf.inference._iteration import keys_read
+        sim.keys_read = keys_read
+
+
+def _case(seed, n=40):
+    rng = np.random.default_rng(seed)
+    arrival = np.sort(rng.exponential(0.05, n).cumsum() - 0.05)
+    arrival = np.maximum(arrival, 0.0)
+    inp = rng.integers(1, 300, n)
+    out = rng.integers(1, 60, n)
+    return arrival, inp, out
+
+
+CASES = [
+    # (seed, max_num_seqs, budget, chunked, policy, kv, concurrency)
+    (0, 8, 256, 1, 0, 1e9, 0),
+    (1, 8, 256, 1, 1, 1e9, 0),
+    (2, 4, 512, 0, 0, 1e9, 0),
+    (3, 4, 512, 0, 1, 1e9, 0),
+    (4, 16, 64, 1, 0, 2000, 0),  # KV-limited: about 6 requests fit
+    (5, 6, 128, 1, 0, 1e9, 3),  # closed loop
+    (6, 32, 1024, 1, 1, 3000, 5),
+]
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+@pytest.mark.parametrize("case", CASES)
+def test_jax_scheduler_equals_reference(case, fast_forward):
+    seed, seqs, budget, chunked, policy, kv, concurrency = case
+    arrival, inp, out = _case(seed)
+    ref = reference_schedule(arrival, inp, out, max_num_seqs=seqs,
+                             max_num_batched_tokens=budget, chunked_prefill=chunked,
+                             policy=policy, kv_capacity=kv, block_size=16,
+                             iteration_time=_affine, concurrency=concurrency or None)
+    engine = Engine(max_num_seqs=seqs, max_num_batched_tokens=budget, chunked_prefill=chunked,
+                    policy=policy, block_size=16)
+    got = _run_jax(_affine, arrival, inp, out, engine, kv, concurrency, fast_forward)
+    assert float(got.completed) == 1.0
+    for name, want in [("arrival", ref.arrival), ("admit", ref.admit_time),
+                       ("first_token", ref.first_token_time), ("finish", ref.finish_time)]:
+        np.testing.assert_allclose(np.asarray(getattr(got, name)), want, rtol=2e-5, atol=2e-5,
+                                   err_msg=name)
+    assert float(got.iterations) == len(ref.iterations)
+    if fast_forward:  # the stretches collapse iterations into fewer steps
+        assert int(got.steps) < len(ref.iterations)
+
+
+def test_admission_is_head_of_line_and_fcfs():
+    """A big request at the head blocks a small one behind it while the KV cache is short."""
+    arrival, inp, out = [0.0, 0.0, 0.0], [100, 700, 10], [20, 20, 20]
+    engine = Engine(max_num_seqs=8, max_num_batched_tokens=1024, block_size=16)
+    got = _run_jax(_affine, arrival, inp, out, engine, 900.0)
+    admit = np.asarray(got.admit)
+    # reservations 128, 720, 32: 0 and 1 fit (848 <= 900), 2 waits for a release although
+    # its 32 tokens would fit beside them: no: 848 + 32 = 880 <= 900, so all three fit.
+    assert admit[2] == 0.0
+    got = _run_jax(_affine, arrival, inp, out, engine, 860.0)
+    admit = np.asarray(got.admit)
+    assert admit[1] == 0.0 and admit[2] > 0.0  # 880 > 860: request 2 waits
+
+
+def test_vmap_over_deployments_equals_loop():
+    m = presets.model("llama3-8b")
+    sy = presets.system("h100-sxm5-80gb")
+    plan = InferencePlan(tp=1, input_len=200, output_len=50)
+    arrival, inp, out = _case(7, n=60)
+    req = Requests(jnp.asarray(arrival, jnp.float32), jnp.asarray(inp, jnp.float32),
+                   jnp.asarray(out, jnp.float32))
+    seqs = jnp.array([4.0, 8.0, 16.0])
+    budgets = jnp.array([256.0, 512.0, 2048.0])
+    bw = jnp.array([1.0, 0.5, 2.0]) * sy.accelerator.hbm_bandwidth
+
+    bound = step_bound(inp, Engine(max_num_batched_tokens=256))
+
+    def one(s, b, hbm):
+        import equinox as eqx
+        system = eqx.tree_at(lambda x: x.accelerator.hbm_bandwidth, sy, hbm)
+        cost = iteration_cost(m, system, plan, b)
+        return simulate(cost, Engine(max_num_seqs=s, max_num_batched_tokens=b), 1e6, req, 16,
+                        bound)
+
+    batched = jax.jit(jax.vmap(one))(seqs, budgets, bw)
+    for i in range(3):
+        single = jax.jit(one)(seqs[i], budgets[i], bw[i])
+        for name in ("admit", "first_token", "finish"):
+            np.testing.assert_allclose(np.asarray(getattr(batched, name))[i],
+                                       np.asarray(getattr(single, name)), rtol=1e-6)
+    same = jax.jit(jax.vmap(one, in_axes=(None, None, 0)))(8.0, 512.0, bw)
+    ttft = np.asarray(same.first_token - same.arrival).mean(axis=1)
+    assert ttft[2] < ttft[0] < ttft[1]  # more HBM bandwidth, never slower
+
+
+@pytest.mark.parametrize("name,gpu,tp,runtime", [
+    ("llama3-70b", "h100-sxm5-80gb", 4, None),
+    ("llama3-8b", "h100-sxm5-80gb", 1, "vllm"),
+    ("mixtral-8x7b", "a100-sxm4-80gb", 2, "trtllm"),
+])
+def test_iteration_time_equals_infer_phases(name, gpu, tp, runtime):
+    """A prefill-only iteration of b prompts is infer's TTFT; a decode-only iteration at the
+    mean context is infer's TPOT (both from the same operations)."""
+    m, sy = presets.model(name), presets.system(gpu)
+    rt = presets.runtime(runtime) if runtime else None
+    for b, s, o in [(1, 467, 256), (8, 1000, 100), (64, 128, 128)]:
+        plan = InferencePlan(tp=tp, batch=b, input_len=s, output_len=o)
+        r = infer(m, sy, plan, None, rt)
+        cost = iteration_cost(m, sy, plan, max(8192.0, b * s), None, rt)
+        prefill = iteration_time(cost, b * s, b, 0.0, b * 0.5 * s * s, 1.0)
+        context = float(m.mean_cached_tokens(s, s + o))
+        decode = iteration_time(cost, b, b, b * context, 0.0, 0.0)
+        # equal up to the pass's interpolation between grid token counts (<= 0.5 %)
+        assert float(prefill) == pytest.approx(float(r.ttft), rel=5e-3)
+        assert float(decode) == pytest.approx(float(r.tpot), rel=5e-3)
+
+
+def test_interpolated_pass_within_half_a_percent_of_exact():
+    """The pass cost between grid points (linear interpolation) against the exact operation
+    model at token counts off the grid."""
+    m, sy = presets.model("llama3-70b"), presets.system("h100-sxm5-80gb")
+    plan = InferencePlan(tp=4, input_len=512, output_len=128)
+    cost = iteration_cost(m, sy, plan, 8192.0)
+    for n in [3.0, 37.0, 129.0, 700.0, 3001.0, 7777.0]:
+        exact = iteration_cost(m, sy, plan, n)  # n is the grid's last point there
+        lerp = iteration_time(cost, n, n, 0.0, 0.0, 0.0)
+        want = iteration_time(exact, n, n, 0.0, 0.0, 0.0)
+        assert float(lerp) == pytest.approx(float(want), rel=5e-3)
