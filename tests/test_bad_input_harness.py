@@ -88,6 +88,12 @@ _add("search infer", "--input --output --max-gpus --top", COUNT)
 _add("search infer", "--prefill-tokens", COUNT0)
 _add("search infer", "--gemm-peak-fraction", FRACTION)
 _add("search infer", "--latency --tpot", POSITIVE)
+_add("serve", "--tp --pp --ep --replicas --num-requests --input --output --max-gpus "
+              "--max-num-seqs --max-num-batched-tokens --block-size", COUNT)
+_add("serve", "--concurrency --seed", ("-1", "2147483648", *INT_JUNK))
+_add("serve", "--input-spread --output-spread --price-per-hour", ("-1", *FLOAT_JUNK))
+_add("serve", "--rate", POSITIVE)
+_add("serve", "--kv-memory-fraction --gemm-peak-fraction", FRACTION)
 _add("calibrate", "--folds", ("-1", "0", "1", "2147483648", *INT_JUNK),
      ("--cv", "kfold"))
 _add("calibrate", "--steps --lbfgs-steps", ("-1", "2147483648", "1000000", *INT_JUNK))
@@ -115,6 +121,7 @@ BASE = {
     "search train": ["search", "train", "--model", "gpt-1.7b", "--gpus", "8",
                      "--global-batch", "8"],
     "search infer": ["search", "infer", "--model", "llama2-7b"],
+    "serve": ["serve", "--model", "llama2-7b", "--gpu", "h100", "--num-requests", "20"],
     "calibrate": ["calibrate", "--out", "{tmp}/fit.json", "--quiet"],
     "sensitivity": ["sensitivity"],
     "attribution": ["attribution"],

@@ -29,8 +29,10 @@ class _AffineCost:
 
 def _run_jax(time_fn, arrival, inp, out, engine, kv, concurrency=0, fast_forward=True):
     import diffperf.serving._simulate as sim
-    original = sim.iteration_time
-    sim.iteration_time = lambda cost, *a: time_fn(*a)
+    original = sim._base, sim._with_keys, sim.keys_read
+    sim._base = lambda cost, *a: a  # the arguments, for _with_keys
+    sim._with_keys = lambda cost, base, keys: time_fn(base[0], base[1], keys, base[3],
+                                                     base[4])
     sim.keys_read = lambda cost, ctx: ctx  # no sliding window
     try:
         req = Requests(jnp.asarray(arrival, jnp.float32), jnp.asarray(inp, jnp.float32),
@@ -39,9 +41,7 @@ def _run_jax(time_fn, arrival, inp, out, engine, kv, concurrency=0, fast_forward
         return simulate(None, engine, kv, req, slots, step_bound(inp, engine) * 4,
                         float(concurrency), fast_forward)
     finally:
-        sim.iteration_time = original
-        from diffperf.inference._iteration import keys_read
-        sim.keys_read = keys_read
+        sim._base, sim._with_keys, sim.keys_read = original
 
 
 def _case(seed, n=40):

@@ -260,6 +260,61 @@ def search_benchmark(log=print) -> dict:
     return {"gpt3_175b_1024_a100": r, "megatron": megatron_comparison(log=log)}
 
 
+# ------------------------------------------------------------------------------- serving
+def serving_benchmark(deployments: int = 10_000, num_requests: int = 1000, slots: int = 64,
+                      chunk: int = 1000, log=print) -> dict:
+    """Simulate `deployments` serving deployments of Llama 3 8B on H100 (tensor parallelism
+    1-8, HBM bandwidth x0.5-2, `max_num_seqs` up to `slots`, token budgets 2,048-8,192) each
+    under the same `num_requests` Poisson requests (20 requests/s, prompts 512 +- 100, outputs
+    128 +- 30 tokens), vmapped `chunk` deployments per compiled call; wall time with
+    compilation, and without it (the second pass)."""
+    import equinox as eqx
+
+    from ..inference._iteration import iteration_cost, kv_capacity_tokens
+    from ..serving import Requests, Traffic, requests, simulate, step_bound
+    from ..specs import Engine, InferencePlan
+    say = log or (lambda *a: None)
+    m, sy = model("llama3-8b"), system("h100-sxm5-80gb")
+    arrival, inp, out = requests(Traffic(rate=20.0, num_requests=num_requests, input_len=512,
+                                         output_len=128, input_spread=100, output_spread=30,
+                                         distribution="normal"))
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    req = Requests(f32(arrival), f32(inp), f32(out))
+    rng = np.random.default_rng(0)
+    tp = f32(rng.choice([1, 2, 4, 8], deployments))
+    hbm = f32(rng.uniform(0.5, 2.0, deployments)) * sy.accelerator.hbm_bandwidth
+    seqs = f32(rng.choice([s for s in (8, 16, 32, 64, 128, 256) if s <= slots], deployments))
+    budget = f32(rng.choice([2048, 4096, 8192], deployments))
+    bound = step_bound(inp, Engine(max_num_batched_tokens=2048))
+    plan = InferencePlan(input_len=512, output_len=128)
+
+    def one(tp, h, s, b):
+        system_ = eqx.tree_at(lambda x: x.accelerator.hbm_bandwidth, sy, h)
+        p = eqx.tree_at(lambda q: q.tp, plan, tp)
+        eng = Engine(max_num_seqs=s, max_num_batched_tokens=b)
+        sched = simulate(iteration_cost(m, system_, p, b), eng,
+                         kv_capacity_tokens(m, system_, p, b, s, 0.9), req, slots, bound)
+        return jnp.mean(sched.first_token - sched.arrival), sched.steps, sched.completed
+
+    f = jax.jit(jax.vmap(one))
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        outs = [f(tp[i:i + chunk], hbm[i:i + chunk], seqs[i:i + chunk], budget[i:i + chunk])
+                for i in range(0, deployments, chunk)]
+        jax.block_until_ready(outs)
+        times.append(time.perf_counter() - t0)
+    steps = np.concatenate([np.asarray(o[1]) for o in outs])
+    completed = float(np.mean(np.concatenate([np.asarray(o[2]) for o in outs])))
+    say(f"serving: {deployments:,} deployments x {num_requests:,} requests ({slots} request "
+        f"slots) simulated in {times[1]:.1f} s ({times[0]:.1f} s with compilation); "
+        f"{steps.mean():.0f} simulation steps per deployment on average; "
+        f"{100 * completed:.0f} % completed (target: 10^4 x 1,000 in <= 60 s)")
+    return {"deployments": deployments, "requests": num_requests, "slots": slots,
+            "seconds": times[1], "seconds_with_compilation": times[0],
+            "mean_steps": float(steps.mean()), "completed": completed}
+
+
 # ---------------------------------------------------------------------------- command line
 #: `bench cli`'s commands, each run in a fresh process: the module a prediction imports, one
 #: training and one inference prediction (their defaults) and `validate` on a few rows.

@@ -27,7 +27,9 @@ DEFAULT_INFER_GPU = "h100-sxm5-80gb"
 
 #: Titles of the option groups every command's --help shows, in this order.
 GROUPS = {"model": "model", "hardware": "hardware", "runtime": "software runtime",
-          "plan": "plan (parallelism, batch, lengths, precision)", "output": "output"}
+          "plan": "plan (parallelism, batch, lengths, precision)", "output": "output",
+          "engine": "serving engine (scheduler)", "traffic": "traffic",
+          "cost": "cost and energy", "search": "SLO search"}
 
 
 def group(parser, name: str):

@@ -79,6 +79,7 @@ from ._runtime import (
     with_plan_fields,
 )
 from ._search import add_search_parser
+from ._serve import add_serve_parser
 
 
 #: `train` / `search train` GPU when neither --gpu nor --system is given.
@@ -648,9 +649,10 @@ def _add_bench(sub):
                                    "4, 8 forced CPU devices; search: the GPT-3 175B / 1,024 A100 "
                                    "exhaustive plan search; cli: wall time of `diffperf train`, "
                                    "`infer` and `validate` on a few rows, each in a fresh "
-                                   "process with a warm compilation cache.")
+                                   "process with a warm compilation cache; serve: 10^4 serving "
+                                   "deployments x 1,000 requests simulated (vmapped).")
     p.add_argument("what", nargs="?", default="core",
-                   choices=["core", "sweep", "search", "cli", "all"])
+                   choices=["core", "sweep", "search", "cli", "serve", "all"])
     p.add_argument("--n", type=int, default=1_000_000,
                    help="configurations (default 10^6, at most 10^7)")
     p.add_argument("--repeats", type=int, default=5,
@@ -667,7 +669,7 @@ def run_bench(args) -> int:
         print(f"error: --n must be at least 2 (the sweeps are vmapped over a batch), got "
               f"{args.n}", file=sys.stderr)
         return 2
-    if args.what in ("sweep", "search", "cli") and args.n != 1_000_000:
+    if args.what in ("sweep", "search", "cli", "serve") and args.n != 1_000_000:
         print(f"note: --n applies to 'core' only; 'bench {args.what}' has a fixed workload",
               file=sys.stderr)
     log = None if args.json else print
@@ -680,6 +682,8 @@ def run_bench(args) -> int:
         result["search"] = bench.search_benchmark(log=log)
     if args.what in ("cli", "all"):
         result["cli"] = bench.cli_benchmark(repeats=args.repeats, against=args.against, log=log)
+    if args.what in ("serve", "all"):
+        result["serve"] = bench.serving_benchmark(log=log)
     if args.json:
         print(json.dumps(result))
     return 0
@@ -781,6 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_presets(sub)
     add_infer_parser(sub)
+    add_serve_parser(sub)
     add_search_parser(sub)
     add_calibrate_parser(sub)
     add_design_parsers(sub)

@@ -14,14 +14,6 @@ from ._host import (
     host_issue_time as host_issue_time,
     host_wait as host_wait,
 )
-from ._iteration import (
-    IterationCost as IterationCost,
-    iteration_cost as iteration_cost,
-    iteration_time as iteration_time,
-    keys_read as keys_read,
-    kv_bytes_per_token as kv_bytes_per_token,
-    kv_capacity_tokens as kv_capacity_tokens,
-)
 from ._infer import (
     Cost as Cost,
     InferenceMemory as InferenceMemory,
@@ -36,4 +28,12 @@ from ._infer import (
     max_batch as max_batch,
     phase_graphs as phase_graphs,
     weight_bytes_per_gpu as weight_bytes_per_gpu,
+)
+from ._iteration import (
+    IterationCost as IterationCost,
+    iteration_cost as iteration_cost,
+    iteration_time as iteration_time,
+    keys_read as keys_read,
+    kv_bytes_per_token as kv_bytes_per_token,
+    kv_capacity_tokens as kv_capacity_tokens,
 )

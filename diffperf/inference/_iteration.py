@@ -52,7 +52,7 @@ from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
-from ._host import graph_kernel_time, graph_share, host_issue_time
+from ._host import graph_kernel_time, host_issue_time
 from ._infer import (
     _decode_attention,
     _dims,
@@ -162,27 +162,40 @@ def iteration_time(cost: IterationCost, tokens, emitting, decode_keys, prefill_p
     - `prefill_pairs`: causal query-key pairs of the prompt chunks, sum of c (done + c / 2).
     - `has_prefill`: 1 if any prompt chunk runs, else 0.
     """
+    base, issue = iteration_base(cost, tokens, emitting, decode_keys > 0, prefill_pairs,
+                                 has_prefill)
+    return time_with_keys(cost, base, issue, decode_keys)
+
+
+def iteration_base(cost: IterationCost, tokens, emitting, has_decode, prefill_pairs,
+                   has_prefill) -> tuple[jax.Array, jax.Array]:
+    """`(gpu, issue)`: the iteration's GPU time without the decoders' key reads, and the host
+    time to issue its pass, s (`iteration_time` = `time_with_keys` of them). Split so that
+    iterations differing only in their keys share the rest."""
     n = jnp.maximum(tokens, 1.0)
     m = jnp.maximum(emitting, 1.0)
     lerp = lambda v, at: jnp.interp(at, cost.grid, v)
-    has_decode = decode_keys > 0
-    graph = graph_share(jnp.where(has_prefill > 0, cost.prefill_graph, cost.decode_graph), n,
-                        cost)
-    decode = jnp.where(has_decode, cost.decode_per_key * decode_keys, 0.0)
+    graph = jnp.where(n <= cost.graph_max_tokens,  # as `graph_share`
+                      jnp.where(has_prefill > 0, cost.prefill_graph, cost.decode_graph), 0.0)
     prefill = jnp.where(has_prefill > 0, smooth_max(cost.prefill_per_pair * prefill_pairs,
                                                     cost.prefill_per_token * n), 0.0)
-    eager = (lerp(cost.body_launch, n) + jnp.where(emitting > 0, lerp(cost.head_launch, m), 0.0)
+    emits = emitting > 0
+    eager = (lerp(cost.body_launch, n) + jnp.where(emits, lerp(cost.head_launch, m), 0.0)
              + jnp.where(has_decode, cost.decode_launch, 0.0)
              + jnp.where(has_prefill > 0, cost.prefill_launch, 0.0))
-    kernels = (lerp(cost.body_kernels, n)
-               + jnp.where(emitting > 0, lerp(cost.head_kernels, m), 0.0)
+    kernels = (lerp(cost.body_kernels, n) + jnp.where(emits, lerp(cost.head_kernels, m), 0.0)
                + jnp.where(has_decode, cost.decode_kernels, 0.0)
                + jnp.where(has_prefill > 0, cost.prefill_kernels, 0.0))
     launch = (1.0 - graph) * eager + graph * kernels * cost.replayed
-    gpu = (lerp(cost.body, n) + jnp.where(emitting > 0, lerp(cost.head, m), 0.0) + decode
-           + prefill + launch)
-    wait = cost.host_step + exposed_after_overlap((1.0 - graph) * cost.host_issue, gpu) / cost.pp
-    return gpu + wait
+    gpu = (lerp(cost.body, n) + jnp.where(emits, lerp(cost.head, m), 0.0) + prefill + launch)
+    return gpu, (1.0 - graph) * cost.host_issue
+
+
+def time_with_keys(cost: IterationCost, gpu, issue, decode_keys) -> jax.Array:
+    """An iteration's time from `iteration_base`'s parts and the decoders' keys, s: GPU time
+    plus the host's wait (the engine's step time and the issue time the GPU does not hide)."""
+    gpu = gpu + cost.decode_per_key * decode_keys
+    return gpu + cost.host_step + exposed_after_overlap(issue, gpu) / cost.pp
 
 
 def kv_bytes_per_token(model: Transformer, plan: InferencePlan) -> jax.Array:

@@ -300,11 +300,12 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
             if p == n:  # nothing running, nothing left: done
                 return _result(arrivals, admit_time, first_token_time, finish_time, inputs,
                                outputs, iterations)
-            if arrivals[p] is None or arrivals[p] <= t:  # unreachable after the checks above
+            nxt = arrivals[p]
+            if nxt is None or nxt <= t:  # unreachable after the checks above
                 raise RuntimeError(f"request {p} can never be admitted (nothing is running, "
                                    f"it has arrived, and it does not fit: reservation "
                                    f"{reservations[p]} > kv_capacity {K!r})")
-            t = arrivals[p]
+            t = nxt
 
         if len(iterations) >= max_iterations:
             raise RuntimeError(f"reference_schedule ran max_iterations={max_iterations} "

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..inference._iteration import IterationCost, iteration_time, keys_read
+from ..inference._iteration import IterationCost, iteration_base, keys_read, time_with_keys
 from ..specs._engine import Engine
 
 _BIG = 1e30  # "never" (a time or a count); finite so that no NaN is ever produced
@@ -78,6 +78,16 @@ def step_bound(input_len, engine: Engine) -> int:
     n = int(np.size(input_len))
     budget = float(np.min(np.asarray(engine.max_num_batched_tokens)))
     return int(4 * n + np.ceil(float(np.sum(input_len)) / budget) + 16)
+
+
+def _base(cost, tokens, emitting, has_decode, pairs, has_prefill):
+    """An iteration's time without its decoders' key reads (`iteration_base`)."""
+    return iteration_base(cost, tokens, emitting, has_decode, pairs, has_prefill)
+
+
+def _with_keys(cost, base, keys):
+    """The iteration's time when its decoders read `keys` keys (`time_with_keys`), s."""
+    return time_with_keys(cost, *base, keys)
 
 
 def _affine_root(t0, delta, gap) -> jax.Array:
@@ -176,24 +186,25 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         has_prefill = (pre_tokens > 0).astype(t.dtype)
         ctx = jnp.where(running, gather(s_in, slot_req) + slot_gen, 0.0)
         keys0 = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx), 0.0))
+        keys1 = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx + 1.0), 0.0))
         tokens = d + pre_tokens
         emitting = d + fin(n_c)
-        t0 = iteration_time(cost, tokens, emitting, keys0, pairs, has_prefill)
+        base = _base(cost, tokens, emitting, d > 0, pairs, has_prefill)
+        t0 = _with_keys(cost, base, keys0)
         # 4. fast-forward a decode-only stretch
         out_slot = gather(s_out, slot_req)
         left = jnp.where(dec_on, out_slot - slot_gen, _BIG)
         k_finish = jnp.min(left)
         head_res = gather(reserve, p)
         can_admit = (p < n) & (free - fin(m) > 0) & (kv_used + head_res <= kv_capacity)
-        keys1 = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx + 1.0), 0.0))
-        t1 = iteration_time(cost, tokens, emitting, keys1, pairs, has_prefill)
+        t1 = _with_keys(cost, base, keys1)
         gap = gather(arrival, p) - t
         k_arrive = jnp.where(can_admit & (gap > 0),
                              _affine_root(t0, jnp.maximum(t1 - t0, 0.0), gap), _BIG)
         ff = fast_forward & (has_prefill == 0) & ~pending_any & (d > 0)
         k = jnp.where(ff, jnp.maximum(jnp.minimum(k_finish, k_arrive), 1.0), 1.0)
         keys_last = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx + k - 1.0), 0.0))
-        t_last = iteration_time(cost, tokens, emitting, keys_last, pairs, has_prefill)
+        t_last = _with_keys(cost, base, keys_last)
         span = jnp.where(k > 1, 0.5 * k * (t0 + t_last), t0)
         t_new = jnp.where(go, t + span, jnp.where(idle, t_idle, t))
         # 5. updates
@@ -210,7 +221,8 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         kv_used = kv_used - jnp.sum(jnp.where(ends, gather(reserve, slot_req), 0.0))
         slot_req = jnp.where(ends, -1, slot_req)
         f = jnp.sum(ends)
-        arrival = jnp.where(closed & (order >= issued) & (order < issued + f), t_new, arrival)
+        issue_at = jnp.where(closed & (window < f), issued + window, n)
+        arrival = arrival.at[issue_at].set(t_new, mode="drop")
         issued = jnp.where(closed, jnp.minimum(issued + f, n), issued)
         iters = iters + jnp.where(go, k, 0.0)
         busy = busy + jnp.where(go, span, 0.0)

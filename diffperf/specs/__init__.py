@@ -2,8 +2,8 @@
 training and inference plans, the efficiency factors, and the Hugging Face config import."""
 
 from ._attention import Projection as Projection, projections as projections
-from ._engine import POLICIES as POLICIES, Engine as Engine
 from ._efficiency import Efficiency as Efficiency, matmul_efficiency as matmul_efficiency
+from ._engine import POLICIES as POLICIES, Engine as Engine
 from ._hardware import (
     BYTES_PER_ELEMENT as BYTES_PER_ELEMENT,
     INTEGER_WEIGHTS as INTEGER_WEIGHTS,

@@ -1,0 +1,278 @@
+"""`diffperf serve`: one deployment under one traffic (the engine's scheduler simulated), or,
+with `--slo`, the search for the deployments that meet latency targets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import jax
+
+from .. import presets
+from ..presets import system
+from ..serving import Traffic, read_trace, serve
+from ..serving._search import SLO_METRICS, parse_slo, slo_search
+from ..specs import Engine, InferencePlan
+from ._common import (
+    DEFAULT_INFER_GPU,
+    DEFAULT_INFER_MODEL,
+    _load_efficiency,
+    _load_model,
+    add_gpu_argument,
+    add_model_argument,
+    add_output_arguments,
+    group,
+)
+from ._infer import add_precision_arguments, precisions_of
+from ._runtime import add_runtime_argument, resolve_runtime
+
+#: The engine preset that goes with each software-runtime preset (and the default pair).
+ENGINE_OF_RUNTIME = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
+DEFAULT_ENGINE = "trtllm"
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the `serve` sub-command."""
+    p = subparsers.add_parser(
+        "serve", help="serving under load: TTFT / TPOT percentiles, throughput, cost; --slo "
+                      "searches deployments",
+        description="Simulate an engine replica's scheduler (in-flight batching, chunked "
+                    "prefill, KV-cache admission; docs/serving.md) serving a request stream, "
+                    "each iteration's time from the inference cost model: TTFT, time per "
+                    "output token and end-to-end latency at p50 / p90 / p99, throughput per "
+                    "GPU, cost per million tokens and energy per token. With --slo: search "
+                    "tensor parallelism, request slots and replicas for the fewest GPUs that "
+                    f"meet the targets. Without --model / --gpu: {DEFAULT_INFER_MODEL} on "
+                    f"{DEFAULT_INFER_GPU}.")
+    add_model_argument(p, DEFAULT_INFER_MODEL)
+    add_gpu_argument(p, DEFAULT_INFER_GPU)
+    add_runtime_argument(p, what="Its host costs and CUDA graphs enter every iteration's time; "
+                                 "it also picks the default --engine.")
+    pl = group(p, "plan")
+    pl.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
+    pl.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (default 1)")
+    pl.add_argument("--ep", type=int, default=1, help="expert parallel degree within tp")
+    pl.add_argument("--replicas", type=int, default=1,
+                    help="engine replicas; requests go round robin (default 1)")
+    add_precision_arguments(pl)
+    e = group(p, "engine")
+    e.add_argument("--engine", default=None, metavar="NAME",
+                   help=f"scheduler preset: {', '.join(presets.engine_names())} (default: the "
+                        f"one matching --runtime, else {DEFAULT_ENGINE})")
+    e.add_argument("--max-num-seqs", type=int, default=None, help="request slots")
+    e.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of one iteration")
+    e.add_argument("--chunked-prefill", choices=["on", "off"], default=None)
+    e.add_argument("--policy", choices=["decode_first", "prefill_first"], default=None)
+    e.add_argument("--block-size", type=int, default=None, help="KV-cache block, tokens")
+    e.add_argument("--kv-memory-fraction", type=float, default=None,
+                   help="share of the free HBM given to the KV cache")
+    t = group(p, "traffic")
+    t.add_argument("--rate", type=float, default=None,
+                   help="Poisson arrivals, requests/s (default: every request at t = 0, the "
+                        "offline maximum-throughput benchmark)")
+    t.add_argument("--concurrency", type=int, default=0,
+                   help="closed loop with this many clients (instead of --rate)")
+    t.add_argument("--trace", default=None, metavar="FILE.csv",
+                   help="requests from a CSV with arrival (s), input_len, output_len")
+    t.add_argument("--num-requests", type=int, default=1000, help="requests (default 1000)")
+    t.add_argument("--input", type=int, default=1024, help="mean prompt tokens (1024)")
+    t.add_argument("--output", type=int, default=256, help="mean output tokens (256)")
+    t.add_argument("--input-spread", type=float, default=0.0,
+                   help="standard deviation (normal) or range ratio (uniform) of prompts")
+    t.add_argument("--output-spread", type=float, default=0.0)
+    t.add_argument("--distribution", choices=["fixed", "normal", "uniform"], default="fixed")
+    t.add_argument("--seed", type=int, default=0)
+    c = group(p, "cost")
+    c.add_argument("--price-per-hour", type=float, default=None,
+                   help="USD per GPU-hour (default: the GPU's preset price)")
+    c.add_argument("--power", dest="gpu_power", default=None, metavar="IDLE,MAX",
+                   help="GPU power at idle and busy, W (default: the GPU's preset)")
+    s = group(p, "search")
+    s.add_argument("--slo", default=None, metavar="METRIC=SECONDS,...",
+                   help=f"search deployments meeting these targets ({', '.join(SLO_METRICS)}), "
+                        "e.g. ttft_p90=0.5,tpot_p90=0.05")
+    s.add_argument("--max-gpus", type=int, default=64,
+                   help="search: largest deployment, GPUs (default 64)")
+    add_output_arguments(p, plot="with --slo: save the throughput-latency front to this file")
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def _engine(args, runtime_name: str) -> tuple[str, Engine]:
+    name = args.engine or ENGINE_OF_RUNTIME.get(runtime_name, DEFAULT_ENGINE)
+    base = presets.engine(name)
+    fields = {k: getattr(base, k) for k in ("max_num_seqs", "max_num_batched_tokens",
+                                            "chunked_prefill", "policy", "block_size",
+                                            "kv_memory_fraction")}
+    given = {"max_num_seqs": args.max_num_seqs,
+             "max_num_batched_tokens": args.max_num_batched_tokens,
+             "chunked_prefill": None if args.chunked_prefill is None
+             else float(args.chunked_prefill == "on"),
+             "policy": args.policy, "block_size": args.block_size,
+             "kv_memory_fraction": args.kv_memory_fraction}
+    fields.update({k: v for k, v in given.items() if v is not None})
+    return name, Engine(**fields)
+
+
+def _power(args) -> tuple[float, float]:
+    if args.gpu_power is None:
+        return presets.gpu_power(presets.system_gpu(args.gpu))
+    try:
+        idle, busy = (float(x) for x in args.gpu_power.split(","))
+    except ValueError:
+        raise ValueError(f"--power must be IDLE,MAX in W, got {args.gpu_power!r}") from None
+    if not (0 <= idle <= busy and math.isfinite(busy)):
+        raise ValueError(f"--power must be 0 <= IDLE <= MAX W, got {args.gpu_power!r}")
+    return idle, busy
+
+
+def _price(args) -> float:
+    if args.price_per_hour is None:
+        return presets.gpu_price_per_hour(presets.system_gpu(args.gpu))
+    if not (args.price_per_hour >= 0 and math.isfinite(args.price_per_hour)):
+        raise ValueError(f"--price-per-hour must be >= 0 USD, got {args.price_per_hour!r}")
+    return args.price_per_hour
+
+
+def _traffic(args):
+    if args.trace:
+        if args.concurrency:
+            raise ValueError("--trace and --concurrency exclude each other")
+        return read_trace(args.trace)
+    rate = math.inf if args.rate is None else args.rate
+    if args.concurrency and args.rate is not None:
+        raise ValueError("--rate and --concurrency exclude each other (a closed loop sends "
+                         "the next request when one finishes)")
+    return Traffic(rate=rate, num_requests=args.num_requests, input_len=args.input,
+                   output_len=args.output, input_spread=args.input_spread,
+                   output_spread=args.output_spread, distribution=args.distribution,
+                   concurrency=args.concurrency, seed=args.seed)
+
+
+def _ms(x) -> float:
+    return round(1e3 * float(x), 3)
+
+
+def summary(rep) -> dict:
+    """The report as a JSON-ready dict (times in ms, throughput in tokens/s)."""
+    lat = lambda v: {k: _ms(getattr(v, k)) for k in ("mean", "p50", "p90", "p99")}
+    return {"ttft_ms": lat(rep.ttft), "tpot_ms": lat(rep.tpot),
+            "itl_mean_ms": _ms(rep.itl_mean), "e2e_ms": lat(rep.e2e),
+            "queue_ms": lat(rep.queue), "output_tok_s": float(rep.output_tok_s),
+            "output_tok_s_per_gpu": float(rep.output_tok_s_per_gpu),
+            "total_tok_s": float(rep.total_tok_s), "request_rate": float(rep.request_rate),
+            "duration_s": float(rep.duration), "busy_share": float(rep.busy_share),
+            "mean_batch_tokens": float(rep.mean_batch_tokens),
+            "iterations": float(rep.iterations), "kv_capacity_tokens": float(rep.kv_capacity),
+            "replicas": float(rep.replicas), "num_gpus": float(rep.num_gpus),
+            "cost_per_million_tokens_usd": float(rep.cost_per_million_tokens),
+            "energy_per_token_j": float(rep.energy_per_token)}
+
+
+def _check_options(args) -> None:
+    """One-line errors naming the option for values the command cannot use."""
+    for k in ("tp", "pp", "ep", "replicas", "num_requests", "input", "output", "max_gpus",
+              "max_num_seqs", "max_num_batched_tokens", "block_size"):
+        v = getattr(args, k)
+        if v is not None and v < 1:
+            raise ValueError(f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}")
+    for k in ("concurrency", "seed", "input_spread", "output_spread"):
+        v = getattr(args, k)
+        if v < 0:
+            raise ValueError(f"--{k.replace('_', '-')} must be >= 0, got {v}")
+    if args.rate is not None and not args.rate > 0:
+        raise ValueError(f"--rate must be > 0 requests/s, got {args.rate}")
+    f = args.kv_memory_fraction
+    if f is not None and not 0 < f <= 1:
+        raise ValueError(f"--kv-memory-fraction must be in (0, 1], got {f}")
+
+
+def run_serve(args) -> int:
+    """Run `diffperf serve`; returns the exit status (0 ok, 2 bad input)."""
+    try:
+        _check_options(args)
+        choice = resolve_runtime(args, None)
+        engine_name, engine = _engine(args, choice.name)
+        mdl = _load_model(args.model)
+        sys_ = system(args.gpu)
+        weights, act, kv = precisions_of(args)
+        plan = InferencePlan(tp=args.tp, pp=args.pp, ep=args.ep, weight_precision=weights,
+                             activation_precision=act, kv_precision=kv,
+                             gemm_peak_fraction=args.gemm_peak_fraction)
+        eff = _load_efficiency(None, args.gpu)
+        traffic = _traffic(args)
+        price, power = _price(args), _power(args)
+        if args.slo:
+            return _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price,
+                               power)
+        if args.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+        rep = jax.device_get(serve(mdl, sys_, plan, engine, traffic, eff, choice.runtime,
+                                   replicas=args.replicas, price_per_hour=price,
+                                   power=power))
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = summary(rep)
+    out["engine"] = {"preset": engine_name, **{k: float(getattr(engine, k)) for k in (
+        "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy", "block_size",
+        "kv_memory_fraction")}}
+    out["runtime"] = choice.name
+    out["price_per_gpu_hour_usd"], out["power_w"] = price, list(power)
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    where = f"{args.model} on {args.replicas} x {args.tp * args.pp} {args.gpu}"
+    load = (f"trace {args.trace}" if args.trace else
+            f"closed loop, {args.concurrency} clients" if args.concurrency else
+            f"{'all at once' if args.rate is None else f'{args.rate:g} req/s Poisson'}")
+    print(f"{where} (tp={args.tp}, pp={args.pp}), engine {engine_name} "
+          f"(max_num_seqs {out['engine']['max_num_seqs']:g}, budget "
+          f"{out['engine']['max_num_batched_tokens']:g} tokens), runtime {choice.name}")
+    if not args.trace:
+        print(f"traffic: {args.num_requests} requests, {load}, input {args.input:g} / output "
+              f"{args.output:g} tokens ({args.distribution})")
+    print(f"\n{'':16}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}  ms")
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "end-to-end"),
+                       ("queue_ms", "queueing")):
+        v = out[key]
+        print(f"{label:16}" + "".join(f"{v[k]:>10.1f}" for k in ("mean", "p50", "p90", "p99")))
+    print(f"\nmean inter-token latency {out['itl_mean_ms']:.1f} ms; output "
+          f"{out['output_tok_s']:,.0f} tokens/s ({out['output_tok_s_per_gpu']:,.0f} per GPU), "
+          f"{out['request_rate']:.2f} requests/s")
+    print(f"engine busy {100 * out['busy_share']:.0f} % of the time, "
+          f"{out['mean_batch_tokens']:.0f} tokens per iteration on average; KV cache "
+          f"{out['kv_capacity_tokens']:,.0f} tokens per replica")
+    print(f"cost ${out['cost_per_million_tokens_usd']:.3f} per million output tokens at "
+          f"${price:g}/GPU-h; energy {out['energy_per_token_j']:.3f} J per output token "
+          f"({power[0]:g}-{power[1]:g} W per GPU)")
+    return 0
+
+
+def _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price, power) -> int:
+    if not isinstance(traffic, Traffic):
+        raise ValueError("--slo searches with --rate or --concurrency traffic, not --trace")
+    slo = parse_slo(args.slo)
+    result = slo_search(mdl, sys_, plan, engine, traffic, slo, eff, choice.runtime,
+                        max_gpus=args.max_gpus, price_per_hour=price, power=power,
+                        log=None if args.json else print)
+    if args.plot:
+        from ..plots import serving_front_plot
+        serving_front_plot(result, args.plot, f"{args.model} on {args.gpu}")
+        print(f"wrote {args.plot}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    best = result["best"]
+    if best is None:
+        print(f"no deployment of at most {args.max_gpus} GPUs meets {args.slo}")
+        return 1
+    print(f"\nfewest GPUs meeting {args.slo}: {best['num_gpus']:g} "
+          f"({best['replicas']:g} x tp {best['tp']:g}, max_num_seqs {best['max_num_seqs']:g}), "
+          f"TTFT p90 {best['ttft_p90_ms']:.0f} ms, TPOT p90 {best['tpot_p90_ms']:.1f} ms, "
+          f"{best['output_tok_s_per_gpu']:,.0f} tokens/s per GPU, "
+          f"${best['cost_per_million_tokens_usd']:.3f} per million tokens")
+    return 0

@@ -1,0 +1,79 @@
+"""`diffperf serve`: one deployment under load, its JSON, the SLO search and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_run import run
+
+BASE = ("serve", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--num-requests", "60",
+        "--input", "300", "--output", "40", "--engine", "vllm")
+
+
+def test_serve_json_is_consistent(capsys):
+    code, out, err = run(capsys, *BASE, "--rate", "5", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    ttft, tpot = s["ttft_ms"], s["tpot_ms"]
+    assert 0 < ttft["p50"] <= ttft["p90"] <= ttft["p99"]
+    assert 0 < tpot["p50"] <= tpot["p90"] <= tpot["p99"]
+    # light load (5 req/s against thousands of tokens/s): the output rate follows the offered
+    # 5 x 40 tokens/s, within the Poisson sample's spread over 60 requests
+    assert 100 < s["output_tok_s"] < 400
+    assert s["engine"]["max_num_seqs"] == 1024  # vLLM V1's default on an H100
+    # cost = price x GPUs / tokens per s
+    want = s["price_per_gpu_hour_usd"] / 3600 / s["output_tok_s"] * 1e6
+    assert s["cost_per_million_tokens_usd"] == pytest.approx(want, rel=1e-5)
+
+
+def test_more_load_queues_more(capsys):
+    """At a rate beyond what one GPU sustains, the queue and TTFT grow; in the closed loop at
+    concurrency 1 no request ever queues."""
+    _, light, _ = run(capsys, *BASE, "--rate", "2", "--json")
+    _, heavy, _ = run(capsys, *BASE, "--rate", "1000", "--json")
+    light, heavy = json.loads(light), json.loads(heavy)
+    assert heavy["ttft_ms"]["p90"] > 3 * light["ttft_ms"]["p90"]
+    assert heavy["tpot_ms"]["mean"] > light["tpot_ms"]["mean"]  # bigger batches
+    code, one, err = run(capsys, *BASE, "--concurrency", "1", "--json")
+    assert code == 0, err
+    assert json.loads(one)["queue_ms"]["p99"] == 0.0
+
+
+def test_text_report(capsys):
+    code, out, err = run(capsys, *BASE, "--rate", "5")
+    assert code == 0, err
+    assert "TTFT" in out and "per million output tokens" in out
+
+
+def test_slo_search_picks_fewest_gpus_meeting_targets(capsys):
+    code, out, err = run(capsys, *BASE, "--rate", "20", "--slo",
+                         "ttft_p90=0.5,tpot_p90=0.05", "--max-gpus", "4", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    best = r["best"]
+    assert best is not None and best["meets"]
+    assert best["ttft_p90_ms"] <= 500 and best["tpot_p90_ms"] <= 50
+    fewer = [c for c in r["candidates"] if c["meets"] and c["num_gpus"] < best["num_gpus"]]
+    assert not fewer
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("--rate", "0"), "--rate"),
+    (("--num-requests", "0"), "--num-requests"),
+    (("--rate", "5", "--concurrency", "4"), "exclude each other"),
+    (("--slo", "ttft_p90=x"), "not a number"),
+    (("--slo", "latency=1"), "METRIC=SECONDS"),
+    (("--rate", "5", "--slo", "ttft_p90=-1"), "> 0 s"),
+    (("--slo", "ttft_p90=1"), "finite --rate"),
+    (("--power", "700,100"), "--power"),
+    (("--price-per-hour", "-1"), "--price-per-hour"),
+    (("--max-num-seqs", "0"), "--max-num-seqs"),
+    (("--input", "20000", "--chunked-prefill", "off"), "chunked_prefill is off"),
+    (("--engine", "nope"), "nope"),
+])
+def test_bad_input_one_line_error(capsys, argv, needle):
+    code, out, err = run(capsys, *BASE, *argv)
+    assert code == 2
+    lines = [x for x in err.strip().splitlines() if x]
+    assert len(lines) == 1 and needle in lines[0], err
