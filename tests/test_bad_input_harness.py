@@ -89,7 +89,8 @@ _add("search infer", "--prefill-tokens", COUNT0)
 _add("search infer", "--gemm-peak-fraction", FRACTION)
 _add("search infer", "--latency --tpot", POSITIVE)
 _add("serve", "--tp --pp --ep --replicas --num-requests --input --output --max-gpus "
-              "--max-num-seqs --max-num-batched-tokens --block-size", COUNT)
+              "--max-num-seqs --max-num-batched-tokens --block-size --prefill-tp --decode-tp",
+     COUNT)
 _add("serve", "--concurrency --seed", ("-1", "2147483648", *INT_JUNK))
 _add("serve", "--input-spread --output-spread --price-per-hour", ("-1", *FLOAT_JUNK))
 _add("serve", "--rate", POSITIVE)

@@ -56,6 +56,13 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     pl.add_argument("--ep", type=int, default=1, help="expert parallel degree within tp")
     pl.add_argument("--replicas", type=int, default=1,
                     help="engine replicas; requests go round robin (default 1)")
+    pl.add_argument("--disaggregated", default=None, metavar="xPyD",
+                    help="disaggregated prefill / decode: x prefill and y decode replicas, "
+                         "e.g. 2P1D (KV cache moved over NVLink within a domain, else RDMA)")
+    pl.add_argument("--prefill-tp", type=int, default=None,
+                    help="with --disaggregated: tp of a prefill replica (default --tp)")
+    pl.add_argument("--decode-tp", type=int, default=None,
+                    help="with --disaggregated: tp of a decode replica (default --tp)")
     add_precision_arguments(pl)
     e = group(p, "engine")
     e.add_argument("--engine", default=None, metavar="NAME",
@@ -175,7 +182,8 @@ def summary(rep) -> dict:
 def _check_options(args) -> None:
     """One-line errors naming the option for values the command cannot use."""
     for k in ("tp", "pp", "ep", "replicas", "num_requests", "input", "output", "max_gpus",
-              "max_num_seqs", "max_num_batched_tokens", "block_size"):
+              "max_num_seqs", "max_num_batched_tokens", "block_size", "prefill_tp",
+              "decode_tp"):
         v = getattr(args, k)
         if v is not None and v < 1:
             raise ValueError(f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}")
@@ -208,8 +216,9 @@ def run_serve(args) -> int:
         if args.slo:
             return _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price,
                                power)
-        if args.replicas < 1:
-            raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+        if args.disaggregated:
+            return _run_disaggregated(args, mdl, sys_, plan, engine, engine_name, eff, choice,
+                                      traffic, price, power)
         rep = jax.device_get(serve(mdl, sys_, plan, engine, traffic, eff, choice.runtime,
                                    replicas=args.replicas, price_per_hour=price,
                                    power=power))
@@ -275,4 +284,56 @@ def _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price, powe
           f"TTFT p90 {best['ttft_p90_ms']:.0f} ms, TPOT p90 {best['tpot_p90_ms']:.1f} ms, "
           f"{best['output_tok_s_per_gpu']:,.0f} tokens/s per GPU, "
           f"${best['cost_per_million_tokens_usd']:.3f} per million tokens")
+    return 0
+
+
+def parse_xpyd(text: str) -> tuple[int, int]:
+    """`"2P1D"` -> (2, 1); one-line error naming --disaggregated otherwise."""
+    import re
+    m = re.fullmatch(r"\s*(\d+)\s*[pP]\s*(\d+)\s*[dD]\s*", text)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ValueError(f"--disaggregated must be xPyD with x, y >= 1 (e.g. 2P1D), got "
+                         f"{text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _run_disaggregated(args, mdl, sys_, plan, engine, engine_name, eff, choice, traffic,
+                       price, power) -> int:
+    import equinox as eqx
+
+    from ..serving import serve_disaggregated
+    if args.slo:
+        raise ValueError("--slo searches aggregated deployments; drop --disaggregated")
+    x, y = parse_xpyd(args.disaggregated)
+    tp_of = lambda v: eqx.tree_at(lambda q: q.tp, plan, jax.numpy.asarray(float(v)))
+    pre, dec = tp_of(args.prefill_tp or args.tp), tp_of(args.decode_tp or args.tp)
+    out = serve_disaggregated(mdl, sys_, pre, dec, engine, engine, traffic, x, y, eff,
+                              choice.runtime, price_per_hour=price, power=power)
+    rep = jax.device_get(out["report"])
+    s = summary(rep)
+    s.update({"disaggregated": {"prefill_replicas": x, "decode_replicas": y,
+                                "prefill_tp": float(pre.tp), "decode_tp": float(dec.tp),
+                                "kv_transfer_ms": round(1e3 * out["kv_transfer_s"], 4),
+                                "link": out["link"], "prefill_busy": out["prefill_busy"],
+                                "decode_busy": out["decode_busy"],
+                                "requests_simulated": out["requests"]},
+              "engine": engine_name, "runtime": choice.name})
+    if args.json:
+        print(json.dumps(s, indent=1))
+        return 0
+    d = s["disaggregated"]
+    print(f"{args.model} on {args.gpu}: {x}P{y}D, prefill tp {d['prefill_tp']:g}, decode tp "
+          f"{d['decode_tp']:g} ({s['num_gpus']:g} GPUs), engine {engine_name}")
+    print(f"\n{'':16}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}  ms")
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "end-to-end")):
+        v = s[key]
+        print(f"{label:16}" + "".join(f"{v[k]:>10.1f}" for k in ("mean", "p50", "p90", "p99")))
+    print(f"\noutput {s['output_tok_s']:,.0f} tokens/s ({s['output_tok_s_per_gpu']:,.0f} per "
+          f"GPU); KV transfer {d['kv_transfer_ms']:.2f} ms per request over {d['link']}; "
+          f"prefill pool busy {100 * d['prefill_busy']:.0f} %, decode pool "
+          f"{100 * d['decode_busy']:.0f} %; ${s['cost_per_million_tokens_usd']:.3f} per million "
+          f"output tokens")
+    if d["requests_simulated"] < args.num_requests:
+        print(f"note: {d['requests_simulated']} of the requests simulated (a whole number per "
+              f"replica in each pool)", file=sys.stderr)
     return 0

@@ -2,6 +2,10 @@
 batching, chunked prefill, KV-cache admission) over a request stream, with latency
 percentiles, throughput, cost and energy (docs/serving.md)."""
 
+from ._disaggregated import (
+    kv_transfer_time as kv_transfer_time,
+    serve_disaggregated as serve_disaggregated,
+)
 from ._reference import reference_schedule as reference_schedule
 from ._report import (
     Latency as Latency,

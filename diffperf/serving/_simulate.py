@@ -99,7 +99,7 @@ def _affine_root(t0, delta, gap) -> jax.Array:
 
 def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Requests,
              slots: int, max_steps: int, concurrency=0.0, fast_forward: bool = True,
-             differentiable: bool = False) -> Schedule:
+             differentiable: bool = False, prefilled: bool = False) -> Schedule:
     """Simulate one engine replica serving `requests` (module docstring).
 
     **Arguments:**
@@ -113,6 +113,9 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
       it sufficed.
     - `concurrency`: 0 for the open loop (arrivals as given), else C clients in a closed loop.
     - `fast_forward`: cover decode-only stretches in one step (module docstring).
+    - `prefilled`: the requests arrive with their prompt already in the KV cache and their
+      first token out (the decode pool of disaggregated serving): admitted, each decodes its
+      remaining `output_len - 1` tokens; `first_token` is then the admission time.
     - `differentiable`: run all `max_steps` steps as a `lax.scan` (reverse-mode gradients);
       by default a `lax.while_loop` stops when every request has finished (forward-mode
       derivatives only).
@@ -155,10 +158,14 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         rank = jnp.cumsum(is_free) - 1
         newly = is_free & (rank < m)
         slot_req = jnp.where(newly, p + rank, slot_req)
-        slot_gen = jnp.where(newly, 0.0, slot_gen)
+        slot_gen = jnp.where(newly, 1.0 if prefilled else 0.0, slot_gen)
         admit = admit.at[jnp.where(window < m, idx, n)].set(t, mode="drop")
+        if prefilled:
+            first = first.at[jnp.where(window < m, idx, n)].set(t, mode="drop")
         kv_used = kv_used + jnp.sum(jnp.where(window < m, res_w, 0.0))
         p = p + m
+        if prefilled:
+            q = p
         running = slot_req >= 0
         # 2. idle: nothing running, wait for the next arrival
         idle = active & ~jnp.any(running)
