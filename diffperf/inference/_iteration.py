@@ -174,21 +174,37 @@ def iteration_base(cost: IterationCost, tokens, emitting, has_decode, prefill_pa
     iterations differing only in their keys share the rest."""
     n = jnp.maximum(tokens, 1.0)
     m = jnp.maximum(emitting, 1.0)
-    lerp = lambda v, at: jnp.interp(at, cost.grid, v)
+    body, body_launch, body_kernels = _on_grid(cost, n, (cost.body, cost.body_launch,
+                                                         cost.body_kernels))
+    head, head_launch, head_kernels = _on_grid(cost, m, (cost.head, cost.head_launch,
+                                                         cost.head_kernels))
     graph = jnp.where(n <= cost.graph_max_tokens,  # as `graph_share`
                       jnp.where(has_prefill > 0, cost.prefill_graph, cost.decode_graph), 0.0)
     prefill = jnp.where(has_prefill > 0, smooth_max(cost.prefill_per_pair * prefill_pairs,
                                                     cost.prefill_per_token * n), 0.0)
     emits = emitting > 0
-    eager = (lerp(cost.body_launch, n) + jnp.where(emits, lerp(cost.head_launch, m), 0.0)
+    eager = (body_launch + jnp.where(emits, head_launch, 0.0)
              + jnp.where(has_decode, cost.decode_launch, 0.0)
              + jnp.where(has_prefill > 0, cost.prefill_launch, 0.0))
-    kernels = (lerp(cost.body_kernels, n) + jnp.where(emits, lerp(cost.head_kernels, m), 0.0)
+    kernels = (body_kernels + jnp.where(emits, head_kernels, 0.0)
                + jnp.where(has_decode, cost.decode_kernels, 0.0)
                + jnp.where(has_prefill > 0, cost.prefill_kernels, 0.0))
     launch = (1.0 - graph) * eager + graph * kernels * cost.replayed
-    gpu = (lerp(cost.body, n) + jnp.where(emits, lerp(cost.head, m), 0.0) + prefill + launch)
+    gpu = body + jnp.where(emits, head, 0.0) + prefill + launch
     return gpu, (1.0 - graph) * cost.host_issue
+
+
+def _on_grid(cost: IterationCost, at, tables):
+    """Each of `tables` (values on `cost.grid`) interpolated linearly at `at` tokens (clamped
+    to the grid). The grid is geometric, so the interval is found in O(1): position
+    log(at) / log(last) x (points - 1), not by a search."""
+    g = cost.grid
+    points = g.shape[-1]
+    pos = jnp.log(at) / jnp.log(jnp.maximum(g[-1], 1.0 + 1e-6)) * (points - 1)
+    i = jnp.clip(jnp.floor(pos).astype(jnp.int32), 0, points - 2)
+    lo, hi = g[i], g[i + 1]
+    w = jnp.clip((jnp.clip(at, g[0], g[-1]) - lo) / jnp.maximum(hi - lo, 1e-30), 0.0, 1.0)
+    return tuple(t[i] + w * (t[i + 1] - t[i]) for t in tables)
 
 
 def time_with_keys(cost: IterationCost, gpu, issue, decode_keys) -> jax.Array:
