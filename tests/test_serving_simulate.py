@@ -62,6 +62,9 @@ CASES = [
     (4, 16, 64, 1, 0, 2000, 0),  # KV-limited: about 6 requests fit
     (5, 6, 128, 1, 0, 1e9, 3),  # closed loop
     (6, 32, 1024, 1, 1, 3000, 5),
+    # not chunked, budget barely above the longest prompt: a waiting prompt is blocked by the
+    # decoders' tokens until one finishes (fast-forwarded stretches with a prompt pending)
+    (8, 8, 300, 0, 0, 1e9, 0),
 ]
 
 

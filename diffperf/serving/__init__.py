@@ -27,3 +27,8 @@ from ._traffic import (
     read_trace as read_trace,
     requests as requests,
 )
+from ._search import (
+    SLO_METRICS as SLO_METRICS,
+    parse_slo as parse_slo,
+    slo_search as slo_search,
+)

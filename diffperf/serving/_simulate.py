@@ -15,8 +15,10 @@ running requests sit in `slots` fixed-size slots (request index, tokens generate
 costs O(slots) work; the per-request arrays (arrival, admission, first token, finish) are
 written by scatters of at most `slots` entries.
 
-**Fast-forward.** When no prompt is pending, the engine runs decode-only iterations with a
-fixed set of decoders until a request finishes or a waiting request can be admitted. One
+**Fast-forward.** When an iteration schedules no prompt tokens (none is pending, or the
+pending ones do not fit the budget the decoders leave), the engine runs decode-only
+iterations with a fixed set of decoders until a request finishes (freeing budget and a slot)
+or a waiting request can be admitted. One
 simulation step covers all k of them: with n decoders the keys read grow by n per
 iteration, so iteration j takes T_j = T_0 + j (T_1 - T_0) where the iteration time is affine
 in the keys (no sliding window, the host hidden); k is the smallest count whose summed time
@@ -208,7 +210,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         gap = gather(arrival, p) - t
         k_arrive = jnp.where(can_admit & (gap > 0),
                              _affine_root(t0, jnp.maximum(t1 - t0, 0.0), gap), _BIG)
-        ff = fast_forward & (has_prefill == 0) & ~pending_any & (d > 0)
+        ff = fast_forward & (has_prefill == 0) & (d > 0)
         k = jnp.where(ff, jnp.maximum(jnp.minimum(k_finish, k_arrive), 1.0), 1.0)
         keys_last = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx + k - 1.0), 0.0))
         t_last = _with_keys(cost, base, keys_last)

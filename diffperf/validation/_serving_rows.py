@@ -1,0 +1,560 @@
+"""Published serving-under-load rows (`serving_trtllm_published.csv`, `serving_published.csv`:
+docs/benchmark-format.md, "Serving under load") as `diffperf.serving` deployments, and their
+predictions: nothing is fitted, every choice below is fixed in advance.
+
+**Row -> specs** (`serving_case`):
+
+- model: the architecture columns (`row_model`); system: the `gpu_preset` column's preset
+  (rows without one are skipped); plan: `tp`, `pp`, `ep` (empty: 1; with attention DP and an
+  empty `ep`, `ep = tp` when it divides the experts: trtllm-bench `--ep` = `--tp` in those
+  commands), `precision` for weights and GEMMs, `kv_precision` (empty: the row's precision,
+  except an fp4 row whose KV is stored in fp8: NVFP4 checkpoints keep an FP8 KV cache).
+  Attention data parallelism inside one `tp` group is NOT representable (the plan's attention
+  stays tensor-parallel); such rows are predicted as tensor-parallel attention and flagged.
+- replicas: `num_gpus / (tp * pp)` where that is a whole number > 1 (requests go round robin,
+  `serve`'s convention).
+- engine preset (`ENGINE_RULES`): TensorRT-LLM 0.14 behind Triton -> `trtllm-0.14-triton`;
+  trtllm-bench / trtllm-serve 0.17+ -> `trtllm` (trtllm-bench picks max_batch_size /
+  max_num_tokens by its own heuristics, not printed in any row: the preset's 2048 / 8192 are
+  kept; its `kv_cache_free_gpu_mem_fraction` 0.95, which the notes state, replaces 0.9);
+  vLLM -> `vllm` (`vllm-a100` on an A100, vLLM's own A100 branch); SGLang -> `sglang`;
+  LMDeploy TurboMind v0.1 -> `trtllm-0.14-triton`: TurboMind is a C++ engine with persistent
+  (in-flight) batching that runs running decodes with new whole prompts (no chunked prefill in
+  v0.1) and blocked KV, which is that preset's scheduler (decode first, no chunking, large
+  blocks); its batch limit is not printed and the closed-loop rows never exceed 256 clients.
+  Row columns `max_num_seqs`, `max_num_batched_tokens`, `chunked_prefill` override the preset.
+- runtime preset: TensorRT engines (0.14, 0.17, LMDeploy's C++ TurboMind) -> `megatron-core`
+  (its description: TensorRT-LLM 0.x without CUDA graphs, the host never binds); TensorRT-LLM
+  PyTorch backend -> `trtllm`; vLLM -> `vllm`; SGLang -> `sglang`.
+- traffic: `request_rate_qps` (Poisson; inf: all at t = 0), `concurrency` (closed loop),
+  `num_requests` (empty: `DEFAULT_REQUESTS`; offline rows are capped at `max_requests`,
+  `DEFAULT_MAX_REQUESTS`: the throughput at saturation converges, see
+  calibration/serving_validation.md). Lengths: the notes' measured token totals when given
+  (`vllm bench serve` / `sglang.bench_serving` print them; outputs stop early at EOS), else
+  `input_len` / `output_len`. Distribution by `length_distribution`: fixed (exact or
+  'not stated', lengths taken as printed); ShareGPT -> uniform with range ratio 1 at the
+  measured means (`SHAREGPT_SPREAD`: ShareGPT's lengths are spread about as widely as their
+  mean; a uniform on [0, 2 mean] keeps the mean and a coefficient of variation 0.58, and
+  stays within the model context); 'uniform in [1, len]' -> uniform on [1, 2 mean - 1]
+  (ratio (mean - 1) / mean); '+-15%' -> uniform with ratio 0.15. LMDeploy's
+  `profile_generation` rows: `concurrency` threads each running `LMDEPLOY_ROUNDS` requests.
+- skipped, with the reason counted: no `gpu_preset`, a precision the GPU lacks, lengths
+  missing (ShareGPT rows without token totals), an infeasible plan, or a request that can
+  never be admitted / a prompt over the budget without chunked prefill.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._paths import BENCHMARKS_DATA
+from ..feasibility import explain
+from ..inference import infer
+from ..presets import (
+    check_precision_names,
+    engine as engine_preset,
+    gpu_names,
+    runtime as runtime_preset,
+    runtime_plan_defaults,
+    system,
+)
+from ..serving import Requests, Traffic, requests as traffic_requests, reservation, simulate
+from ..serving._serve import _cost_and_capacity, eqx_replace
+from ..specs._engine import Engine
+from ..specs._inference_plan import InferencePlan
+from ..specs._runtime import Runtime
+from ..specs._transformer import Transformer
+from ._data import MODEL_OPTIONAL_COUNTS, MODEL_OPTIONAL_FLAGS, row_model
+
+#: The two published tables: TensorRT-LLM's own (a copy of the project's shared file) and the
+#: other engines'.
+SERVING_FILES = (BENCHMARKS_DATA / "serving_trtllm_published.csv",
+                 BENCHMARKS_DATA / "serving_published.csv")
+#: Requests simulated at most for an offline (rate inf) row.
+DEFAULT_MAX_REQUESTS = 2000
+#: Requests of a row that leaves `num_requests` empty (trtllm-bench's table of request counts
+#: lists 3000 for the 1000/1000 and 1024/1024 cases it prints).
+DEFAULT_REQUESTS = 3000
+#: Uniform range ratio standing for ShareGPT's spread of lengths.
+SHAREGPT_SPREAD = 1.0
+#: LMDeploy v0.1 profile_generation: each client thread runs this many requests.
+LMDEPLOY_ROUNDS = 10
+
+#: (measured column, prediction key, unit factor to the measured unit).
+METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e3),
+           ("ttft_p99_ms", "ttft_p99", 1e3), ("itl_mean_ms", "itl_mean", 1e3),
+           ("itl_median_ms", "tpot_p50", 1e3), ("tpot_mean_ms", "tpot_mean", 1e3),
+           ("tpot_median_ms", "tpot_p50", 1e3), ("e2e_mean_ms", "e2e_mean", 1e3),
+           ("output_tok_s_total", "output_tok_s", 1.0),
+           ("output_tok_s_per_gpu", "output_tok_s_per_gpu", 1.0),
+           ("total_tok_s_total", "total_tok_s", 1.0), ("request_tput_rps", "request_rate", 1.0))
+
+_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy",
+                  "block_size", "kv_memory_fraction")
+_ARCH = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
+         "num_experts", "experts_per_token")
+
+
+class SkipRow(ValueError):
+    """A row the model cannot represent; the message is the reason (counted by its class)."""
+
+    def __init__(self, kind: str, detail: str = ""):
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+        self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingCase:
+    """One row as a deployment under a traffic, with its measured values."""
+
+    id: str
+    source_kind: str
+    engine_name: str  # the engine preset used
+    runtime_name: str  # the runtime preset used
+    engine_label: str  # the row's engine column, shortened (vLLM, SGLang, TRT-LLM, LMDeploy)
+    regime: str  # "offline saturation", "online at a rate" or "closed loop"
+    model: Transformer
+    system: object
+    plan: InferencePlan
+    engine: Engine
+    runtime: Runtime
+    traffic: Traffic
+    replicas: int
+    measured: dict
+    notes: tuple = ()  # modelling caveats of this row (attention DP, capped requests, ...)
+    num_requests_row: int = 0  # requests of the measured run (before any cap)
+
+
+def read_serving_rows(paths=SERVING_FILES) -> list[dict]:
+    """The rows of the serving CSVs as dicts of stripped strings."""
+    out = []
+    for p in paths:
+        with open(p, newline="", encoding="utf-8") as fh:
+            for rec in csv.DictReader(fh):
+                out.append({k: (v or "").strip() for k, v in rec.items()})
+    return out
+
+
+def _num(rec: dict, col: str) -> float | None:
+    s = rec.get(col, "")
+    if s == "":
+        return None
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def engine_label(rec: dict) -> str:
+    e = rec["engine"].lower()
+    for key, label in (("tensorrt", "TRT-LLM"), ("vllm", "vLLM"), ("sglang", "SGLang"),
+                       ("lmdeploy", "LMDeploy")):
+        if key in e:
+            return label
+    return rec["engine"]
+
+
+#: Engine label (+ detail) -> (engine preset, runtime preset), see the module docstring.
+ENGINE_RULES = {"TRT-LLM 0.14 (Triton)": ("trtllm-0.14-triton", "megatron-core"),
+                "TRT-LLM TensorRT engine 0.17": ("trtllm", "megatron-core"),
+                "TRT-LLM PyTorch backend": ("trtllm", "trtllm"),
+                "vLLM": ("vllm", "vllm"), "vLLM A100": ("vllm-a100", "vllm"),
+                "SGLang": ("sglang", "sglang"),
+                "LMDeploy TurboMind": ("trtllm-0.14-triton", "megatron-core")}
+
+
+def engine_rule(rec: dict) -> str:
+    """The `ENGINE_RULES` key of a row."""
+    label = engine_label(rec)
+    e, v = rec["engine"].lower(), rec["engine_version"].lower()
+    if label == "TRT-LLM":
+        if "triton" in e or v.startswith("0.14"):
+            return "TRT-LLM 0.14 (Triton)"
+        if "tensorrt engine" in e:
+            return "TRT-LLM TensorRT engine 0.17"
+        return "TRT-LLM PyTorch backend"
+    if label == "vLLM":
+        return "vLLM A100" if rec["gpu_preset"].startswith("a100") else "vLLM"
+    if label == "LMDeploy":
+        return "LMDeploy TurboMind"
+    return label
+
+
+def regime_of(rec: dict) -> str:
+    rate = rec["request_rate_qps"].lower()
+    if _num(rec, "concurrency") or rec["benchmark_tool"].startswith("lmdeploy"):
+        return "closed loop"
+    if rate in ("inf", ""):
+        return "offline saturation"
+    return "online at a rate"
+
+
+_TOTALS = (re.compile(r"totals: (\d+) input / (\d+) output tokens, duration [0-9.]+ s, "
+                      r"(\d+) successful requests"),
+           re.compile(r"totals: (\d+) input tokens, (\d+) output tokens over (\d+) requests"))
+
+
+def measured_lengths(notes: str) -> tuple[float, float, int] | None:
+    """(mean input, mean output, requests) from the token totals a row's notes print."""
+    for pat in _TOTALS:
+        m = pat.search(notes)
+        if m:
+            i, o, n = (float(g) for g in m.groups())
+            return i / n, o / n, int(n)
+    return None
+
+
+def _lengths(rec: dict) -> tuple[float, float, str, float]:
+    """(mean input, mean output, distribution, spread) of a row (module docstring)."""
+    dist = rec["length_distribution"].lower()
+    totals = measured_lengths(rec["notes"])
+    inp, out = _num(rec, "input_len"), _num(rec, "output_len")
+    if "uniform in [1, len]" in dist:
+        if totals is None:
+            if inp is None or out is None:
+                raise SkipRow("lengths missing", "uniform lengths without a maximum")
+            mi, mo = (inp + 1) / 2, (out + 1) / 2
+        else:
+            mi, mo = totals[0], totals[1]
+        return mi, mo, "uniform", (min(mi, mo) - 1) / min(mi, mo)
+    if totals is not None:
+        mi, mo = totals[0], totals[1]
+    elif inp is not None and out is not None:
+        mi, mo = inp, out
+    else:
+        raise SkipRow("lengths missing", "ShareGPT lengths without token totals in the notes")
+    if "sharegpt" in dist:
+        return mi, mo, "uniform", SHAREGPT_SPREAD
+    if "+-15%" in dist:
+        return mi, mo, "uniform", 0.15
+    return mi, mo, "fixed", 0.0
+
+
+def _model_values(rec: dict, runtime_name: str) -> dict:
+    v = {}
+    for c in _ARCH:
+        x = _num(rec, c)
+        if x is None:
+            if c in ("num_experts", "experts_per_token"):
+                x = 1.0
+            else:
+                raise SkipRow("architecture missing", c)
+        v[c] = x
+    fixed = runtime_plan_defaults(runtime_name)
+    for c, d in {**MODEL_OPTIONAL_FLAGS, **MODEL_OPTIONAL_COUNTS}.items():
+        x = _num(rec, c)
+        v[c] = fixed.get(c, d) if x is None else x
+    v["dropout"] = 0.0
+    return v
+
+
+def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> ServingCase:
+    """The `ServingCase` of one CSV row (a dict of strings); raises `SkipRow` with the reason
+    for a row the model cannot represent (`prepare` makes the checks that need the cost
+    model: feasibility, admission, budget)."""
+    gpu = rec["gpu_preset"].lower()
+    if not gpu or gpu not in gpu_names():
+        raise SkipRow("no gpu preset", rec["gpu"])
+    precision = rec["precision"].lower()
+    kv = rec["kv_precision"].lower() or ("fp8" if precision == "fp4" else precision)
+    try:
+        check_precision_names(gpu, precision=precision, kv_precision=kv)
+        sys_ = system(gpu)
+    except ValueError as e:
+        raise SkipRow("unsupported precision", str(e)) from None
+    rule = engine_rule(rec)
+    eng_name, rt_name = ENGINE_RULES[rule]
+    notes: list[str] = []
+    tp, pp = _num(rec, "tp") or 1.0, _num(rec, "pp") or 1.0
+    num_gpus = _num(rec, "num_gpus") or tp * pp
+    replicas = num_gpus / (tp * pp)
+    if replicas != round(replicas) or replicas < 1:
+        raise SkipRow("gpus not a multiple of tp*pp", f"{num_gpus:g} GPUs, tp*pp {tp * pp:g}")
+    v = _model_values(rec, rt_name)
+    ep = _num(rec, "ep")
+    if rec.get("attention_dp") == "1":
+        notes.append("attention DP modelled as tensor-parallel attention")
+        if ep is None and v["num_experts"] > 1 and v["num_experts"] % tp == 0:
+            ep = tp
+    ep = 1.0 if ep is None or v["num_experts"] <= 1 else ep
+    mi, mo, dist, spread = _lengths(rec)
+    model = row_model(v, math.ceil(mi * (1 + spread) + mo * (1 + spread)) + 1)
+    fields: dict[str, Any] = dict(tp=tp, pp=pp, ep=ep, batch=1.0, input_len=float(round(mi)),
+                                  output_len=float(round(mo)), weight_precision=precision,
+                                  activation_precision=precision, kv_precision=kv)
+    plan = InferencePlan(**fields)
+    eng = engine_preset(eng_name)
+    overrides = {}
+    for col, field in (("max_num_seqs", "max_num_seqs"),
+                       ("max_num_batched_tokens", "max_num_batched_tokens"),
+                       ("chunked_prefill", "chunked_prefill")):
+        x = _num(rec, col)
+        if x is not None:
+            overrides[field] = x
+    if "trtllm-bench" in rec["benchmark_tool"] and "0.95" in rec["notes"]:
+        overrides["kv_memory_fraction"] = 0.95
+    longest = mi * (1 + spread)
+    if (eng_name == "trtllm" and "max_num_batched_tokens" not in overrides
+            and longest > float(eng.max_num_batched_tokens)):
+        # the run finished, so the engine took the whole prompt: trtllm-bench sizes
+        # max_num_tokens from the dataset; trtllm-serve rows are taken the same way
+        budget = 2.0 ** math.ceil(math.log2(longest))
+        overrides["max_num_batched_tokens"] = budget
+        notes.append(f"max_num_tokens raised to {budget:g} (prompt of {longest:g} tokens)")
+    if overrides:
+        eng = Engine(**{f: overrides.get(f, getattr(eng, f)) for f in _ENGINE_FIELDS})
+    regime = regime_of(rec)
+    conc = int(_num(rec, "concurrency") or 0)
+    n_row = _num(rec, "num_requests")
+    if regime == "closed loop" and rec["benchmark_tool"].startswith("lmdeploy") and not conc:
+        conc = int(_num(rec, "max_num_seqs") or 0)
+    if regime == "closed loop" and not conc:
+        m = re.search(r"bs(\d+)", rec["id"])
+        conc = int(m.group(1)) if m else 0
+        if not conc:
+            raise SkipRow("concurrency missing")
+    if n_row is None:
+        totals = measured_lengths(rec["notes"])
+        if totals is not None:
+            n_row = float(totals[2])
+        elif regime == "closed loop":
+            n_row = float(conc * LMDEPLOY_ROUNDS)
+        else:
+            n_row = float(DEFAULT_REQUESTS)
+            notes.append(f"num_requests empty: {DEFAULT_REQUESTS} taken")
+    n = int(n_row)
+    if regime == "offline saturation" and n > max_requests:
+        notes.append(f"{n} requests capped at {max_requests}")
+        n = max_requests
+    rate = math.inf if regime != "online at a rate" else float(rec["request_rate_qps"])
+    traffic = Traffic(rate=rate, num_requests=n, input_len=mi, output_len=mo,
+                      input_spread=spread, output_spread=spread, distribution=dist,
+                      concurrency=conc if regime == "closed loop" else 0, seed=0)
+    measured = {}
+    for col, _, _ in METRICS:
+        x = _num(rec, col)
+        if x is not None and x > 0 and math.isfinite(x):
+            measured[col] = x
+    if not measured:
+        raise SkipRow("nothing measured")
+    case = ServingCase(id=rec["id"], source_kind=rec["source_kind"], engine_name=eng_name,
+                       runtime_name=rt_name, engine_label=engine_label(rec), regime=regime,
+                       model=model, system=sys_, plan=plan, engine=eng,
+                       runtime=runtime_preset(rt_name), traffic=traffic,
+                       replicas=int(replicas), measured=measured, notes=tuple(notes),
+                       num_requests_row=int(n_row))
+    return case
+
+
+@dataclasses.dataclass
+class _Prepared:
+    case: ServingCase
+    cost: object
+    kv: float
+    engine: Engine
+    arrival: np.ndarray
+    inp: np.ndarray
+    out: np.ndarray
+    concurrency: int
+
+
+def _stream(case: ServingCase):
+    arrival, inp, out = traffic_requests(case.traffic)
+    r = case.replicas
+    conc = case.traffic.concurrency
+    if conc:
+        conc = max(1, math.ceil(conc / r))
+    return arrival[::r], inp[::r], out[::r], conc
+
+
+def prepare(case: ServingCase, efficiency=None) -> _Prepared:
+    """Check a case as `serve` does and build its iteration cost and KV capacity; raises
+    `SkipRow` (infeasible plan, request never admitted, prompt over the budget)."""
+    arrival, inp, out, conc = _stream(case)
+    typical = eqx_replace(case.plan, batch=1.0, input_len=float(np.round(np.mean(inp))),
+                          output_len=float(np.round(np.mean(out))))
+    rep = _infer_jit(case.model, case.system, typical, efficiency, case.runtime)
+    if not bool(rep.feasible):
+        raise SkipRow("plan infeasible", explain(int(rep.reason)))
+    eng = case.engine
+    cost, kv = _cost_and_capacity(case.model, case.system, typical, eng,
+                                  _resolve(efficiency), case.runtime)
+    kv = float(kv)
+    res = np.asarray(reservation(eng, inp, out))
+    if res.max() > kv:
+        raise SkipRow("request never admitted",
+                      f"{res.max():g} KV tokens needed, a replica holds {kv:g}")
+    if float(eng.chunked_prefill) == 0 and inp.max() > float(eng.max_num_batched_tokens):
+        raise SkipRow("prompt over budget without chunked prefill",
+                      f"{inp.max():g} > {float(eng.max_num_batched_tokens):g}")
+    # slots: at most the requests (or clients) that can ever run at once; a smaller
+    # max_num_seqs with the same bound schedules identically and is cheaper to simulate
+    bound = len(inp) if not conc else min(conc, len(inp))
+    bound = min(bound, int(kv // max(res.min(), 1.0)))
+    seqs = int(min(float(eng.max_num_seqs), max(bound, 1)))
+    kw: dict[str, Any] = {f: getattr(eng, f) for f in _ENGINE_FIELDS}
+    eng = Engine(**{**kw, "max_num_seqs": seqs})
+    return _Prepared(case, cost, kv, eng, arrival, inp, out, conc)
+
+
+def _resolve(efficiency):
+    from ..presets import resolve_efficiency
+    return resolve_efficiency(efficiency)
+
+
+_infer_jit = jax.jit(lambda m, s, p, e, r: infer(m, s, p, _resolve(e), r))
+
+
+def _slot_bucket(s: int) -> int:
+    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096):
+        if s <= b:
+            return b
+    return s
+
+
+def _batched(slots: int, steps: int):
+    key = (slots, steps)
+    if key not in _PROGRAMS:
+        def run(cost, eng, kv, req, conc):
+            return jax.vmap(lambda c, e, k, r, cc: simulate(c, e, k, r, slots, steps, cc))(
+                cost, eng, kv, req, conc)
+        _PROGRAMS[key] = jax.jit(run)
+    return _PROGRAMS[key]
+
+
+_PROGRAMS: dict = {}
+
+
+def _stack(xs):
+    return jax.tree_util.tree_map(lambda *a: jnp.stack([jnp.asarray(x) for x in a]), *xs)
+
+
+def _summary(p: _Prepared, arrival, first, finish) -> dict:
+    """The benchmark aggregates of one replica's real requests (`report`'s definitions)."""
+    n = len(p.inp)
+    arrival, first, finish = arrival[:n], first[:n], finish[:n]
+    out, inp = p.out, p.inp
+    ttft = first - arrival
+    dec = out > 1
+    tpot = (finish - first)[dec] / (out[dec] - 1)
+    duration = max(finish.max() - arrival.min(), 1e-12)
+    r = p.case.replicas
+    tok_s = r * out.sum() / duration
+    return {"ttft_mean": ttft.mean(), "ttft_p50": np.percentile(ttft, 50),
+            "ttft_p99": np.percentile(ttft, 99),
+            "itl_mean": ((finish - first)[dec].sum() / max((out[dec] - 1).sum(), 1.0)),
+            "tpot_mean": tpot.mean() if tpot.size else 0.0,
+            "tpot_p50": np.percentile(tpot, 50) if tpot.size else 0.0,
+            "e2e_mean": (finish - arrival).mean(), "output_tok_s": tok_s,
+            "output_tok_s_per_gpu": tok_s / (r * float(p.case.plan.num_gpus)),
+            "total_tok_s": r * (out.sum() + inp.sum()) / duration,
+            "request_rate": r * n / duration}
+
+
+def predict_cases(cases: list[ServingCase], efficiency=None,
+                  progress: Callable[[str], None] | None = None, group_rows: int = 64):
+    """Predict every case: `(predictions, skipped)`, predictions `{id: {key: value}}` (keys of
+    `METRICS`' second field, seconds and per second), skipped `[(id, reason kind, detail)]`.
+
+    Cases are grouped by their stream size and slot count (rounded up to a power of two) and
+    simulated `group_rows` at a time in one vmapped `diffperf.serving.simulate` (chunks padded
+    to a power of two rows with copies of their last row)."""
+    say = progress or (lambda s: None)
+    skipped, ready = [], []
+    for i, c in enumerate(cases):
+        try:
+            ready.append(prepare(c, efficiency))
+        except SkipRow as e:
+            skipped.append((c.id, e.kind, str(e)))
+        if progress and (i + 1) % 200 == 0:
+            say(f"  prepared {i + 1}/{len(cases)} rows")
+    groups: dict = defaultdict(list)
+    for p in ready:
+        n = len(p.inp)
+        size = n  # exact sizes: padding a stream would change its bound on steps
+        groups[(size, bool(p.concurrency), _slot_bucket(int(p.engine.max_num_seqs)))].append(p)
+    preds = {}
+    done = 0
+    for (size, closed, slots), members in sorted(groups.items()):
+        for k in range(0, len(members), group_rows):
+            chunk = members[k:k + group_rows]
+            # pad the chunk to a power of two rows (reused compiled programs)
+            rows = 1
+            while rows < len(chunk):
+                rows *= 2
+            padded = chunk + [chunk[-1]] * (rows - len(chunk))
+            arr = [p.arrival for p in padded]
+            inp = [p.inp for p in padded]
+            out = [p.out for p in padded]
+            budget = np.array([float(p.engine.max_num_batched_tokens) for p in padded])
+            steps = int(max(4 * size + np.ceil(i.sum() / b) + 16
+                            for i, b in zip(inp, budget)))
+            steps = 1 << int(math.ceil(math.log2(steps)))  # a bound: rounded up, shared
+            f = jnp.result_type(float)
+            req = Requests(jnp.asarray(np.stack(arr), f), jnp.asarray(np.stack(inp), f),
+                           jnp.asarray(np.stack(out), f))
+            sched = _batched(slots, steps)(
+                _stack([p.cost for p in padded]), _stack([p.engine for p in padded]),
+                jnp.asarray([p.kv for p in padded], f), req,
+                jnp.asarray([float(p.concurrency) for p in padded], f))
+            a, fi, fn, comp = (np.asarray(x, float) for x in (sched.arrival, sched.first_token,
+                                                             sched.finish, sched.completed))
+            for j, p in enumerate(chunk):
+                if comp[j] < 1:
+                    skipped.append((p.case.id, "simulation incomplete", f"{steps} steps"))
+                    continue
+                preds[p.case.id] = _summary(p, a[j], fi[j], fn[j])
+            done += len(chunk)
+            say(f"  simulated {done}/{len(ready)} rows (group: {size} requests, "
+                f"{slots} slots, {'closed' if closed else 'open'} loop)")
+    return preds, skipped
+
+
+def compare(cases: list[ServingCase], preds: dict) -> list[dict]:
+    """One record per (row, measured column): predicted and measured in the column's unit,
+    with the row's source kind, engine, regime and ratio pred / meas."""
+    out = []
+    for c in cases:
+        if c.id not in preds:
+            continue
+        for col, key, scale in METRICS:
+            if col in c.measured:
+                pred = float(preds[c.id][key]) * scale
+                out.append({"id": c.id, "source_kind": c.source_kind, "engine": c.engine_label,
+                            "engine_preset": c.engine_name, "regime": c.regime, "metric": col,
+                            "predicted": pred, "measured": c.measured[col],
+                            "ratio": pred / c.measured[col]})
+    return out
+
+
+def error_table(records: list[dict], by: tuple[str, ...]) -> list[dict]:
+    """MAPE (mean |pred/meas - 1|), median pred/meas, and the share predicted too fast, per
+    group of `by` fields. 'Too fast': a latency predicted below its measurement, a throughput
+    above it."""
+    groups: dict = defaultdict(list)
+    for r in records:
+        groups[tuple(r[k] for k in by)].append(r)
+    out = []
+    for key, rs in sorted(groups.items()):
+        ratio = np.array([r["ratio"] for r in rs])
+        tput = np.array([_is_throughput(r["metric"]) for r in rs])
+        fast = np.where(tput, ratio > 1, ratio < 1)
+        out.append({**dict(zip(by, key)), "n": len(rs),
+                    "mape": float(np.mean(np.abs(ratio - 1))),
+                    "median_ratio": float(np.median(ratio)),
+                    "too_fast": float(np.mean(fast))})
+    return out
+
+
+def _is_throughput(metric: str) -> bool:
+    return metric.endswith("tok_s_total") or metric.endswith("per_gpu") or metric.endswith("rps")

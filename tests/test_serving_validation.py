@@ -1,0 +1,90 @@
+"""Published serving rows -> deployments (`diffperf.validation._serving_rows`), and one slow
+end-to-end check of the simulator against TensorRT-LLM 0.14's online table."""
+
+import math
+
+import pytest
+
+from diffperf.validation._serving_rows import (
+    SERVING_FILES,
+    SkipRow,
+    compare,
+    error_table,
+    measured_lengths,
+    predict_cases,
+    read_serving_rows,
+    serving_case,
+)
+
+
+
+def test_serving_files_ship():
+    assert all(p.exists() for p in SERVING_FILES)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r["id"]: r for r in read_serving_rows()}
+
+
+def test_trtllm014_online_row(rows):
+    c = serving_case(rows["trtllm014-serve-h100-llama-3.1-70b-tp4-467x256-qps2.0"])
+    assert float(c.plan.tp) == 4 and c.replicas == 1
+    assert c.engine_name == "trtllm-0.14-triton" and c.regime == "online at a rate"
+    t = c.traffic
+    assert (t.rate, t.num_requests, t.input_len, t.output_len, t.distribution) == (
+        2.0, 500, 467.0, 256.0, "fixed")
+    assert c.measured["ttft_mean_ms"] == 62.0 and c.measured["itl_mean_ms"] == 21.0
+
+
+def test_offline_row_capped_and_kv_fraction(rows):
+    c = serving_case(rows["trtllm017-h200-llama-3.1-8b-tp1-128x128"], max_requests=2000)
+    assert c.engine_name == "trtllm" and c.regime == "offline saturation"
+    assert math.isinf(c.traffic.rate) and c.traffic.num_requests == 2000
+    assert c.num_requests_row == 30000
+    assert float(c.engine.kv_memory_fraction) == pytest.approx(0.95)  # trtllm-bench's
+
+
+def test_sharegpt_lengths_from_totals(rows):
+    rid = next(i for i in rows if i.startswith("datacrunch-h200-llama-3.3-70b-tp4-sharegpt-qps4"))
+    c = serving_case(rows[rid])
+    mi, mo, n = measured_lengths(rows[rid]["notes"])
+    assert (c.traffic.input_len, c.traffic.output_len) == (mi, mo)
+    assert c.traffic.distribution == "uniform" and c.traffic.input_spread == 1.0
+    assert c.engine_name == "sglang" and c.runtime_name == "sglang"
+
+
+def test_closed_loop_and_vllm_a100(rows):
+    c = serving_case(rows["lmdeploy010-a100-llama2-7b-tp1-bs16-128x128"])
+    assert c.regime == "closed loop" and c.traffic.concurrency == 16
+    assert c.traffic.num_requests == 160 and c.engine_name == "trtllm-0.14-triton"
+    a100 = next(r for r in rows.values() if r["engine"].startswith("vLLM")
+                and r["gpu_preset"].startswith("a100") and r["input_len"])
+    assert serving_case(a100).engine_name == "vllm-a100"
+
+
+def test_skip_reasons(rows):
+    with pytest.raises(SkipRow) as e:
+        serving_case(rows["sglang-vllm060-a100-llama-3.1-8b-tp1-sglang-sharegpt-qps4"])
+    assert e.value.kind == "lengths missing"
+    with pytest.raises(SkipRow) as e:
+        serving_case(rows["trtllm017-h100-mistral-7b-tp1-128x128"])
+    assert e.value.kind == "architecture missing"
+    bad = dict(rows["trtllm014-serve-h100-llama-3.1-8b-tp1-467x16-qps2.0"], gpu_preset="")
+    with pytest.raises(SkipRow) as e:
+        serving_case(bad)
+    assert e.value.kind == "no gpu preset"
+
+
+@pytest.mark.slow
+def test_trtllm014_online_errors(rows):
+    """Nothing fitted: the errors measured on the 72 rows of TensorRT-LLM 0.14's online
+    table (calibration/serving_validation.md), with 5 points of margin."""
+    cases = [serving_case(r) for i, r in rows.items() if i.startswith("trtllm014")]
+    preds, skipped = predict_cases(cases)
+    assert not skipped and len(preds) == 72
+    tab = {(r["metric"], r["regime"]): r for r in
+           error_table(compare(cases, preds), ("metric", "regime"))}
+    assert tab[("itl_mean_ms", "online at a rate")]["mape"] < 0.125 + 0.05
+    assert tab[("ttft_mean_ms", "online at a rate")]["mape"] < 0.249 + 0.05
+    assert tab[("output_tok_s_total", "online at a rate")]["mape"] < 0.079 + 0.05
