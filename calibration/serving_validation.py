@@ -118,7 +118,8 @@ def main(argv=None) -> int:
              else "") + (f" --only {a.only}" if a.only else "")
           + (" --cap-check" if a.cap_check else "") + "`"
           + f" in {secs_all:.0f} s on this machine ({len(cases)} rows mapped).", "",
-          "Rows: `benchmarks_data/serving_trtllm_published.csv` (the project's shared TensorRT-LLM table) and "
+          "Rows: `benchmarks_data/serving_trtllm_published.csv` (the project's shared "
+          "TensorRT-LLM table) and "
           "`benchmarks_data/serving_published.csv`; row -> deployment rules in "
           "`diffperf/validation/_serving_rows.py` (module docstring). No parameter is fitted "
           "to these rows, so every source's error is out of sample (a cross-validation by "

@@ -17,7 +17,6 @@ from diffperf.validation._serving_rows import (
 )
 
 
-
 def test_serving_files_ship():
     assert all(p.exists() for p in SERVING_FILES)
 

@@ -13,6 +13,11 @@ from ._report import (
     masked_percentile as masked_percentile,
     report as report,
 )
+from ._search import (
+    SLO_METRICS as SLO_METRICS,
+    parse_slo as parse_slo,
+    slo_search as slo_search,
+)
 from ._serve import serve as serve
 from ._simulate import (
     Requests as Requests,
@@ -26,9 +31,4 @@ from ._traffic import (
     Traffic as Traffic,
     read_trace as read_trace,
     requests as requests,
-)
-from ._search import (
-    SLO_METRICS as SLO_METRICS,
-    parse_slo as parse_slo,
-    slo_search as slo_search,
 )
