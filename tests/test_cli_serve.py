@@ -27,6 +27,7 @@ def test_serve_json_is_consistent(capsys):
     assert s["cost_per_million_tokens_usd"] == pytest.approx(want, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_more_load_queues_more(capsys):
     """At a rate beyond what one GPU sustains, the queue and TTFT grow; in the closed loop at
     concurrency 1 no request ever queues."""
@@ -46,6 +47,7 @@ def test_text_report(capsys):
     assert "TTFT" in out and "per million output tokens" in out
 
 
+@pytest.mark.slow
 def test_slo_search_picks_fewest_gpus_meeting_targets(capsys):
     code, out, err = run(capsys, *BASE, "--rate", "20", "--slo",
                          "ttft_p90=0.5,tpot_p90=0.05", "--max-gpus", "4", "--json")

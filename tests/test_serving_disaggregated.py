@@ -48,6 +48,7 @@ def test_lone_requests_by_hand():
     assert r["link"] == "NVLink"
 
 
+@pytest.mark.slow
 def test_more_prefill_replicas_never_slower():
     plan = InferencePlan(tp=1)
     rng = np.random.default_rng(0)

@@ -68,7 +68,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("fast_forward", [True, False])
+@pytest.mark.parametrize("fast_forward", [True, pytest.param(False, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("case", CASES)
 def test_jax_scheduler_equals_reference(case, fast_forward):
     seed, seqs, budget, chunked, policy, kv, concurrency = case

@@ -13,12 +13,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..explore._search_training import default_training_grid, search_training
+from ..inference._iteration import iteration_cost, kv_capacity_tokens
 from ..presets import default_efficiency, model, resolve_efficiency, system
+from ..serving import Requests, Traffic, requests, simulate, step_bound
+from ..specs import Engine, InferencePlan
 from ..specs._training_plan import TrainingPlan
 from ..training._step import train_step
 from ..validation._data import read_benchmarks, train_specs
@@ -268,11 +272,6 @@ def serving_benchmark(deployments: int = 10_000, num_requests: int = 1000, slots
     under the same `num_requests` Poisson requests (20 requests/s, prompts 512 +- 100, outputs
     128 +- 30 tokens), vmapped `chunk` deployments per compiled call; wall time with
     compilation, and without it (the second pass)."""
-    import equinox as eqx
-
-    from ..inference._iteration import iteration_cost, kv_capacity_tokens
-    from ..serving import Requests, Traffic, requests, simulate, step_bound
-    from ..specs import Engine, InferencePlan
     say = log or (lambda *a: None)
     m, sy = model("llama3-8b"), system("h100-sxm5-80gb")
     arrival, inp, out = requests(Traffic(rate=20.0, num_requests=num_requests, input_len=512,

@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 
+import equinox as eqx
 import jax
 
 from .. import presets
+from ..plots import serving_front_plot
 from ..presets import system
-from ..serving import Traffic, read_trace, serve
+from ..serving import Traffic, read_trace, serve, serve_disaggregated
 from ..serving._search import SLO_METRICS, parse_slo, slo_search
 from ..specs import Engine, InferencePlan
 from ._common import (
@@ -269,7 +272,6 @@ def _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price, powe
                         max_gpus=args.max_gpus, price_per_hour=price, power=power,
                         log=None if args.json else print)
     if args.plot:
-        from ..plots import serving_front_plot
         serving_front_plot(result, args.plot, f"{args.model} on {args.gpu}")
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
@@ -289,7 +291,6 @@ def _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price, powe
 
 def parse_xpyd(text: str) -> tuple[int, int]:
     """`"2P1D"` -> (2, 1); one-line error naming --disaggregated otherwise."""
-    import re
     m = re.fullmatch(r"\s*(\d+)\s*[pP]\s*(\d+)\s*[dD]\s*", text)
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
         raise ValueError(f"--disaggregated must be xPyD with x, y >= 1 (e.g. 2P1D), got "
@@ -299,9 +300,7 @@ def parse_xpyd(text: str) -> tuple[int, int]:
 
 def _run_disaggregated(args, mdl, sys_, plan, engine, engine_name, eff, choice, traffic,
                        price, power) -> int:
-    import equinox as eqx
 
-    from ..serving import serve_disaggregated
     if args.slo:
         raise ValueError("--slo searches aggregated deployments; drop --disaggregated")
     x, y = parse_xpyd(args.disaggregated)

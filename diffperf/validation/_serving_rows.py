@@ -64,6 +64,7 @@ from ..presets import (
     check_precision_names,
     engine as engine_preset,
     gpu_names,
+    resolve_efficiency,
     runtime as runtime_preset,
     runtime_plan_defaults,
     system,
@@ -408,7 +409,6 @@ def prepare(case: ServingCase, efficiency=None) -> _Prepared:
 
 
 def _resolve(efficiency):
-    from ..presets import resolve_efficiency
     return resolve_efficiency(efficiency)
 
 
