@@ -79,3 +79,14 @@ def test_bad_input_one_line_error(capsys, argv, needle):
     assert code == 2
     lines = [x for x in err.strip().splitlines() if x]
     assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_overload_is_flagged(capsys):
+    """Offered 100 req/s of 1,000 + 200 tokens to one H100 (it sustains about 25): the note
+    says the backlog grows; at 5 req/s it does not appear."""
+    argv = ("serve", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--num-requests",
+            "300", "--input", "1000", "--output", "200")
+    code, _, err = run(capsys, *argv, "--rate", "100")
+    assert code == 0 and "backlog grows" in err
+    code, _, err = run(capsys, *argv, "--rate", "5")
+    assert code == 0 and "backlog" not in err

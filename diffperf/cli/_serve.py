@@ -179,7 +179,8 @@ def summary(rep) -> dict:
             "iterations": float(rep.iterations), "kv_capacity_tokens": float(rep.kv_capacity),
             "replicas": float(rep.replicas), "num_gpus": float(rep.num_gpus),
             "cost_per_million_tokens_usd": float(rep.cost_per_million_tokens),
-            "energy_per_token_j": float(rep.energy_per_token)}
+            "energy_per_token_j": float(rep.energy_per_token),
+            "ttft_growth_ms": _ms(rep.ttft_growth)}
 
 
 def _check_options(args) -> None:
@@ -234,6 +235,14 @@ def run_serve(args) -> int:
         "kv_memory_fraction")}}
     out["runtime"] = choice.name
     out["price_per_gpu_hour_usd"], out["power_w"] = price, list(power)
+    if args.rate is not None and out["ttft_growth_ms"] > max(
+            1000.0, 0.5 * out["ttft_ms"]["p50"]) and out["busy_share"] > 0.95:
+        print(f"note: the backlog grows over the run (the last quarter of the requests wait "
+              f"{out['ttft_growth_ms'] / 1e3:.1f} s longer for their first token than the "
+              f"first quarter): "
+              f"{args.rate:g} req/s is more than this deployment sustains (it completed "
+              f"{out['request_rate']:.2f} req/s), so its latencies grow with --num-requests",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -70,6 +70,9 @@ class ServingReport(eqx.Module):
     cost_per_million_tokens: jax.Array  # USD per 10^6 output tokens (0 without a price)
     energy_per_token: jax.Array  # J per output token (0 without a power model)
     completed: jax.Array  # 1 if every request finished within the step bound
+    ttft_growth: jax.Array  # mean TTFT of the last quarter of the requests (by arrival) minus
+    #                         that of the first quarter, s: large when the offered load
+    #                         exceeds what the deployment sustains (the backlog grows)
 
 
 def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpus_per_replica,
@@ -107,4 +110,15 @@ def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpu
         kv_capacity=jnp.asarray(kv_capacity, s.finish.dtype), replicas=replicas + 0.0 * busy,
         num_gpus=gpus + 0.0 * busy,
         cost_per_million_tokens=price_per_hour * gpus / 3600.0 / tok_s * 1e6,
-        energy_per_token=power * gpus / tok_s, completed=s.completed)
+        energy_per_token=power * gpus / tok_s, completed=s.completed,
+        ttft_growth=_ttft_growth(s))
+
+
+def _ttft_growth(s: Schedule) -> jax.Array:
+    """Mean TTFT of the last quarter of the requests by arrival minus that of the first
+    quarter, s."""
+    order = jnp.argsort(s.arrival)
+    queue = (s.first_token - s.arrival)[order]
+    n = queue.shape[0]
+    q = max(n // 4, 1)
+    return jnp.mean(queue[n - q:]) - jnp.mean(queue[:q])
