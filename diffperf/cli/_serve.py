@@ -279,7 +279,7 @@ def _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price, powe
     slo = parse_slo(args.slo)
     result = slo_search(mdl, sys_, plan, engine, traffic, slo, eff, choice.runtime,
                         max_gpus=args.max_gpus, price_per_hour=price, power=power,
-                        log=None if args.json else print)
+                        log=lambda m: print(m, file=sys.stderr))
     if args.plot:
         serving_front_plot(result, args.plot, f"{args.model} on {args.gpu}")
         print(f"wrote {args.plot}", file=sys.stderr)

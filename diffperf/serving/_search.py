@@ -122,6 +122,8 @@ def slo_search(model, system, plan, engine: Engine, traffic: Traffic, slo: dict,
                 f"({slots} request slots) ...")
         chunk = 64
         for i in range(0, len(group), chunk):
+            if log and i:
+                log(f"  {i}/{len(group)} simulated")
             rep, fits = jax.device_get(jax.jit(jax.vmap(one))(
                 tp[i:i + chunk], seqs[i:i + chunk], reps[i:i + chunk]))
             for j, c in enumerate(group[i:i + chunk]):
