@@ -20,7 +20,6 @@ from ..serving._search import SLO_METRICS, parse_slo, slo_search
 from ..specs import Engine, InferencePlan
 from ._common import (
     DEFAULT_INFER_GPU,
-    DEFAULT_INFER_MODEL,
     _load_efficiency,
     _load_model,
     add_gpu_argument,
@@ -33,6 +32,12 @@ from ._runtime import add_runtime_argument, resolve_runtime
 
 #: The engine preset that goes with each software-runtime preset (and the default pair).
 ENGINE_OF_RUNTIME = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
+#: The software-runtime preset that goes with each engine preset (without --runtime): the
+#: TensorRT engine of 0.14 is the calibration set's runtime (no CUDA graphs).
+RUNTIME_OF_ENGINE = {"vllm": "vllm", "vllm-a100": "vllm", "sglang": "sglang",
+                     "trtllm": "trtllm", "trtllm-0.14-triton": "megatron-core"}
+#: `serve`'s default model: one that fits a single 80 GB GPU in bf16.
+DEFAULT_SERVE_MODEL = "llama3-8b"
 DEFAULT_ENGINE = "trtllm"
 
 
@@ -47,12 +52,13 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                     "output token and end-to-end latency at p50 / p90 / p99, throughput per "
                     "GPU, cost per million tokens and energy per token. With --slo: search "
                     "tensor parallelism, request slots and replicas for the fewest GPUs that "
-                    f"meet the targets. Without --model / --gpu: {DEFAULT_INFER_MODEL} on "
+                    f"meet the targets. Without --model / --gpu: {DEFAULT_SERVE_MODEL} on "
                     f"{DEFAULT_INFER_GPU}.")
-    add_model_argument(p, DEFAULT_INFER_MODEL)
+    add_model_argument(p, DEFAULT_SERVE_MODEL)
     add_gpu_argument(p, DEFAULT_INFER_GPU)
     add_runtime_argument(p, what="Its host costs and CUDA graphs enter every iteration's time; "
-                                 "it also picks the default --engine.")
+                                 "it also picks the default --engine. serve's default: the "
+                                 "runtime of the --engine (trtllm without either).")
     pl = group(p, "plan")
     pl.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
     pl.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (default 1)")
@@ -206,6 +212,12 @@ def run_serve(args) -> int:
     """Run `diffperf serve`; returns the exit status (0 ok, 2 bad input)."""
     try:
         _check_options(args)
+        if args.slo and args.disaggregated:
+            raise ValueError("--slo searches aggregated deployments; drop --disaggregated")
+        if args.runtime is None and args.engine:
+            args.runtime = RUNTIME_OF_ENGINE.get(args.engine.lower())
+        if args.runtime is None:
+            args.runtime = RUNTIME_OF_ENGINE[DEFAULT_ENGINE]
         choice = resolve_runtime(args, None)
         engine_name, engine = _engine(args, choice.name)
         mdl = _load_model(args.model)
@@ -229,6 +241,10 @@ def run_serve(args) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not args.trace and args.num_requests % args.replicas:
+        print(f"note: {args.num_requests % args.replicas} of the {args.num_requests} requests "
+              f"left out, so that each of the {args.replicas} replicas serves as many",
+              file=sys.stderr)
     out = summary(rep)
     out["engine"] = {"preset": engine_name, **{k: float(getattr(engine, k)) for k in (
         "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy", "block_size",
@@ -310,8 +326,6 @@ def parse_xpyd(text: str) -> tuple[int, int]:
 def _run_disaggregated(args, mdl, sys_, plan, engine, engine_name, eff, choice, traffic,
                        price, power) -> int:
 
-    if args.slo:
-        raise ValueError("--slo searches aggregated deployments; drop --disaggregated")
     x, y = parse_xpyd(args.disaggregated)
     tp_of = lambda v: eqx.tree_at(lambda q: q.tp, plan, jax.numpy.asarray(float(v)))
     pre, dec = tp_of(args.prefill_tp or args.tp), tp_of(args.decode_tp or args.tp)

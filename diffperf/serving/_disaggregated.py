@@ -120,6 +120,8 @@ def serve_disaggregated(model, system, prefill_plan, decode_plan, prefill_engine
     order = np.arange(n).reshape(n // x, x).T.ravel()  # request index of each simulated slot
     first = np.empty(n)
     first[order] = np.asarray(pre.first_token).ravel()
+    admit = np.empty(n)
+    admit[order] = np.asarray(pre.admit).ravel()  # into the prefill pool
     arrival, inp, out = arrival[:n], inp[:n], out[:n]
     # 2. KV transfer
     gp = x * float(prefill_plan.tp * prefill_plan.pp)
@@ -143,12 +145,16 @@ def serve_disaggregated(model, system, prefill_plan, decode_plan, prefill_engine
     else:
         keep = np.flatnonzero(out <= 1)
     keep = np.sort(keep)
-    sched = Schedule(arrival=_f32(arrival[keep]), admit=_f32(first[keep]),
+    pools = [s for s in (pre, dec) if s is not None]
+    iterations = sum(float(np.sum(np.asarray(s.iterations))) for s in pools)
+    tokens = sum(float(np.sum(np.asarray(s.iterations) * np.asarray(s.mean_tokens)))
+                 for s in pools)
+    sched = Schedule(arrival=_f32(arrival[keep]), admit=_f32(admit[keep]),
                      first_token=_f32(first[keep]), finish=_f32(finish[keep]),
                      completed=_f32(float(np.all(np.asarray(pre.completed)))
                                     * float(dec is None or np.all(np.asarray(dec.completed)))),
-                     steps=jnp.asarray(0), iterations=_f32(0.0),
-                     busy_time=_f32(0.0), mean_tokens=_f32(0.0))
+                     steps=jnp.asarray(0), iterations=_f32(iterations),
+                     busy_time=_f32(0.0), mean_tokens=_f32(tokens / max(iterations, 1.0)))
     duration = float(finish[keep].max() - arrival[keep].min())
     def busy(s) -> float:
         return 0.0 if s is None else float(np.mean(np.asarray(s.busy_time))) / duration

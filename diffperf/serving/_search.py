@@ -90,7 +90,10 @@ def slo_search(model, system, plan, engine: Engine, traffic: Traffic, slo: dict,
         if bool(r.feasible):
             tps.append(tp)
     if not tps:
-        raise ValueError("no tensor-parallel degree in 1, 2, 4, 8 fits the model on this GPU")
+        allowed = [tp for tp in TP_OPTIONS if tp <= min(domain, max_gpus)]
+        raise ValueError(f"no tensor-parallel degree in {', '.join(map(str, allowed))} "
+                         f"(at most --max-gpus {max_gpus} and the NVLink domain of "
+                         f"{domain:g}) fits the model on this GPU")
     budget = float(engine.max_num_batched_tokens)
     cands = [(tp, s, r) for tp in tps for s in SEQS if s <= budget
              for r in REPLICAS if r * tp * float(plan.pp) <= max_gpus]

@@ -31,10 +31,16 @@ def _stream(traffic, replicas: int):
     else:
         arrival, inp, out = (np.asarray(a, float) for a in traffic)
         concurrency = 0
-    # round robin over alike replicas: replica 0 gets requests 0, R, 2R, ...
+    # round robin over alike replicas: replica 0 gets requests 0, R, 2R, ... of the first
+    # N - N mod R (so that it serves exactly 1 / R of the stream)
+    if len(arrival) < replicas:
+        raise ValueError(f"{len(arrival)} requests cannot feed {replicas} replicas "
+                         f"(give at least one request per replica)")
+    n = len(arrival) // replicas * replicas
     if concurrency:
         concurrency = max(1, math.ceil(concurrency / replicas))
-    return arrival[::replicas], inp[::replicas], out[::replicas], concurrency
+    pick = slice(0, n, replicas)
+    return arrival[pick], inp[pick], out[pick], concurrency
 
 
 @jax.jit
@@ -59,7 +65,8 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
     - `engine`: the scheduler (`diffperf.presets.engine` for the engines' defaults).
     - `replicas`: alike engine replicas; requests go round robin, so each replica serves every
       R-th request (a closed loop's clients are split evenly); the simulated replica stands
-      for all.
+      for all. The last N mod R requests of the stream are left out, so that the replica
+      serves exactly 1 / R of it.
     - `price_per_hour`: USD per GPU-hour (0: no cost reported); `power`: (idle, max) W per GPU.
 
     Raises ValueError (one line, naming the field) for a plan that is infeasible, a request
@@ -79,7 +86,9 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
                           output_len=float(np.round(np.mean(out))))
     check = infer(model, system, eqx_replace(typical, batch=1.0), eff, runtime)
     if not bool(check.feasible):
-        raise ValueError(f"plan infeasible: {explain(int(check.reason))}")
+        reason = int(check.reason)
+        hint = ("; try a larger tp (or narrower --precision)" if reason == 10 else "")
+        raise ValueError(f"plan infeasible (tp={float(plan.tp):g}): {explain(reason)}{hint}")
     cost, kv = _cost_and_capacity(model, system, typical, engine, eff, runtime)
     res = np.asarray(reservation(engine, inp, out))
     if res.max() > float(kv):

@@ -75,11 +75,15 @@ def reservation(engine: Engine, input_len, output_len) -> jax.Array:
 
 
 def step_bound(input_len, engine: Engine) -> int:
-    """A bound on the simulation steps for these prompts (concrete values): 4 N + total
-    prompt tokens / budget + 16."""
+    """A bound on the simulation steps for these prompts (concrete values): 4 N + the
+    prompts' chunks + 16, a chunk getting at least the budget the decoders leave,
+    max(B - S, 1) tokens (B the token budget, S the request slots; a prompt whose remaining
+    tokens do not fit waits in a fast-forwarded stretch)."""
     n = int(np.size(input_len))
     budget = float(np.min(np.asarray(engine.max_num_batched_tokens)))
-    return int(4 * n + np.ceil(float(np.sum(input_len)) / budget) + 16)
+    seqs = float(np.max(np.asarray(engine.max_num_seqs)))
+    chunk = max(budget - seqs, 1.0)
+    return int(4 * n + np.sum(np.ceil(np.asarray(input_len, float) / chunk)) + 16)
 
 
 def _base(cost, tokens, emitting, has_decode, pairs, has_prefill):
@@ -155,9 +159,9 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         ok = (fin(window) < free) & valid & (arr_w <= t) & (kv_used + jnp.cumsum(res_w)
                                                        <= kv_capacity)
         take = jnp.cumprod(ok.astype(jnp.int32))
-        m = jnp.where(active, jnp.sum(take), 0)
+        m = jnp.where(active, jnp.sum(take), 0).astype(jnp.int32)
         is_free = (~running) & usable
-        rank = jnp.cumsum(is_free) - 1
+        rank = jnp.cumsum(is_free).astype(jnp.int32) - 1
         newly = is_free & (rank < m)
         slot_req = jnp.where(newly, p + rank, slot_req)
         slot_gen = jnp.where(newly, 1.0 if prefilled else 0.0, slot_gen)
@@ -189,7 +193,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         chunk = jnp.where(engine.chunked_prefill > 0, jnp.clip(b - (cum - rem), 0.0, rem),
                           jnp.where(cum <= b, rem, 0.0))
         completes = pending & (rem > 0) & (chunk >= rem)
-        n_c = jnp.sum(jnp.cumprod(completes.astype(jnp.int32)))
+        n_c = jnp.sum(jnp.cumprod(completes.astype(jnp.int32))).astype(jnp.int32)
         pre_tokens = jnp.sum(chunk)
         pairs = jnp.sum(chunk * (before_done + 0.5 * chunk))
         has_prefill = (pre_tokens > 0).astype(t.dtype)
@@ -229,7 +233,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         finish = finish.at[jnp.where(ends, slot_req, n)].set(t_new, mode="drop")
         kv_used = kv_used - jnp.sum(jnp.where(ends, gather(reserve, slot_req), 0.0))
         slot_req = jnp.where(ends, -1, slot_req)
-        f = jnp.sum(ends)
+        f = jnp.sum(ends).astype(jnp.int32)
         issue_at = jnp.where(closed & (window < f), issued + window, n)
         arrival = arrival.at[issue_at].set(t_new, mode="drop")
         issued = jnp.where(closed, jnp.minimum(issued + f, n), issued)
