@@ -168,3 +168,35 @@ def test_interpolated_pass_within_half_a_percent_of_exact():
         lerp = iteration_time(cost, n, n, 0.0, 0.0, 0.0)
         want = iteration_time(exact, n, n, 0.0, 0.0, 0.0)
         assert float(lerp) == pytest.approx(float(want), rel=5e-3)
+
+
+def test_latencies_stay_exact_over_hours():
+    """2,000 requests at 0.1 req/s span 5.5 hours, where a float32 clock has 2 ms steps: the
+    simulation's TTFT and end-to-end latency (clock kept as a float32 pair, events measured
+    from each arrival) equal the float64 reference to 1 us, and so does the iteration count."""
+    from diffperf.serving import split_times
+    rng = np.random.default_rng(3)
+    n = 2000
+    gaps = rng.exponential(10.0, n)
+    arrival = np.cumsum(gaps) - gaps[0]
+    assert arrival[-1] > 16384
+    inp, out = rng.integers(100, 400, n), rng.integers(2, 60, n)
+    engine = Engine(max_num_seqs=16, max_num_batched_tokens=512, block_size=16)
+    ref = reference_schedule(arrival, inp, out, max_num_seqs=16, max_num_batched_tokens=512,
+                             chunked_prefill=1, policy=0, kv_capacity=1e9, block_size=16,
+                             iteration_time=_affine)
+    import diffperf.serving._simulate as sim
+    original = sim._base, sim._with_keys, sim.keys_read
+    sim._base = lambda cost, *a: a
+    sim._with_keys = lambda cost, base, keys: _affine(base[0], base[1], keys, base[3], base[4])
+    sim.keys_read = lambda cost, ctx: ctx
+    try:
+        hi, lo = split_times(arrival)
+        req = Requests(jnp.asarray(hi), jnp.asarray(inp, jnp.float32),
+                       jnp.asarray(out, jnp.float32), jnp.asarray(lo))
+        got = simulate(None, engine, 1e9, req, 16, step_bound(inp, engine))
+    finally:
+        sim._base, sim._with_keys, sim.keys_read = original
+    np.testing.assert_allclose(np.asarray(got.ttft, float), ref.ttft, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(np.asarray(got.e2e, float), ref.e2e, atol=1e-6, rtol=0)
+    assert float(got.iterations) == len(ref.iterations)

@@ -24,6 +24,7 @@ from ._simulate import (
     Schedule as Schedule,
     reservation as reservation,
     simulate as simulate,
+    split_times as split_times,
     step_bound as step_bound,
 )
 from ._traffic import (

@@ -36,7 +36,7 @@ from ..specs._engine import Engine
 from ..specs._runtime import Runtime
 from ._report import report
 from ._serve import eqx_replace
-from ._simulate import Requests, Schedule, reservation, simulate, step_bound
+from ._simulate import Requests, Schedule, reservation, simulate, split_times, step_bound
 from ._traffic import Traffic, requests as traffic_requests
 
 _f32 = lambda a: jnp.asarray(a, jnp.result_type(float))  # noqa: E731
@@ -71,7 +71,8 @@ def _replicas(cost, engine, kv, arrival, inp, out, x: int, concurrency: int, pre
     """Simulate x alike replicas, replica r on requests r, r + x, ... (vmapped)."""
     n = len(arrival) // x * x
     shape = lambda a: _f32(np.asarray(a[:n]).reshape(n // x, x).T)
-    req = Requests(shape(arrival), shape(inp), shape(out))
+    hi, lo = split_times(arrival[:n])
+    req = Requests(shape(hi), shape(inp), shape(out), shape(lo))
     steps = step_bound(np.asarray(inp[:n // x]), engine)
     slots = int(np.max(np.asarray(engine.max_num_seqs)))
     conc = float(max(1, -(-concurrency // x))) if concurrency else 0.0
@@ -119,9 +120,9 @@ def serve_disaggregated(model, system, prefill_plan, decode_plan, prefill_engine
     n = pre.first_token.size
     order = np.arange(n).reshape(n // x, x).T.ravel()  # request index of each simulated slot
     first = np.empty(n)
-    first[order] = np.asarray(pre.first_token).ravel()
+    first[order] = arrival[order] + np.asarray(pre.ttft, float).ravel()
     admit = np.empty(n)
-    admit[order] = np.asarray(pre.admit).ravel()  # into the prefill pool
+    admit[order] = arrival[order] + np.asarray(pre.queue, float).ravel()  # prefill pool
     arrival, inp, out = arrival[:n], inp[:n], out[:n]
     # 2. KV transfer
     gp = x * float(prefill_plan.tp * prefill_plan.pp)
@@ -140,7 +141,7 @@ def serve_disaggregated(model, system, prefill_plan, decode_plan, prefill_engine
         dec = jax.device_get(_replicas(dcost, decode_engine, dkv, ready[ids], inp[ids],
                                        out[ids], y, 0, True))
         slot_ids = ids.reshape(m // y, y).T.ravel()
-        finish[slot_ids] = np.asarray(dec.finish).ravel()
+        finish[slot_ids] = ready[slot_ids] + np.asarray(dec.e2e, float).ravel()
         keep = np.concatenate([np.flatnonzero(out <= 1), slot_ids])
     else:
         keep = np.flatnonzero(out <= 1)
@@ -151,6 +152,9 @@ def serve_disaggregated(model, system, prefill_plan, decode_plan, prefill_engine
                  for s in pools)
     sched = Schedule(arrival=_f32(arrival[keep]), admit=_f32(admit[keep]),
                      first_token=_f32(first[keep]), finish=_f32(finish[keep]),
+                     queue=_f32(admit[keep] - arrival[keep]),
+                     ttft=_f32(first[keep] - arrival[keep]),
+                     e2e=_f32(finish[keep] - arrival[keep]),
                      completed=_f32(float(np.all(np.asarray(pre.completed)))
                                     * float(dec is None or np.all(np.asarray(dec.completed)))),
                      steps=jnp.asarray(0), iterations=_f32(iterations),

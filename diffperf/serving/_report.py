@@ -90,9 +90,9 @@ def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpu
     decoded = out > 1
     start = jnp.min(s.arrival)
     duration = jnp.maximum(jnp.max(s.finish) - start, 1e-12)
-    tpot = (s.finish - s.first_token) / jnp.maximum(out - 1.0, 1.0)
+    tpot = (s.e2e - s.ttft) / jnp.maximum(out - 1.0, 1.0)
     steps = jnp.sum(jnp.where(decoded, out - 1.0, 0.0))
-    itl = jnp.where(steps > 0, jnp.sum(jnp.where(decoded, s.finish - s.first_token, 0.0))
+    itl = jnp.where(steps > 0, jnp.sum(jnp.where(decoded, s.e2e - s.ttft, 0.0))
                     / jnp.maximum(steps, 1.0), 0.0)
     tokens = jnp.sum(out)
     tok_s = replicas * tokens / duration
@@ -100,9 +100,9 @@ def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpu
     busy = jnp.clip(s.busy_time / duration, 0.0, 1.0)
     power = power_idle + (power_max - power_idle) * busy
     return ServingReport(
-        ttft=_latency(s.first_token - s.arrival, everyone), tpot=_latency(tpot, decoded),
-        itl_mean=itl, e2e=_latency(s.finish - s.arrival, everyone),
-        queue=_latency(s.admit - s.arrival, everyone), output_tok_s=tok_s,
+        ttft=_latency(s.ttft, everyone), tpot=_latency(tpot, decoded),
+        itl_mean=itl, e2e=_latency(s.e2e, everyone),
+        queue=_latency(s.queue, everyone), output_tok_s=tok_s,
         output_tok_s_per_gpu=tok_s / gpus,
         total_tok_s=replicas * (tokens + jnp.sum(inp)) / duration,
         request_rate=replicas * out.shape[0] / duration, duration=duration, busy_share=busy,
@@ -118,7 +118,7 @@ def _ttft_growth(s: Schedule) -> jax.Array:
     """Mean TTFT of the last quarter of the requests by arrival minus that of the first
     quarter, s."""
     order = jnp.argsort(s.arrival)
-    queue = (s.first_token - s.arrival)[order]
+    queue = s.ttft[order]
     n = queue.shape[0]
     q = max(n // 4, 1)
     return jnp.mean(queue[n - q:]) - jnp.mean(queue[:q])

@@ -20,7 +20,7 @@ from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
 from ._report import ServingReport, report
-from ._simulate import Requests, reservation, simulate, step_bound
+from ._simulate import Requests, reservation, simulate, split_times, step_bound
 from ._traffic import Traffic, requests as traffic_requests
 
 
@@ -99,9 +99,11 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
     if float(np.asarray(engine.chunked_prefill)) == 0 and inp.max() > budget:
         raise ValueError(f"input_len {inp.max():g} exceeds Engine.max_num_batched_tokens "
                          f"({budget:g}) and chunked_prefill is off")
-    req = Requests(jnp.asarray(arrival, jnp.result_type(float)),
+    hi, lo = split_times(arrival)
+    req = Requests(jnp.asarray(hi, jnp.result_type(float)),
                    jnp.asarray(inp, jnp.result_type(float)),
-                   jnp.asarray(out, jnp.result_type(float)))
+                   jnp.asarray(out, jnp.result_type(float)),
+                   jnp.asarray(lo, jnp.result_type(float)))
     steps = step_bound(inp, engine)
     schedule = _simulate_jit(cost, engine, kv, req, s_max, steps, float(concurrency),
                              fast_forward)

@@ -47,20 +47,36 @@ _BIG = 1e30  # "never" (a time or a count); finite so that no NaN is ever produc
 
 class Requests(eqx.Module):
     """The request stream of one replica: `arrival` s (sorted; ignored in a closed loop),
-    `input_len` and `output_len` tokens (>= 1), arrays of N."""
+    `input_len` and `output_len` tokens (>= 1), arrays of N. `arrival_lo` (optional, s): the
+    part of each arrival time below `arrival`'s float32 resolution (`split_times`), so that a
+    stream of hours keeps sub-millisecond latencies."""
 
     arrival: jax.Array
     input_len: jax.Array
     output_len: jax.Array
+    arrival_lo: jax.Array | None = None
+
+
+def split_times(t) -> tuple:
+    """float64 times as `(hi, lo)` float32 arrays with hi + lo = t to about 1e-14 relative."""
+    t = np.asarray(t, np.float64)
+    hi = t.astype(np.float32)
+    return hi, (t - hi.astype(np.float64)).astype(np.float32)
 
 
 class Schedule(eqx.Module):
-    """Per-request times of a simulation, s (arrays of N), and its bookkeeping."""
+    """Per-request times of a simulation, s (arrays of N), and its bookkeeping. `admit`,
+    `first_token` and `finish` are absolute float32 times; `queue`, `ttft` and `e2e` the same
+    events measured from each request's arrival, kept exact over long streams (the clock is a
+    float32 pair, see `simulate`)."""
 
     arrival: jax.Array  # as issued (a closed loop sets them as requests finish)
     admit: jax.Array
     first_token: jax.Array
     finish: jax.Array
+    queue: jax.Array  # admit - arrival
+    ttft: jax.Array  # first_token - arrival
+    e2e: jax.Array  # finish - arrival
     completed: jax.Array  # 1 if every request finished within the step bound
     steps: jax.Array  # simulation steps used
     iterations: jax.Array  # engine iterations simulated
@@ -127,6 +143,10 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
       derivatives only).
 
     Pure JAX: vmap over deployments (cost, engine, kv_capacity, concurrency) or streams.
+
+    The clock is a pair of float32 numbers (hi + lo, compensated summation), and every event is
+    recorded relative to its request's arrival, so latencies keep their precision however long
+    the stream (a float32 clock alone has 2 ms steps after 4.5 hours).
     """
     n = requests.arrival.shape[0]
     fin = lambda x: jnp.asarray(x, jnp.result_type(float))
@@ -135,6 +155,8 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
     order = jnp.arange(n, dtype=jnp.int32)
     arrival0 = jnp.where(closed, jnp.where(fin(order) < concurrency, 0.0, _BIG),
                          fin(requests.arrival))
+    lo0 = (jnp.zeros((n,), arrival0.dtype) if requests.arrival_lo is None
+           else jnp.where(closed, 0.0, fin(requests.arrival_lo)))
     reserve = reservation(engine, s_in, s_out)
     window = jnp.arange(slots, dtype=jnp.int32)
     usable = fin(window) < engine.max_num_seqs
@@ -146,9 +168,12 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         return a[jnp.clip(idx, 0, n - 1)]
 
     def step(state):
-        (t, p, q, done, kv_used, issued, n_done, steps, iters, busy, tok_sum, slot_req,
-         slot_gen, arrival, admit, first, finish) = state
+        (t, t_lo, p, q, done, kv_used, issued, n_done, steps, iters, busy, tok_sum, slot_req,
+         slot_gen, arrival, arrival_lo, admit, first, finish) = state
         active = n_done < n
+
+        def since(idx, hi=t, lo=t_lo):  # clock minus the arrival of request idx, s
+            return (hi - gather(arrival, idx)) + (lo - gather(arrival_lo, idx))
         # 1. admission, first come first served with head-of-line blocking
         running = slot_req >= 0
         free = engine.max_num_seqs - fin(jnp.sum(running))
@@ -156,8 +181,8 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         valid = idx < n
         arr_w = jnp.where(valid, gather(arrival, idx), _BIG)
         res_w = jnp.where(valid, gather(reserve, idx), _BIG)
-        ok = (fin(window) < free) & valid & (arr_w <= t) & (kv_used + jnp.cumsum(res_w)
-                                                       <= kv_capacity)
+        ok = (fin(window) < free) & valid & (arr_w < _BIG) & (since(idx) >= 0) & (
+            kv_used + jnp.cumsum(res_w) <= kv_capacity)
         take = jnp.cumprod(ok.astype(jnp.int32))
         m = jnp.where(active, jnp.sum(take), 0).astype(jnp.int32)
         is_free = (~running) & usable
@@ -165,9 +190,9 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         newly = is_free & (rank < m)
         slot_req = jnp.where(newly, p + rank, slot_req)
         slot_gen = jnp.where(newly, 1.0 if prefilled else 0.0, slot_gen)
-        admit = admit.at[jnp.where(window < m, idx, n)].set(t, mode="drop")
+        admit = admit.at[jnp.where(window < m, idx, n)].set(since(idx), mode="drop")
         if prefilled:
-            first = first.at[jnp.where(window < m, idx, n)].set(t, mode="drop")
+            first = first.at[jnp.where(window < m, idx, n)].set(since(idx), mode="drop")
         kv_used = kv_used + jnp.sum(jnp.where(window < m, res_w, 0.0))
         p = p + m
         if prefilled:
@@ -175,7 +200,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         running = slot_req >= 0
         # 2. idle: nothing running, wait for the next arrival
         idle = active & ~jnp.any(running)
-        t_idle = jnp.maximum(t, gather(arrival, p))
+        later = since(p) < 0  # the next arrival is ahead of the clock
         go = active & ~idle
         # 3. schedule: decoders (prompt complete) and prompt chunks in request order
         decoder = running & (slot_req < q)
@@ -211,7 +236,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         head_res = gather(reserve, p)
         can_admit = (p < n) & (free - fin(m) > 0) & (kv_used + head_res <= kv_capacity)
         t1 = _with_keys(cost, base, keys1)
-        gap = gather(arrival, p) - t
+        gap = -since(p)
         k_arrive = jnp.where(can_admit & (gap > 0),
                              _affine_root(t0, jnp.maximum(t1 - t0, 0.0), gap), _BIG)
         ff = fast_forward & (has_prefill == 0) & (d > 0)
@@ -219,43 +244,57 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         keys_last = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx + k - 1.0), 0.0))
         t_last = _with_keys(cost, base, keys_last)
         span = jnp.where(k > 1, 0.5 * k * (t0 + t_last), t0)
-        t_new = jnp.where(go, t + span, jnp.where(idle, t_idle, t))
+        # compensated sum (t, t_lo) + span: hi carries the float32 value, lo its rounding error
+        s_hi = t + span
+        bb = s_hi - t
+        err = (t - (s_hi - bb)) + (span - bb)
+        s_lo = t_lo + err
+        hi2 = s_hi + s_lo
+        lo2 = s_lo - (hi2 - s_hi)
+        jump = idle & later
+        t_new = jnp.where(go, hi2, jnp.where(jump, gather(arrival, p), t))
+        t_lo_new = jnp.where(go, lo2, jnp.where(jump, gather(arrival_lo, p), t_lo))
+        since_new = lambda idx: since(idx, t_new, t_lo_new)
         # 5. updates
         slot_gen = jnp.where(go & dec_on, slot_gen + k, slot_gen)
         got_first = go & running & (slot_req >= q) & (slot_req < q + n_c)
         slot_gen = jnp.where(got_first, 1.0, slot_gen)
-        first = first.at[jnp.where(got_first, slot_req, n)].set(t_new, mode="drop")
+        first = first.at[jnp.where(got_first, slot_req, n)].set(since_new(slot_req),
+                                                                 mode="drop")
         new_q = jnp.where(go, q + n_c, q)
         done = jnp.where(go, jnp.where(n_c == 0, done + chunk[0],
                                        jnp.take(chunk, jnp.minimum(n_c, slots - 1))), done)
         done = jnp.where(new_q >= p, 0.0, done)
         ends = go & running & (slot_gen >= out_slot)
-        finish = finish.at[jnp.where(ends, slot_req, n)].set(t_new, mode="drop")
+        finish = finish.at[jnp.where(ends, slot_req, n)].set(since_new(slot_req), mode="drop")
         kv_used = kv_used - jnp.sum(jnp.where(ends, gather(reserve, slot_req), 0.0))
         slot_req = jnp.where(ends, -1, slot_req)
         f = jnp.sum(ends).astype(jnp.int32)
         issue_at = jnp.where(closed & (window < f), issued + window, n)
         arrival = arrival.at[issue_at].set(t_new, mode="drop")
+        arrival_lo = arrival_lo.at[issue_at].set(t_lo_new, mode="drop")
         issued = jnp.where(closed, jnp.minimum(issued + f, n), issued)
         iters = iters + jnp.where(go, k, 0.0)
         busy = busy + jnp.where(go, span, 0.0)
         tok_sum = tok_sum + jnp.where(go, k * tokens, 0.0)
-        return (t_new, p, new_q, done, kv_used, issued, n_done + f,
-                steps + active.astype(jnp.int32), iters,
-                busy, tok_sum, slot_req, slot_gen, arrival, admit, first, finish)
+        return (t_new, t_lo_new, p, new_q, done, kv_used, issued, n_done + f,
+                steps + active.astype(jnp.int32), iters, busy, tok_sum, slot_req, slot_gen,
+                arrival, arrival_lo, admit, first, finish)
 
     int0 = jnp.zeros((), jnp.int32)
     f0 = jnp.zeros((), fin(0).dtype)
     issued0 = jnp.where(closed, jnp.minimum(fin(concurrency), fin(n)), fin(n)).astype(jnp.int32)
-    state = (f0, int0, int0, f0, f0, issued0, int0, int0, f0, f0, f0,
+    state = (f0, f0, int0, int0, f0, f0, issued0, int0, int0, f0, f0, f0,
              jnp.full((slots,), -1, jnp.int32), jnp.zeros((slots,), fin(0).dtype),
-             arrival0, zeros, zeros, zeros)
+             arrival0, lo0, zeros, zeros, zeros)
     if differentiable:
         state = jax.lax.fori_loop(0, max_steps, lambda i, s: step(s), state)
     else:
-        state = jax.lax.while_loop(lambda s: (s[6] < n) & (s[7] < max_steps), step, state)
-    (_, _, _, _, _, _, n_done, steps, iters, busy, tok_sum, _, _, arrival, admit, first,
-     finish) = state
-    return Schedule(arrival=arrival, admit=admit, first_token=first, finish=finish,
+        state = jax.lax.while_loop(lambda s: (s[7] < n) & (s[8] < max_steps), step, state)
+    (_, _, _, _, _, _, _, n_done, steps, iters, busy, tok_sum, _, _, arrival, arrival_lo,
+     admit, first, finish) = state
+    arrival = arrival + arrival_lo
+    return Schedule(arrival=arrival, admit=arrival + admit, first_token=arrival + first,
+                    finish=arrival + finish, queue=admit, ttft=first, e2e=finish,
                     completed=(n_done >= n).astype(f0.dtype), steps=steps, iterations=iters,
                     busy_time=busy, mean_tokens=tok_sum / jnp.maximum(iters, 1.0))
