@@ -123,7 +123,7 @@ def read_trace(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             row = int(np.argmax(bad))
             raise ValueError(f"trace {path}: row {row + 2}: {c} must be "
                              + ("a time >= 0 s" if c == "arrival" else "a whole number >= 1")
-                             + f", got {table[c].iloc[row]!r}")
+                             + f", got {str(table[c].iloc[row])!r}")
         cols[c] = v
     order = np.argsort(cols["arrival"], kind="stable")
     arrival = cols["arrival"][order]
