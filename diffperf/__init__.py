@@ -3,9 +3,10 @@ and inference, after Kundu et al., IISWC 2024 (arXiv:2407.14645).
 
 The names below are the stable API. The subpackages group the rest by what a user does:
 `specs` (what is modelled), `presets`, `costs` (kernels, GEMMs, collectives), `training`,
-`inference`, `explore` (sweeps, plan search, what-if), `design` (technology, attribution,
-sensitivity, co-design), `validation`, `calibrate`, `plots` and `cli`; `internal` holds helpers
-for the tests and the calibration scripts, with no stability promise.
+`inference`, `serving` (an engine's scheduler under load, xPyD, SLO sizing), `explore`
+(sweeps, plan search, what-if), `design` (technology, attribution, sensitivity, co-design),
+`validation`, `calibrate`, `plots` and `cli`; `internal` holds helpers for the tests and the
+calibration scripts, with no stability promise.
 """
 
 import importlib
