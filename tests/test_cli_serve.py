@@ -90,3 +90,18 @@ def test_overload_is_flagged(capsys):
     assert code == 0 and "backlog grows" in err
     code, _, err = run(capsys, *argv, "--rate", "5")
     assert code == 0 and "backlog" not in err
+
+
+def test_goodput(capsys):
+    """Goodput counts the requests meeting their own targets: loose targets keep every request
+    (goodput = the request rate), a TTFT target below any prefill's time keeps none."""
+    code, out, err = run(capsys, *BASE, "--rate", "5", "--goodput", "100,100", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["slo_attainment"] == 1.0
+    assert s["goodput_rps"] == pytest.approx(s["request_rate"], rel=1e-6)
+    _, out, _ = run(capsys, *BASE, "--rate", "5", "--goodput", "1e-6,100", "--json")
+    s = json.loads(out)
+    assert s["slo_attainment"] == 0.0 and s["goodput_rps"] == 0.0
+    code, _, err = run(capsys, *BASE, "--goodput", "0,1")
+    assert code == 2 and "--goodput" in err

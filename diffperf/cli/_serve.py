@@ -106,6 +106,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="USD per GPU-hour (default: the GPU's preset price)")
     c.add_argument("--power", dest="gpu_power", default=None, metavar="IDLE,MAX",
                    help="GPU power at idle and busy, W (default: the GPU's preset)")
+    c.add_argument("--goodput", default=None, metavar="TTFT,TPOT",
+                   help="per-request targets in s, e.g. 0.5,0.05: report the goodput, the "
+                        "requests/s whose own TTFT and TPOT both meet them")
     s = group(p, "search")
     s.add_argument("--slo", default=None, metavar="METRIC=SECONDS,...",
                    help=f"search deployments meeting these targets ({', '.join(SLO_METRICS)}), "
@@ -186,7 +189,8 @@ def summary(rep) -> dict:
             "replicas": float(rep.replicas), "num_gpus": float(rep.num_gpus),
             "cost_per_million_tokens_usd": float(rep.cost_per_million_tokens),
             "energy_per_token_j": float(rep.energy_per_token),
-            "ttft_growth_ms": _ms(rep.ttft_growth)}
+            "ttft_growth_ms": _ms(rep.ttft_growth),
+            "goodput_rps": float(rep.goodput), "slo_attainment": float(rep.slo_attainment)}
 
 
 def _check_options(args) -> None:
@@ -235,9 +239,11 @@ def run_serve(args) -> int:
         if args.disaggregated:
             return _run_disaggregated(args, mdl, sys_, plan, engine, engine_name, eff, choice,
                                       traffic, price, power)
+        targets = _goodput_targets(args.goodput)
         rep = jax.device_get(serve(mdl, sys_, plan, engine, traffic, eff, choice.runtime,
                                    replicas=args.replicas, price_per_hour=price,
-                                   power=power))
+                                   power=power, ttft_target=targets[0],
+                                   tpot_target=targets[1]))
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -283,6 +289,9 @@ def run_serve(args) -> int:
     print(f"engine busy {100 * out['busy_share']:.0f} % of the time, "
           f"{out['mean_batch_tokens']:.0f} tokens per iteration on average; KV cache "
           f"{out['kv_capacity_tokens']:,.0f} tokens per replica")
+    if args.goodput:
+        print(f"goodput {out['goodput_rps']:.2f} requests/s: {100 * out['slo_attainment']:.1f} % "
+              f"of the requests meet TTFT <= {targets[0]:g} s and TPOT <= {targets[1]:g} s")
     print(f"cost ${out['cost_per_million_tokens_usd']:.3f} per million output tokens at "
           f"${price:g}/GPU-h; energy {out['energy_per_token_j']:.3f} J per output token "
           f"({power[0]:g}-{power[1]:g} W per GPU)")
@@ -312,6 +321,20 @@ def _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price, powe
           f"{best['output_tok_s_per_gpu']:,.0f} tokens/s per GPU, "
           f"${best['cost_per_million_tokens_usd']:.3f} per million tokens")
     return 0
+
+
+def _goodput_targets(text) -> tuple[float, float]:
+    """`--goodput TTFT,TPOT` in s (both > 0), or (inf, inf) without the option."""
+    if text is None:
+        return math.inf, math.inf
+    try:
+        ttft, tpot = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--goodput must be TTFT,TPOT in s (e.g. 0.5,0.05), got {text!r}"
+                         ) from None
+    if not (0 < ttft < math.inf and 0 < tpot < math.inf):
+        raise ValueError(f"--goodput targets must be > 0 s and finite, got {text!r}")
+    return ttft, tpot
 
 
 def parse_xpyd(text: str) -> tuple[int, int]:

@@ -70,19 +70,26 @@ class ServingReport(eqx.Module):
     cost_per_million_tokens: jax.Array  # USD per 10^6 output tokens (0 without a price)
     energy_per_token: jax.Array  # J per output token (0 without a power model)
     completed: jax.Array  # 1 if every request finished within the step bound
+    goodput: jax.Array  # requests/s (all replicas) whose TTFT and TPOT both meet the per-request
+    #                     targets given to `report` (every request when none is given)
+    slo_attainment: jax.Array  # share of the requests that meet them, 0-1
     ttft_growth: jax.Array  # mean TTFT of the last quarter of the requests (by arrival) minus
     #                         that of the first quarter, s: large when the offered load
     #                         exceeds what the deployment sustains (the backlog grows)
 
 
 def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpus_per_replica,
-           price_per_hour=0.0, power_idle=0.0, power_max=0.0) -> ServingReport:
+           price_per_hour=0.0, power_idle=0.0, power_max=0.0, ttft_target=jnp.inf,
+           tpot_target=jnp.inf) -> ServingReport:
     """Summarise one replica's `schedule` (its requests' `input_len` / `output_len`) for a
     deployment of `replicas` alike replicas of `gpus_per_replica` GPUs each.
 
     Energy: each GPU draws `power_idle` W plus (`power_max` - `power_idle`) x the share of
     the time the engine iterates (a linear utilisation model, the one most serving-cost
-    studies use); J per output token = power x GPUs x duration / output tokens."""
+    studies use); J per output token = power x GPUs x duration / output tokens.
+
+    Goodput (DistServe's definition): the requests per second whose own TTFT <= `ttft_target`
+    and own TPOT <= `tpot_target` (s; a request with one output token has no TPOT to miss)."""
     s = schedule
     out = jnp.asarray(output_len, s.finish.dtype)
     inp = jnp.asarray(input_len, s.finish.dtype)
@@ -99,6 +106,7 @@ def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpu
     gpus = replicas * gpus_per_replica
     busy = jnp.clip(s.busy_time / duration, 0.0, 1.0)
     power = power_idle + (power_max - power_idle) * busy
+    meets = (s.ttft <= ttft_target) & ((tpot <= tpot_target) | ~decoded)
     return ServingReport(
         ttft=_latency(s.ttft, everyone), tpot=_latency(tpot, decoded),
         itl_mean=itl, e2e=_latency(s.e2e, everyone),
@@ -111,6 +119,8 @@ def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpu
         num_gpus=gpus + 0.0 * busy,
         cost_per_million_tokens=price_per_hour * gpus / 3600.0 / tok_s * 1e6,
         energy_per_token=power * gpus / tok_s, completed=s.completed,
+        goodput=replicas * jnp.sum(meets) / duration,
+        slo_attainment=jnp.mean(meets.astype(duration.dtype)),
         ttft_growth=_ttft_growth(s))
 
 

@@ -54,7 +54,8 @@ def _cost_and_capacity(model, system, plan, engine, eff, runtime):
 def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engine, traffic,
           efficiency: Efficiency | None = None, runtime: Runtime | None = None,
           replicas: int = 1, price_per_hour: float = 0.0, power=(0.0, 0.0),
-          fast_forward: bool = True) -> ServingReport:
+          fast_forward: bool = True, ttft_target: float = math.inf,
+          tpot_target: float = math.inf) -> ServingReport:
     """Predict serving `traffic` with `replicas` replicas of an engine running `plan` (its tp,
     pp, ep and precisions; `plan.batch` is not used: the engine's scheduler decides the
     batch of every iteration).
@@ -68,6 +69,7 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
       for all. The last N mod R requests of the stream are left out, so that the replica
       serves exactly 1 / R of it.
     - `price_per_hour`: USD per GPU-hour (0: no cost reported); `power`: (idle, max) W per GPU.
+    - `ttft_target`, `tpot_target`: per-request targets of the report's goodput, s.
 
     Raises ValueError (one line, naming the field) for a plan that is infeasible, a request
     that can never be admitted, or a prompt longer than the budget without chunked prefill.
@@ -111,7 +113,7 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
         raise RuntimeError(f"the simulation did not finish within {steps} steps "
                            "(a bug: please report it with the command)")
     return report(schedule, inp, out, kv, replicas, plan.num_gpus, price_per_hour,
-                  power[0], power[1])
+                  power[0], power[1], ttft_target, tpot_target)
 
 
 _simulate_jit = jax.jit(simulate, static_argnums=(4, 5, 7))
