@@ -119,7 +119,7 @@ def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpu
         num_gpus=gpus + 0.0 * busy,
         cost_per_million_tokens=price_per_hour * gpus / 3600.0 / tok_s * 1e6,
         energy_per_token=power * gpus / tok_s, completed=s.completed,
-        goodput=replicas * jnp.sum(meets) / duration,
+        goodput=replicas * jnp.sum(meets.astype(duration.dtype)) / duration,
         slo_attainment=jnp.mean(meets.astype(duration.dtype)),
         ttft_growth=_ttft_growth(s))
 
