@@ -35,9 +35,8 @@ from ..presets import resolve_efficiency
 from ..specs._engine import Engine
 from ..specs._runtime import Runtime
 from ._report import report
-from ._serve import eqx_replace
+from ._serve import eqx_replace, stream_arrays
 from ._simulate import Requests, Schedule, reservation, simulate, split_times, step_bound
-from ._traffic import Traffic, requests as traffic_requests
 
 _f32 = lambda a: jnp.asarray(a, jnp.result_type(float))  # noqa: E731
 
@@ -94,12 +93,7 @@ def serve_disaggregated(model, system, prefill_plan, decode_plan, prefill_engine
     for name, v in (("prefill replicas", x), ("decode replicas", y)):
         if not (isinstance(v, int) and v >= 1):
             raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
-    if isinstance(traffic, Traffic):
-        arrival, inp, out = traffic_requests(traffic)
-        concurrency = traffic.concurrency
-    else:
-        arrival, inp, out = (np.asarray(a, float) for a in traffic)
-        concurrency = 0
+    arrival, inp, out, concurrency = stream_arrays(traffic)
     if concurrency:
         raise ValueError("disaggregated serving is simulated for open-loop traffic (--rate or a "
                          "trace), not a closed loop")

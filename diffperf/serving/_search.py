@@ -123,12 +123,14 @@ def slo_search(model, system, plan, engine: Engine, traffic: Traffic, slo: dict,
         if log:
             log(f"simulating {len(group)} deployments x {len(inp)} requests "
                 f"({slots} request slots) ...")
-        chunk = 64
+        chunk = min(64, len(group))
+        run = jax.jit(jax.vmap(one))  # one compilation per group: every chunk has `chunk` rows
+        def pad(a, i, chunk=chunk):  # rows i .. i + chunk, the last repeated past the end
+            return jnp.concatenate([a[i:i + chunk], jnp.repeat(a[-1:], max(i + chunk - len(a), 0))])
         for i in range(0, len(group), chunk):
             if log and i:
                 log(f"  {i}/{len(group)} simulated")
-            rep, fits = jax.device_get(jax.jit(jax.vmap(one))(
-                tp[i:i + chunk], seqs[i:i + chunk], reps[i:i + chunk]))
+            rep, fits = jax.device_get(run(pad(tp, i), pad(seqs, i), pad(reps, i)))
             for j, c in enumerate(group[i:i + chunk]):
                 r = jax.tree.map(lambda a, j=j: a[j], rep)
                 ok = bool(fits[j]) and float(r.completed) == 1.0

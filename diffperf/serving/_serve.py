@@ -24,13 +24,16 @@ from ._simulate import Requests, reservation, simulate, split_times, step_bound
 from ._traffic import Traffic, requests as traffic_requests
 
 
-def _stream(traffic, replicas: int):
+def stream_arrays(traffic) -> tuple:
+    """`(arrival s, input_len, output_len, concurrency)` of a `Traffic` or of a trace's
+    `(arrival, input_len, output_len)` arrays (concurrency 0: open loop)."""
     if isinstance(traffic, Traffic):
-        arrival, inp, out = traffic_requests(traffic)
-        concurrency = traffic.concurrency
-    else:
-        arrival, inp, out = (np.asarray(a, float) for a in traffic)
-        concurrency = 0
+        return (*traffic_requests(traffic), traffic.concurrency)
+    return (*(np.asarray(a, float) for a in traffic), 0)
+
+
+def _stream(traffic, replicas: int):
+    arrival, inp, out, concurrency = stream_arrays(traffic)
     # round robin over alike replicas: replica 0 gets requests 0, R, 2R, ... of the first
     # N - N mod R (so that it serves exactly 1 / R of the stream)
     if len(arrival) < replicas:

@@ -389,7 +389,7 @@ def prepare(case: ServingCase, efficiency=None) -> _Prepared:
         raise SkipRow("plan infeasible", explain(int(rep.reason)))
     eng = case.engine
     cost, kv = _cost_and_capacity(case.model, case.system, typical, eng,
-                                  _resolve(efficiency), case.runtime)
+                                  resolve_efficiency(efficiency), case.runtime)
     kv = float(kv)
     res = np.asarray(reservation(eng, inp, out))
     if res.max() > kv:
@@ -408,11 +408,7 @@ def prepare(case: ServingCase, efficiency=None) -> _Prepared:
     return _Prepared(case, cost, kv, eng, arrival, inp, out, conc)
 
 
-def _resolve(efficiency):
-    return resolve_efficiency(efficiency)
-
-
-_infer_jit = jax.jit(lambda m, s, p, e, r: infer(m, s, p, _resolve(e), r))
+_infer_jit = jax.jit(lambda m, s, p, e, r: infer(m, s, p, resolve_efficiency(e), r))
 
 
 def _slot_bucket(s: int) -> int:
