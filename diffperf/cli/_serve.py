@@ -115,6 +115,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "e.g. ttft_p90=0.5,tpot_p90=0.05")
     s.add_argument("--max-gpus", type=int, default=64,
                    help="search: largest deployment, GPUs (default 64)")
+    s.add_argument("--aggregated-only", action="store_true",
+                   help="search: leave out disaggregated (xPyD) deployments")
     add_output_arguments(p, plot="with --slo: save the throughput-latency front to this file")
     p.set_defaults(func=run_serve)
     return p
@@ -217,7 +219,10 @@ def run_serve(args) -> int:
     try:
         _check_options(args)
         if args.slo and args.disaggregated:
-            raise ValueError("--slo searches aggregated deployments; drop --disaggregated")
+            raise ValueError("--slo searches aggregated and disaggregated deployments itself; "
+                             "drop --disaggregated")
+        if args.aggregated_only and not args.slo:
+            raise ValueError("--aggregated-only goes with --slo")
         if args.runtime is None and args.engine:
             args.runtime = RUNTIME_OF_ENGINE.get(args.engine.lower())
         if args.runtime is None:
@@ -304,7 +309,8 @@ def _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price, powe
     slo = parse_slo(args.slo)
     result = slo_search(mdl, sys_, plan, engine, traffic, slo, eff, choice.runtime,
                         max_gpus=args.max_gpus, price_per_hour=price, power=power,
-                        log=lambda m: print(m, file=sys.stderr))
+                        log=lambda m: print(m, file=sys.stderr),
+                        disaggregated=not args.aggregated_only)
     if args.plot:
         serving_front_plot(result, args.plot, f"{args.model} on {args.gpu}")
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -315,12 +321,29 @@ def _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price, powe
     if best is None:
         print(f"no deployment of at most {args.max_gpus} GPUs meets {args.slo}")
         return 1
-    print(f"\nfewest GPUs meeting {args.slo}: {best['num_gpus']:g} "
-          f"({best['replicas']:g} x tp {best['tp']:g}, max_num_seqs {best['max_num_seqs']:g}), "
+    if result.get("note"):
+        print(result["note"])
+    print(f"\nfewest GPUs meeting {args.slo}: {best['num_gpus']:g} ({deployment_label(best)}), "
           f"TTFT p90 {best['ttft_p90_ms']:.0f} ms, TPOT p90 {best['tpot_p90_ms']:.1f} ms, "
           f"{best['output_tok_s_per_gpu']:,.0f} tokens/s per GPU, "
           f"${best['cost_per_million_tokens_usd']:.3f} per million tokens")
+    if best.get("coupled"):
+        c = best["coupled"]
+        print("  checked by the coupled xPyD simulation (round-robin routing): "
+              + ", ".join(f"{k[:-3].replace('_', ' ')} {v:.1f} ms" for k, v in c.items()
+                          if k.endswith("_ms")))
     return 0
+
+
+def deployment_label(row: dict) -> str:
+    """`"2 x tp 1, max_num_seqs 64"` or `"1P1D: prefill 1 x tp 2, decode 1 x tp 1, 64 slots"`
+    for a row of `slo_search`."""
+    if row.get("mode") == "disaggregated":
+        return (f"{row['prefill_replicas']:g}P{row['decode_replicas']:g}D: prefill "
+                f"{row['prefill_replicas']:g} x tp {row['prefill_tp']:g}, decode "
+                f"{row['decode_replicas']:g} x tp {row['decode_tp']:g}, max_num_seqs "
+                f"{row['max_num_seqs']:g}")
+    return f"{row['replicas']:g} x tp {row['tp']:g}, max_num_seqs {row['max_num_seqs']:g}"
 
 
 def _goodput_targets(text) -> tuple[float, float]:

@@ -1,12 +1,20 @@
 """Picture of a serving SLO search (`diffperf serve --slo ... --plot F.png`): every simulated
-deployment's output tokens/s per GPU against its p90 time to first token, the
-throughput-latency front, the SLO's TTFT target and the chosen deployment."""
+deployment's output tokens/s per GPU against its p90 time to first token (aggregated: circles,
+disaggregated xPyD: triangles), the throughput-latency front, the SLO's TTFT target and the
+chosen deployment."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ._pyplot import pyplot
+
+
+def _label(row: dict) -> str:
+    if row.get("mode") == "disaggregated":
+        return (f"{row['prefill_replicas']:g}P{row['decode_replicas']:g}D, tp "
+                f"{row['prefill_tp']:g} / {row['decode_tp']:g}, {row['max_num_seqs']:g} slots")
+    return f"{row['replicas']:g} x tp {row['tp']:g}, {row['max_num_seqs']:g} slots"
 
 
 def serving_front_plot(result: dict, path: str | Path, title: str):
@@ -16,14 +24,17 @@ def serving_front_plot(result: dict, path: str | Path, title: str):
     if not rows:
         raise ValueError("serving plot: no candidate deployment fits")
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    meets = [r for r in rows if r["meets"]]
-    misses = [r for r in rows if not r["meets"]]
-    for group, colour, label in ((misses, "0.7", "misses the SLO"),
-                                 (meets, "C0", "meets the SLO")):
-        if group:
-            ax.scatter([r["ttft_p90_ms"] for r in group],
-                       [r["output_tok_s_per_gpu"] for r in group], s=12, color=colour,
-                       label=f"{label} ({len(group)})")
+    for mode, marker in (("aggregated", "o"), ("disaggregated", "^")):
+        of_mode = [r for r in rows if r.get("mode", "aggregated") == mode]
+        meets = [r for r in of_mode if r["meets"]]
+        misses = [r for r in of_mode if not r["meets"]]
+        for group, colour, label in ((misses, "0.7", "misses the SLO"),
+                                     (meets, "C0" if mode == "aggregated" else "C2",
+                                      "meets the SLO")):
+            if group:
+                ax.scatter([r["ttft_p90_ms"] for r in group],
+                           [r["output_tok_s_per_gpu"] for r in group], s=12, color=colour,
+                           marker=marker, label=f"{mode}, {label} ({len(group)})")
     front = result["front"]
     ax.step([r["ttft_p90_ms"] for r in front], [r["output_tok_s_per_gpu"] for r in front],
             where="post", color="C1", lw=1.2, label="throughput-latency front")
@@ -34,8 +45,7 @@ def serving_front_plot(result: dict, path: str | Path, title: str):
     if best:
         ax.scatter([best["ttft_p90_ms"]], [best["output_tok_s_per_gpu"]], marker="*", s=140,
                    color="C3", zorder=3,
-                   label=f"fewest GPUs: {best['num_gpus']:g} ({best['replicas']:g} x tp "
-                         f"{best['tp']:g}, {best['max_num_seqs']:g} slots)")
+                   label=f"fewest GPUs: {best['num_gpus']:g} ({_label(best)})")
     ax.set_xscale("log")
     ax.set_xlabel("TTFT p90, ms")
     ax.set_ylabel("output tokens/s per GPU")

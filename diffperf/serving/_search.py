@@ -6,8 +6,13 @@ size): tp in 1, 2, 4, 8 (those the model and the NVLink domain allow), `max_num_
 `SEQS`, and replicas R in `REPLICAS` up to `max_gpus`. Each replica of R sees its share of the
 traffic: an open loop's Poisson stream at rate / R (requests routed at random: the arrival
 times of one stream scaled by R), or a closed loop's concurrency / R clients (rounded up).
+Disaggregated deployments (`disaggregated=True`, open-loop traffic): every xPyD pair of a
+prefill pool (tp, x replicas) and a decode pool (tp, slots, y replicas) within `max_gpus`,
+each pool simulated once with the same random routing and the pairs combined per request
+(`_disaggregated_search`).
 A candidate meets the SLOs when every target holds and every request finished; the best is
-the fewest GPUs, then the most output tokens/s per GPU.
+the fewest GPUs, then the most output tokens/s per GPU. A disaggregated best is re-simulated
+with its pools coupled (`serve_disaggregated`) and kept only if that meets the SLOs too.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from ..inference._iteration import iteration_cost, kv_capacity_tokens
 from ..presets import resolve_efficiency
 from ..specs._engine import Engine
 from ..specs._runtime import Runtime
+from ._disaggregated import serve_disaggregated
+from ._disaggregated_search import disaggregated_candidates
 from ._report import report
 from ._simulate import Requests, reservation, simulate, step_bound
 from ._traffic import Traffic, requests
@@ -65,7 +72,8 @@ def _metric(rep, name: str):
 
 def slo_search(model, system, plan, engine: Engine, traffic: Traffic, slo: dict,
                efficiency=None, runtime: Runtime | None = None, max_gpus: int = 64,
-               price_per_hour: float = 0.0, power=(0.0, 0.0), log=None) -> dict:
+               price_per_hour: float = 0.0, power=(0.0, 0.0), log=None,
+               disaggregated: bool = True) -> dict:
     """Simulate every candidate deployment and pick the fewest GPUs meeting `slo` (module
     docstring). `engine` gives the scheduler settings other than `max_num_seqs`; `plan`
     the precisions and ep. Returns a JSON-ready dict: `candidates` (each with tp,
@@ -146,16 +154,69 @@ def slo_search(model, system, plan, engine: Engine, traffic: Traffic, slo: dict,
                 row["energy_per_token_j"] = float(r.energy_per_token)
                 row["meets"] = ok and all(float(_metric(r, k)) <= v for k, v in slo.items())
                 results.append(row)
-    meeting = [r for r in results if r["meets"]]
-    best = min(meeting, key=lambda r: (r["num_gpus"], -r["output_tok_s_per_gpu"]),
-               default=None)
+    for row in results:
+        row["mode"] = "aggregated"
+    note = None
+    if disaggregated and traffic.concurrency == 0:
+        dis = disaggregated_candidates(model, system, plan, engine, arrival, inp, out, tps,
+                                       REPLICAS, SEQS, max_gpus, eff, runtime,
+                                       price_per_hour, power, log)
+        for row in dis:
+            row["meets"] = row["fits"] and all(row[k + "_ms"] <= 1e3 * v
+                                               for k, v in slo.items())
+        results += dis
+    elif disaggregated:
+        note = "disaggregated deployments not searched: closed-loop traffic"
+    best = _verified_best(results, model, system, plan, engine, traffic, slo, eff, runtime,
+                          price_per_hour, power, log)
     fitting = [r for r in results if r["fits"]]
     front = [r for r in fitting if not any(
         o["ttft_p90_ms"] <= r["ttft_p90_ms"] and o["output_tok_s_per_gpu"]
         >= r["output_tok_s_per_gpu"] and o is not r and (
             o["ttft_p90_ms"] < r["ttft_p90_ms"]
             or o["output_tok_s_per_gpu"] > r["output_tok_s_per_gpu"]) for o in fitting)]
-    return {"slo_s": slo, "candidates": results, "best": best,
+    return {"slo_s": slo, "candidates": results, "best": best, "note": note,
             "front": sorted(front, key=lambda r: r["ttft_p90_ms"]),
             "routing": "each replica: Poisson at rate / replicas (random routing)"
             if traffic.concurrency == 0 else "each replica: concurrency / replicas clients"}
+
+
+#: Disaggregated candidates re-checked by the coupled simulation before one is chosen.
+VERIFY = 5
+
+
+def _verified_best(results, model, system, plan, engine, traffic, slo, eff, runtime,
+                   price_per_hour, power, log):
+    """The fewest GPUs meeting the SLOs (then the most tokens/s per GPU). A disaggregated
+    candidate (simulated with decoupled pools) is re-simulated by `serve_disaggregated`
+    (pools coupled, round-robin routing) and kept only if that meets the SLOs too; its
+    coupled metrics are stored under `coupled`. After `VERIFY` rejected candidates the best
+    aggregated one is taken."""
+    meeting = sorted((r for r in results if r["meets"]),
+                     key=lambda r: (r["num_gpus"], -r["output_tok_s_per_gpu"]))
+    tried = 0
+    for row in meeting:
+        if row["mode"] == "aggregated":
+            return row
+        if tried == VERIFY:
+            continue
+        tried += 1
+        pre = eqx.tree_at(lambda q: q.tp, plan, jnp.asarray(row["prefill_tp"], jnp.float32))
+        dec = eqx.tree_at(lambda q: q.tp, plan, jnp.asarray(row["decode_tp"], jnp.float32))
+        dec_engine = eqx.tree_at(lambda e: e.max_num_seqs, engine,
+                                 jnp.asarray(row["max_num_seqs"], jnp.float32))
+        if log:
+            log(f"checking {row['prefill_replicas']:g}P{row['decode_replicas']:g}D "
+                f"(tp {row['prefill_tp']:g} / {row['decode_tp']:g}, "
+                f"{row['max_num_seqs']:g} slots) with the coupled simulation ...")
+        rep = serve_disaggregated(model, system, pre, dec, engine, dec_engine, traffic,
+                                  int(row["prefill_replicas"]), int(row["decode_replicas"]),
+                                  eff, runtime, price_per_hour, power)["report"]
+        coupled = {k + "_ms": round(1e3 * float(_metric(rep, k)), 3) for k in slo}
+        coupled["output_tok_s"] = float(rep.output_tok_s)
+        row["coupled"] = coupled
+        row["verified"] = all(coupled[k + "_ms"] <= 1e3 * v for k, v in slo.items())
+        if row["verified"]:
+            return row
+        row["meets"] = False
+    return None

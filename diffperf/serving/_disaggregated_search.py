@@ -1,0 +1,190 @@
+"""Disaggregated (xPyD) candidates for the SLO search: x prefill replicas of tp_p GPUs and y
+decode replicas of tp_d GPUs with `max_num_seqs` request slots, every combination up to the
+GPU limit, from one simulation per pool candidate.
+
+The pools are decoupled (the aggregated search's random routing, applied to each pool):
+
+1. Prefill candidate (tp_p, x): one replica sees the traffic's Poisson stream at rate / x (the
+   arrival times scaled by x), each request producing its first token only (`simulate`,
+   vmapped over the candidates). Per request: TTFT_i.
+2. Decode candidate (tp_d, slots, y): one replica sees the requests with more than one output
+   token as a Poisson stream at rate / y, arriving with their prompt in the KV cache
+   (`simulate(..., prefilled=True)`). Per request: D_i, arrival at the pool to last token
+   (its wait for a slot included). The decode pool's arrivals are taken as the traffic's own
+   process: the prefill pool delays every request but, while it keeps up, passes the same
+   rate on (a decoupling approximation; the chosen deployment is re-checked by the coupled
+   simulation `serve_disaggregated`, see `slo_search`).
+3. A pair (prefill, decode) on x tp_p + y tp_d GPUs: the KV transfer K_i of each prompt
+   (`kv_transfer_time`: NVLink when both pools fit in one NVLink domain, else RDMA), and per
+   request TTFT_i, TPOT_i = (K_i + D_i) / (output_i - 1), e2e_i = TTFT_i + K_i + D_i
+   (TTFT_i for a one-token request), as `serve_disaggregated` defines them.
+   Output tokens/s = sum(output) x min(x / T_p, y / T_d), T the simulated duration of each
+   pool's replica (the slower pool sets the rate); energy from each pool's busy share (the
+   linear utilisation model of `report`), cost from the price per GPU-hour.
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..inference._iteration import iteration_cost, kv_capacity_tokens
+from ..specs._engine import Engine
+from ._disaggregated import kv_transfer_time
+from ._simulate import Requests, reservation, simulate, step_bound
+
+_STATS = ("mean", "p50", "p90", "p99")
+
+
+def _stats(x: np.ndarray, axis: int = -1) -> dict[str, np.ndarray]:
+    """mean and the 50th / 90th / 99th percentiles along `axis` (linear interpolation, as
+    `report`'s percentiles)."""
+    q = np.percentile(x, [50, 90, 99], axis=axis)
+    return {"mean": np.mean(x, axis=axis), "p50": q[0], "p90": q[1], "p99": q[2]}
+
+
+def _prefill_slots(engine: Engine, inp: np.ndarray) -> int:
+    """Request slots that never bind in a prefill pool (one output token: a request leaves in
+    the iteration its prompt completes, so at most budget / shortest prompt + 1 requests are
+    ever in flight); at most the engine's `max_num_seqs`, a power of two, <= 256."""
+    need = float(engine.max_num_batched_tokens) / max(float(np.min(inp)), 1.0) + 2.0
+    slots = 1 << int(math.ceil(math.log2(max(need, 8.0))))
+    return int(min(slots, float(engine.max_num_seqs), 256))
+
+
+def _simulate_pool(model, system, plan, engine, eff, runtime, typical, tps, reps, seqs,
+                   arrival, inp, out, slots, prefilled, chunk=64):
+    """Simulate one replica of every pool candidate (tp, replicas, slots), vmapped `chunk`
+    candidates at a time; returns numpy per-candidate fields: `first` / `finish` relative to
+    each request's scaled arrival, `completed`, `duration`, `busy`, `fits` (every request's
+    reservation fits the KV cache)."""
+    f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
+    n = len(tps)
+    eng_bound = eqx.tree_at(lambda e: e.max_num_seqs, engine, f32(max(seqs)))
+    bound = step_bound(inp, eng_bound)
+
+    def one(tp, r, s):
+        p = eqx.tree_at(lambda q: (q.tp, q.batch, q.input_len, q.output_len), plan,
+                        (tp, f32(1.0), f32(typical["input_len"]), f32(typical["output_len"])))
+        eng = eqx.tree_at(lambda e: e.max_num_seqs, engine, s)
+        cost = iteration_cost(model, system, p, eng.max_num_batched_tokens, eff, runtime)
+        kv = kv_capacity_tokens(model, system, p, eng.max_num_batched_tokens, s,
+                                eng.kv_memory_fraction, eff)
+        req = Requests(f32(arrival) * r, f32(inp), f32(out))
+        sched = simulate(cost, eng, kv, req, slots, bound, 0.0, prefilled=prefilled)
+        fits = jnp.max(reservation(eng, f32(inp), f32(out))) <= kv
+        start = jnp.min(sched.arrival)
+        duration = jnp.maximum(jnp.max(sched.finish) - start, 1e-12)
+        return (sched.ttft, sched.e2e, sched.completed, duration,
+                jnp.clip(sched.busy_time / duration, 0.0, 1.0), fits)
+
+    run = jax.jit(jax.vmap(one))
+    cols = [np.asarray(a, np.float32) for a in (tps, reps, seqs)]
+    size = min(chunk, n)
+    parts = []
+    for i in range(0, n, size):
+        idx = np.minimum(np.arange(i, i + size), n - 1)  # the last chunk padded
+        res = jax.device_get(run(*(f32(c[idx]) for c in cols)))
+        parts.append([np.asarray(a)[: min(size, n - i)] for a in res])
+    ttft, e2e, completed, duration, busy, fits = (np.concatenate(p) for p in zip(*parts))
+    return {"ttft": ttft.astype(float), "e2e": e2e.astype(float), "completed": completed,
+            "duration": duration.astype(float), "busy": busy.astype(float), "fits": fits}
+
+
+def disaggregated_candidates(model, system, plan, engine: Engine, arrival, inp, out, tps,
+                             replicas_options, seqs_options, max_gpus: int, eff, runtime,
+                             price_per_hour: float = 0.0, power=(0.0, 0.0), log=None
+                             ) -> list[dict]:
+    """Every xPyD deployment of at most `max_gpus` GPUs (module docstring): one dict per
+    (prefill tp, x, decode tp, slots, y) with the SLO search's fields (`mode`
+    "disaggregated", `num_gpus`, latencies in ms at mean / p50 / p90 / p99, tokens/s, cost,
+    energy, `fits`)."""
+    inp, out, arrival = (np.asarray(a, float) for a in (inp, out, arrival))
+    typical = dict(input_len=float(np.round(inp.mean())), output_len=float(np.round(out.mean())))
+    pp = float(plan.pp)
+    pre = [(tp, x) for tp in tps for x in replicas_options if (x * tp + min(tps)) * pp <= max_gpus]
+    if not pre:
+        return []
+    budget = float(engine.max_num_batched_tokens)
+    dec = [(tp, s, y) for tp in tps for s in seqs_options if s <= budget
+           for y in replicas_options if (y * tp + min(tps)) * pp <= max_gpus]
+    if log:
+        log(f"disaggregated: simulating {len(pre)} prefill and {len(dec)} decode pool "
+            f"candidates x {len(inp)} requests ...")
+    slots_p = _prefill_slots(engine, inp)
+    ones = np.ones_like(out)
+    P = _simulate_pool(model, system, plan, engine, eff, runtime, typical,
+                       [c[0] for c in pre], [c[1] for c in pre], [slots_p] * len(pre),
+                       arrival, inp, ones, slots_p, prefilled=False)
+    many = np.flatnonzero(out > 1)
+    D = None
+    dec_groups: dict[int, list[int]] = {}
+    for k, c in enumerate(dec):
+        dec_groups.setdefault(64 if c[1] <= 64 else max(seqs_options), []).append(k)
+    if len(many):
+        fields: dict[str, np.ndarray] = {}
+        for slots, ks in sorted(dec_groups.items()):
+            g = _simulate_pool(model, system, plan, engine, eff, runtime, typical,
+                               [dec[k][0] for k in ks], [dec[k][2] for k in ks],
+                               [dec[k][1] for k in ks], arrival[many], inp[many], out[many],
+                               slots, prefilled=True)
+            for name, a in g.items():
+                fields.setdefault(name, np.zeros((len(dec),) + a.shape[1:], a.dtype))[ks] = a
+        D = fields
+    domain = float(system.network.nvlink_domain)
+    tokens = float(out.sum())
+    idle, peak = power
+    rows = []
+    transfers: dict[tuple, np.ndarray] = {}  # (prefill tp, decode tp, one NVLink domain) -> s
+    for i, (tpp, x) in enumerate(pre):
+        ttft = P["ttft"][i]  # [N]
+        pre_ok = bool(P["completed"][i] >= 1.0) and bool(P["fits"][i])
+        t_stats = _stats(ttft)
+        for j, (tpd, seqs, y) in enumerate(dec):
+            gp, gd = x * tpp * pp, y * tpd * pp
+            if gp + gd > max_gpus:
+                continue
+            same = gp + gd <= domain
+            if (tpp, tpd, same) not in transfers:
+                pplan = eqx.tree_at(lambda q: q.tp, plan, jnp.asarray(tpp, jnp.float32))
+                dplan = eqx.tree_at(lambda q: q.tp, plan, jnp.asarray(tpd, jnp.float32))
+                transfers[tpp, tpd, same] = np.asarray(kv_transfer_time(
+                    model, system, pplan, dplan, jnp.asarray(inp, jnp.float32), same), float)
+            k = transfers[tpp, tpd, same]
+            e2e = ttft.copy()
+            ok = pre_ok
+            rate = x / P["duration"][i]
+            busy_d = 0.0
+            tpot = np.zeros(0)
+            if D is not None:
+                d = D["e2e"][j]
+                e2e[many] = ttft[many] + k[many] + d
+                tpot = (k[many] + d) / (out[many] - 1.0)
+                ok = ok and bool(D["completed"][j] >= 1.0) and bool(D["fits"][j])
+                rate = min(rate, y / D["duration"][j])
+                busy_d = float(D["busy"][j])
+            tok_s = tokens * rate
+            watts = gp * (idle + (peak - idle) * float(P["busy"][i])) + \
+                gd * (idle + (peak - idle) * busy_d)
+            row = {"mode": "disaggregated", "prefill_tp": tpp, "prefill_replicas": x,
+                   "decode_tp": tpd, "decode_replicas": y, "max_num_seqs": seqs,
+                   "tp": tpd, "replicas": x + y, "num_gpus": gp + gd, "fits": ok,
+                   "link": "NVLink" if same else "scale-out (RDMA)",
+                   "kv_transfer_ms": round(1e3 * float(np.mean(k)), 3)}
+            p_stats = _stats(tpot) if tpot.size else {s: 0.0 for s in _STATS}
+            e_stats = _stats(e2e)
+            for s in _STATS:
+                row[f"ttft_{s}_ms"] = round(1e3 * float(t_stats[s]), 3)
+                row[f"tpot_{s}_ms"] = round(1e3 * float(p_stats[s]), 3)
+                row[f"e2e_{s}_ms"] = round(1e3 * float(e_stats[s]), 3)
+            row["output_tok_s"] = float(tok_s)
+            row["output_tok_s_per_gpu"] = float(tok_s / (gp + gd))
+            row["cost_per_million_tokens_usd"] = float(price_per_hour * (gp + gd) / 3600.0
+                                                       / tok_s * 1e6)
+            row["energy_per_token_j"] = float(watts / tok_s)
+            rows.append(row)
+    return rows
