@@ -54,31 +54,35 @@ def _case(seed, n=40):
 
 
 CASES = [
-    # (seed, max_num_seqs, budget, chunked, policy, kv, concurrency)
-    (0, 8, 256, 1, 0, 1e9, 0),
-    (1, 8, 256, 1, 1, 1e9, 0),
-    (2, 4, 512, 0, 0, 1e9, 0),
-    (3, 4, 512, 0, 1, 1e9, 0),
-    (4, 16, 64, 1, 0, 2000, 0),  # KV-limited: about 6 requests fit
-    (5, 6, 128, 1, 0, 1e9, 3),  # closed loop
-    (6, 32, 1024, 1, 1, 3000, 5),
+    # (seed, max_num_seqs, budget, chunked, policy, kv, concurrency, kv_output_reserve)
+    (0, 8, 256, 1, 0, 1e9, 0, 1.0),
+    (1, 8, 256, 1, 1, 1e9, 0, 1.0),
+    (2, 4, 512, 0, 0, 1e9, 0, 1.0),
+    (3, 4, 512, 0, 1, 1e9, 0, 1.0),
+    (4, 16, 64, 1, 0, 2000, 0, 1.0),  # KV-limited: about 6 requests fit
+    (5, 6, 128, 1, 0, 1e9, 3, 1.0),  # closed loop
+    (6, 32, 1024, 1, 1, 3000, 5, 1.0),
     # not chunked, budget barely above the longest prompt: a waiting prompt is blocked by the
     # decoders' tokens until one finishes (fast-forwarded stretches with a prompt pending)
-    (8, 8, 300, 0, 0, 1e9, 0),
+    (8, 8, 300, 0, 0, 1e9, 0, 1.0),
+    # KV allocated as contexts grow (vLLM) and half the remaining output held (between that
+    # and a reservation): more requests admitted into the same cache
+    (4, 16, 64, 1, 0, 2000, 0, 0.0),
+    (4, 16, 64, 1, 0, 2000, 0, 0.5),
+    (6, 32, 1024, 1, 1, 3000, 5, 0.0),
 ]
-
-
 @pytest.mark.parametrize("fast_forward", [True, pytest.param(False, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("case", CASES)
 def test_jax_scheduler_equals_reference(case, fast_forward):
-    seed, seqs, budget, chunked, policy, kv, concurrency = case
+    seed, seqs, budget, chunked, policy, kv, concurrency, reserve = case
     arrival, inp, out = _case(seed)
     ref = reference_schedule(arrival, inp, out, max_num_seqs=seqs,
                              max_num_batched_tokens=budget, chunked_prefill=chunked,
                              policy=policy, kv_capacity=kv, block_size=16,
-                             iteration_time=_affine, concurrency=concurrency or None)
+                             iteration_time=_affine, concurrency=concurrency or None,
+                             kv_output_reserve=reserve)
     engine = Engine(max_num_seqs=seqs, max_num_batched_tokens=budget, chunked_prefill=chunked,
-                    policy=policy, block_size=16)
+                    policy=policy, block_size=16, kv_output_reserve=reserve)
     got = _run_jax(_affine, arrival, inp, out, engine, kv, concurrency, fast_forward)
     assert float(got.completed) == 1.0
     for name, want in [("arrival", ref.arrival), ("admit", ref.admit_time),
@@ -86,6 +90,7 @@ def test_jax_scheduler_equals_reference(case, fast_forward):
         np.testing.assert_allclose(np.asarray(getattr(got, name)), want, rtol=2e-5, atol=2e-5,
                                    err_msg=name)
     assert float(got.iterations) == len(ref.iterations)
+    assert float(got.kv_peak) == ref.kv_peak
     if fast_forward:  # the stretches collapse iterations into fewer steps
         assert int(got.steps) < len(ref.iterations)
 
@@ -102,6 +107,25 @@ def test_admission_is_head_of_line_and_fcfs():
     got = _run_jax(_affine, arrival, inp, out, engine, 860.0)
     admit = np.asarray(got.admit)
     assert admit[1] == 0.0 and admit[2] > 0.0  # 880 > 860: request 2 waits
+
+
+def test_kv_output_reserve_by_hand():
+    """Two requests of 20 + 40 tokens in a 100-token cache of 16-token blocks. Reserving:
+    each holds ceil(60 / 16) 16 = 64 tokens, so the second waits for the first to finish.
+    On demand: each holds its prompt and first token, ceil(21 / 16) 16 = 32, both start at
+    once, and their contexts grow to 2 x 64 = 128 tokens: past the cache, where an engine
+    would preempt (not modelled), which `kv_peak` shows."""
+    arrival, inp, out = [0.0, 0.0], [20, 20], [40, 40]
+    for reserve, second_admit, peak in ((1.0, "later", 64.0), (0.0, 0.0, 128.0)):
+        engine = Engine(max_num_seqs=8, max_num_batched_tokens=256, block_size=16,
+                        kv_output_reserve=reserve)
+        got = _run_jax(_affine, arrival, inp, out, engine, 100.0)
+        admit = np.asarray(got.admit)
+        if second_admit == "later":
+            assert admit[1] >= float(np.asarray(got.finish)[0]) - 1e-6
+        else:
+            assert admit[1] == 0.0
+        assert float(got.kv_peak) == peak
 
 
 def test_vmap_over_deployments_equals_loop():

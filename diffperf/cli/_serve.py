@@ -85,6 +85,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--block-size", type=int, default=None, help="KV-cache block, tokens")
     e.add_argument("--kv-memory-fraction", type=float, default=None,
                    help="share of the free HBM given to the KV cache")
+    e.add_argument("--kv-output-reserve", type=float, default=None,
+                   help="share of each request's remaining output held in the KV cache ahead "
+                        "(1: reserved at admission, TensorRT-LLM; 0: allocated as the "
+                        "context grows, vLLM; SGLang 0.098)")
     t = group(p, "traffic")
     t.add_argument("--rate", type=float, default=None,
                    help="Poisson arrivals, requests/s (default: every request at t = 0, the "
@@ -127,13 +131,14 @@ def _engine(args, runtime_name: str) -> tuple[str, Engine]:
     base = presets.engine(name)
     fields = {k: getattr(base, k) for k in ("max_num_seqs", "max_num_batched_tokens",
                                             "chunked_prefill", "policy", "block_size",
-                                            "kv_memory_fraction")}
+                                            "kv_memory_fraction", "kv_output_reserve")}
     given = {"max_num_seqs": args.max_num_seqs,
              "max_num_batched_tokens": args.max_num_batched_tokens,
              "chunked_prefill": None if args.chunked_prefill is None
              else float(args.chunked_prefill == "on"),
              "policy": args.policy, "block_size": args.block_size,
-             "kv_memory_fraction": args.kv_memory_fraction}
+             "kv_memory_fraction": args.kv_memory_fraction,
+             "kv_output_reserve": args.kv_output_reserve}
     fields.update({k: v for k, v in given.items() if v is not None})
     return name, Engine(**fields)
 
@@ -188,6 +193,7 @@ def summary(rep) -> dict:
             "duration_s": float(rep.duration), "busy_share": float(rep.busy_share),
             "mean_batch_tokens": float(rep.mean_batch_tokens),
             "iterations": float(rep.iterations), "kv_capacity_tokens": float(rep.kv_capacity),
+            "kv_peak_share": float(rep.kv_peak_share),
             "replicas": float(rep.replicas), "num_gpus": float(rep.num_gpus),
             "cost_per_million_tokens_usd": float(rep.cost_per_million_tokens),
             "energy_per_token_j": float(rep.energy_per_token),
@@ -212,6 +218,9 @@ def _check_options(args) -> None:
     f = args.kv_memory_fraction
     if f is not None and not 0 < f <= 1:
         raise ValueError(f"--kv-memory-fraction must be in (0, 1], got {f}")
+    r = args.kv_output_reserve
+    if r is not None and not 0 <= r <= 1:
+        raise ValueError(f"--kv-output-reserve must be in [0, 1], got {r}")
 
 
 def run_serve(args) -> int:
@@ -259,7 +268,7 @@ def run_serve(args) -> int:
     out = summary(rep)
     out["engine"] = {"preset": engine_name, **{k: float(getattr(engine, k)) for k in (
         "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy", "block_size",
-        "kv_memory_fraction")}}
+        "kv_memory_fraction", "kv_output_reserve")}}
     out["runtime"] = choice.name
     out["price_per_gpu_hour_usd"], out["power_w"] = price, list(power)
     if args.rate is not None and out["ttft_growth_ms"] > max(
@@ -269,6 +278,12 @@ def run_serve(args) -> int:
               f"first quarter): "
               f"{args.rate:g} req/s is more than this deployment sustains (it completed "
               f"{out['request_rate']:.2f} req/s), so its latencies grow with --num-requests",
+              file=sys.stderr)
+    if out["kv_peak_share"] > 1.0:
+        print(f"note: the running requests' contexts reach {100 * out['kv_peak_share']:.0f} % "
+              f"of the KV cache: the engine allocates blocks as contexts grow "
+              f"(kv_output_reserve {out['engine']['kv_output_reserve']:g}) and would preempt "
+              "requests, which is not modelled (latencies optimistic at this load)",
               file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=1))

@@ -8,7 +8,7 @@ from . import _files
 
 #: The `Engine` fields an engines.json entry sets (its other keys are text or native values).
 _ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy",
-                  "block_size", "kv_memory_fraction")
+                  "block_size", "kv_memory_fraction", "kv_output_reserve")
 
 
 def _entry(kind: str, name, what: str) -> dict:

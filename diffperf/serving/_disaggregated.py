@@ -152,7 +152,8 @@ def serve_disaggregated(model, system, prefill_plan, decode_plan, prefill_engine
                      completed=_f32(float(np.all(np.asarray(pre.completed)))
                                     * float(dec is None or np.all(np.asarray(dec.completed)))),
                      steps=jnp.asarray(0), iterations=_f32(iterations),
-                     busy_time=_f32(0.0), mean_tokens=_f32(tokens / max(iterations, 1.0)))
+                     busy_time=_f32(0.0), mean_tokens=_f32(tokens / max(iterations, 1.0)),
+                     kv_peak=_f32(0.0 if dec is None else float(np.max(np.asarray(dec.kv_peak)))))
     duration = float(finish[keep].max() - arrival[keep].min())
     def busy(s) -> float:
         return 0.0 if s is None else float(np.mean(np.asarray(s.busy_time))) / duration

@@ -73,6 +73,7 @@ class ReferenceResult:
     input_len: np.ndarray
     output_len: np.ndarray
     iterations: tuple[Iteration, ...]
+    kv_peak: int = 0  # most KV tokens the running requests' contexts filled after an iteration
 
     @property
     def ttft(self) -> np.ndarray:
@@ -184,7 +185,8 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
                        policy: int | str, kv_capacity: float, block_size: int,
                        iteration_time: Callable[[int, int, int, float, bool], float],
                        concurrency: int | None = None,
-                       max_iterations: int = 10_000_000) -> ReferenceResult:
+                       max_iterations: int = 10_000_000,
+                       kv_output_reserve: float = 1.0) -> ReferenceResult:
     """Run the engine scheduler of docs/serving.md ("Scheduler semantics") on N requests.
 
     **Arguments:**
@@ -198,8 +200,10 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
       prompt's remaining tokens are scheduled whole or not at all (then every input_len <= B).
     - `policy`: 0 or "decode_first", 1 or "prefill_first".
     - `kv_capacity`: K, KV-cache tokens of the replica (`math.inf`: unlimited).
-    - `block_size`: KV-cache block, tokens; a request reserves
-      ceil((input_len + output_len) / block_size) * block_size tokens while it runs.
+    - `block_size`: KV-cache block, tokens. An admitted request holds
+      ceil((input_len + g + r (output_len - g)) / block_size) * block_size tokens, g =
+      max(tokens generated, 1), r = `kv_output_reserve`; a request is admitted when what it
+      holds fits beside what the running requests hold.
     - `iteration_time`: `iteration_time(tokens, emitting, decode_context, prefill_pairs,
       has_prefill) -> seconds` (ints, float, bool as docs/serving.md step 4 defines them);
       must return a finite number > 0.
@@ -207,6 +211,9 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
       request issues the next one at its finish time. None: open loop.
     - `max_iterations`: a RuntimeError after this many iterations (a guard, not a limit of
       the model).
+    - `kv_output_reserve`: r, share of the remaining output held ahead, 0-1 (1: the whole
+      context reserved at admission; 0: the current context). Preemption is not modelled:
+      `ReferenceResult.kv_peak` is the most KV tokens the running contexts filled.
 
     **Returns:** a `ReferenceResult`.
     """
@@ -234,6 +241,21 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
     if not callable(iteration_time):
         raise ValueError(f"iteration_time must be a callable, got {iteration_time!r}")
     max_iterations = _integer("max_iterations", max_iterations, 1)
+    try:
+        r_out = float(kv_output_reserve)
+    except (TypeError, ValueError):
+        raise ValueError(f"kv_output_reserve must be a number in [0, 1], got "
+                         f"{kv_output_reserve!r}") from None
+    if not 0.0 <= r_out <= 1.0:
+        raise ValueError(f"kv_output_reserve must be a number in [0, 1], got "
+                         f"{kv_output_reserve!r}")
+
+    def holds(r: _Request) -> int:
+        g = max(r.generated, 1)
+        return math.ceil((r.input_len + g + r_out * (r.output_len - g)) / block) * block
+
+    def fills(r: _Request) -> int:
+        return -(-(r.input_len + max(r.generated, 1)) // block) * block
 
     if concurrency is None:
         if arrival is None:
@@ -279,7 +301,7 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
     t = 0.0
     p = 0  # next request to admit
     running: list[_Request] = []  # admitted, not finished, in admission order
-    free_kv = K
+    kv_peak = 0
 
     def arrived(i: int) -> bool:
         return arrivals[i] is not None and arrivals[i] <= t
@@ -288,10 +310,11 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
         # 1. Admission (2. Idle: jump to the next arrival and admit again)
         admitted: list[int] = []
         while True:
-            while (len(running) < S and p < n and arrived(p)
-                   and reservations[p] <= free_kv):
-                running.append(_Request(p, inputs[p], outputs[p], reservations[p]))
-                free_kv -= reservations[p]
+            while len(running) < S and p < n and arrived(p):
+                new = _Request(p, inputs[p], outputs[p], reservations[p])
+                if sum(holds(r) for r in running) + holds(new) > K:
+                    break
+                running.append(new)
                 admit_time[p] = t
                 admitted.append(p)
                 p += 1
@@ -299,7 +322,7 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
                 break
             if p == n:  # nothing running, nothing left: done
                 return _result(arrivals, admit_time, first_token_time, finish_time, inputs,
-                               outputs, iterations)
+                               outputs, iterations, kv_peak)
             nxt = arrivals[p]
             if nxt is None or nxt <= t:  # unreachable after the checks above
                 raise RuntimeError(f"request {p} can never be admitted (nothing is running, "
@@ -362,11 +385,11 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
             if r.prefilled == r.input_len:
                 r.generated = 1
                 first_token_time[r.id] = t
+        kv_peak = max(kv_peak, sum(fills(r) for r in running))
         finished = [r for r in running if r.generated == r.output_len]
         for r in finished:  # in admission order
             finish_time[r.id] = t
             running.remove(r)
-            free_kv += r.reservation
             if issued < n:  # closed loop: the next request arrives now
                 arrivals[issued] = t
                 issued += 1
@@ -379,9 +402,10 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
 
 
 def _result(arrivals, admit_time, first_token_time, finish_time, inputs, outputs,
-            iterations) -> ReferenceResult:
+            iterations, kv_peak: int = 0) -> ReferenceResult:
     f = lambda xs: np.asarray(xs, dtype=np.float64)
     return ReferenceResult(
         arrival=f(arrivals), admit_time=f(admit_time), first_token_time=f(first_token_time),
         finish_time=f(finish_time), input_len=np.asarray(inputs, dtype=np.int64),
-        output_len=np.asarray(outputs, dtype=np.int64), iterations=tuple(iterations))
+        output_len=np.asarray(outputs, dtype=np.int64), iterations=tuple(iterations),
+        kv_peak=kv_peak)

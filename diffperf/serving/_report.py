@@ -65,6 +65,9 @@ class ServingReport(eqx.Module):
     mean_batch_tokens: jax.Array  # mean tokens per iteration
     iterations: jax.Array
     kv_capacity: jax.Array  # KV-cache tokens of one replica
+    kv_peak_share: jax.Array  # most KV the running contexts filled / kv_capacity: above 1
+    #                           the engine would have preempted (not modelled; happens only
+    #                           with Engine.kv_output_reserve < 1)
     replicas: jax.Array
     num_gpus: jax.Array
     cost_per_million_tokens: jax.Array  # USD per 10^6 output tokens (0 without a price)
@@ -115,7 +118,9 @@ def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpu
         total_tok_s=replicas * (tokens + jnp.sum(inp)) / duration,
         request_rate=replicas * out.shape[0] / duration, duration=duration, busy_share=busy,
         mean_batch_tokens=s.mean_tokens, iterations=s.iterations,
-        kv_capacity=jnp.asarray(kv_capacity, s.finish.dtype), replicas=replicas + 0.0 * busy,
+        kv_capacity=jnp.asarray(kv_capacity, s.finish.dtype),
+        kv_peak_share=s.kv_peak / jnp.maximum(jnp.asarray(kv_capacity, s.finish.dtype), 1.0),
+        replicas=replicas + 0.0 * busy,
         num_gpus=gpus + 0.0 * busy,
         cost_per_million_tokens=price_per_hour * gpus / 3600.0 / tok_s * 1e6,
         energy_per_token=power * gpus / tok_s, completed=s.completed,

@@ -1,9 +1,10 @@
 """An engine replica's scheduler, simulated iteration by iteration in JAX.
 
 The rules are those of docs/serving.md ("Scheduler semantics"): first-come-first-served
-admission into `max_num_seqs` request slots while the KV cache holds each request's whole
-reservation, a token budget per iteration shared by decode tokens and prompt chunks under a
-decode-first or prefill-first policy, and each iteration's time from
+admission into `max_num_seqs` request slots while the KV cache holds what each request holds
+(`held`: its whole context reserved, or its current context plus a share of its remaining
+output, `Engine.kv_output_reserve`), a token budget per iteration shared by decode tokens and
+prompt chunks under a decode-first or prefill-first policy, and each iteration's time from
 `diffperf.inference.iteration_time`. `diffperf.serving.reference_schedule` is the same
 scheduler in plain Python; the tests check that both give the same admissions and times.
 
@@ -82,12 +83,31 @@ class Schedule(eqx.Module):
     iterations: jax.Array  # engine iterations simulated
     busy_time: jax.Array  # time the engine spent iterating (not idle), s
     mean_tokens: jax.Array  # mean tokens per iteration
+    kv_peak: jax.Array  # most KV tokens the running requests' contexts filled at once
 
 
 def reservation(engine: Engine, input_len, output_len) -> jax.Array:
-    """KV-cache tokens a request reserves at admission: its whole context rounded up to
-    blocks, ceil((input + output) / block) block, tokens."""
+    """KV-cache tokens of a request's whole context rounded up to blocks, ceil((input +
+    output) / block) block, tokens: what it holds from admission on when the engine reserves
+    (`Engine.kv_output_reserve` = 1), and what the cache must hold for it ever to run."""
     return jnp.ceil((input_len + output_len) / engine.block_size) * engine.block_size
+
+
+def held(engine: Engine, input_len, generated, output_len) -> jax.Array:
+    """KV-cache tokens a running (or admitted) request counts against admissions, tokens:
+    ceil((I + g + r (O - g)) / block) block with g = max(generated, 1) (admission allocates the
+    prompt and its first token) and r = `Engine.kv_output_reserve` (1: the whole context,
+    `reservation`; 0: the current context, blocks allocated as it grows)."""
+    g = jnp.maximum(generated, 1.0)
+    need = input_len + g + engine.kv_output_reserve * (output_len - g)
+    return jnp.ceil(need / engine.block_size) * engine.block_size
+
+
+def context_blocks(engine: Engine, input_len, generated) -> jax.Array:
+    """KV-cache tokens a request's context fills, rounded up to blocks: ceil((I + max(g, 1)) /
+    block) block (`Schedule.kv_peak` sums them over the running requests)."""
+    return jnp.ceil((input_len + jnp.maximum(generated, 1.0)) / engine.block_size) \
+        * engine.block_size
 
 
 def step_bound(input_len, engine: Engine) -> int:
@@ -157,7 +177,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
                          fin(requests.arrival))
     lo0 = (jnp.zeros((n,), arrival0.dtype) if requests.arrival_lo is None
            else jnp.where(closed, 0.0, fin(requests.arrival_lo)))
-    reserve = reservation(engine, s_in, s_out)
+    admit_need = held(engine, s_in, 0.0, s_out)
     window = jnp.arange(slots, dtype=jnp.int32)
     usable = fin(window) < engine.max_num_seqs
     budget = engine.max_num_batched_tokens
@@ -168,7 +188,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         return a[jnp.clip(idx, 0, n - 1)]
 
     def step(state):
-        (t, t_lo, p, q, done, kv_used, issued, n_done, steps, iters, busy, tok_sum, slot_req,
+        (t, t_lo, p, q, done, kv_peak, issued, n_done, steps, iters, busy, tok_sum, slot_req,
          slot_gen, arrival, arrival_lo, admit, first, finish) = state
         active = n_done < n
 
@@ -177,10 +197,12 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         # 1. admission, first come first served with head-of-line blocking
         running = slot_req >= 0
         free = engine.max_num_seqs - fin(jnp.sum(running))
+        kv_used = jnp.sum(jnp.where(running, held(engine, gather(s_in, slot_req), slot_gen,
+                                                  gather(s_out, slot_req)), 0.0))
         idx = p + window
         valid = idx < n
         arr_w = jnp.where(valid, gather(arrival, idx), _BIG)
-        res_w = jnp.where(valid, gather(reserve, idx), _BIG)
+        res_w = jnp.where(valid, gather(admit_need, idx), _BIG)
         ok = (fin(window) < free) & valid & (arr_w < _BIG) & (since(idx) >= 0) & (
             kv_used + jnp.cumsum(res_w) <= kv_capacity)
         take = jnp.cumprod(ok.astype(jnp.int32))
@@ -233,7 +255,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         out_slot = gather(s_out, slot_req)
         left = jnp.where(dec_on, out_slot - slot_gen, _BIG)
         k_finish = jnp.min(left)
-        head_res = gather(reserve, p)
+        head_res = gather(admit_need, p)
         can_admit = (p < n) & (free - fin(m) > 0) & (kv_used + head_res <= kv_capacity)
         t1 = _with_keys(cost, base, keys1)
         gap = -since(p)
@@ -267,7 +289,9 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         done = jnp.where(new_q >= p, 0.0, done)
         ends = go & running & (slot_gen >= out_slot)
         finish = finish.at[jnp.where(ends, slot_req, n)].set(since_new(slot_req), mode="drop")
-        kv_used = kv_used - jnp.sum(jnp.where(ends, gather(reserve, slot_req), 0.0))
+        filled = jnp.sum(jnp.where(running, context_blocks(engine, gather(s_in, slot_req),
+                                                           slot_gen), 0.0))
+        kv_peak = jnp.maximum(kv_peak, jnp.where(go, filled, 0.0))
         slot_req = jnp.where(ends, -1, slot_req)
         f = jnp.sum(ends).astype(jnp.int32)
         issue_at = jnp.where(closed & (window < f), issued + window, n)
@@ -277,7 +301,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         iters = iters + jnp.where(go, k, 0.0)
         busy = busy + jnp.where(go, span, 0.0)
         tok_sum = tok_sum + jnp.where(go, k * tokens, 0.0)
-        return (t_new, t_lo_new, p, new_q, done, kv_used, issued, n_done + f,
+        return (t_new, t_lo_new, p, new_q, done, kv_peak, issued, n_done + f,
                 steps + active.astype(jnp.int32), iters, busy, tok_sum, slot_req, slot_gen,
                 arrival, arrival_lo, admit, first, finish)
 
@@ -291,10 +315,11 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         state = jax.lax.fori_loop(0, max_steps, lambda i, s: step(s), state)
     else:
         state = jax.lax.while_loop(lambda s: (s[7] < n) & (s[8] < max_steps), step, state)
-    (_, _, _, _, _, _, _, n_done, steps, iters, busy, tok_sum, _, _, arrival, arrival_lo,
+    (_, _, _, _, _, kv_peak, _, n_done, steps, iters, busy, tok_sum, _, _, arrival, arrival_lo,
      admit, first, finish) = state
     arrival = arrival + arrival_lo
     return Schedule(arrival=arrival, admit=arrival + admit, first_token=arrival + first,
                     finish=arrival + finish, queue=admit, ttft=first, e2e=finish,
                     completed=(n_done >= n).astype(f0.dtype), steps=steps, iterations=iters,
-                    busy_time=busy, mean_tokens=tok_sum / jnp.maximum(iters, 1.0))
+                    busy_time=busy, mean_tokens=tok_sum / jnp.maximum(iters, 1.0),
+                    kv_peak=kv_peak)

@@ -36,8 +36,16 @@ class Engine(eqx.Module):
     - `policy`: 0 (`"decode_first"`): running decodes first, prefill chunks fill the rest of
       the budget (vLLM V1, TensorRT-LLM); 1 (`"prefill_first"`): an iteration with prompt
       tokens pending runs prefill only (SGLang, vLLM V0).
-    - `block_size`: KV-cache block, tokens; a request reserves its whole input + output,
-      rounded up to blocks, at admission (no preemption).
+    - `block_size`: KV-cache block, tokens; KV is held in whole blocks.
+    - `kv_output_reserve`: share r of a request's remaining output tokens it holds in the KV
+      cache ahead of generating them, 0-1. Admission needs the blocks of what the new request
+      holds on top of what the running ones hold, ceil((I + g + r (O - g)) / block) blocks
+      each (g tokens generated). 1: the whole context reserved at admission (TensorRT-LLM's
+      GUARANTEED_NO_EVICT); 0: blocks allocated as the context grows (vLLM's PagedAttention,
+      LMDeploy TurboMind); SGLang admits against its running requests' remaining outputs times
+      a ratio that decays to 0.098. Below 1 the contexts can outgrow the cache, where the
+      engine would preempt; preemption is not modelled (a running request keeps its cache),
+      and `Schedule.kv_peak` reports the most the contexts filled.
     - `kv_memory_fraction`: share of the HBM left after weights, workspace and the activations
       of a full iteration that the engine gives to the KV cache (vLLM
       `gpu_memory_utilization` is a share of the whole HBM instead; the preset converts), 0-1.
@@ -49,11 +57,13 @@ class Engine(eqx.Module):
     policy: jax.Array = eqx.field(converter=named_code("Engine", "policy", POLICIES), default=0)
     block_size: jax.Array = _F(default=32)
     kv_memory_fraction: jax.Array = _F(default=0.9)
+    kv_output_reserve: jax.Array = _F(default=1.0)
 
     def __check_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             check_integer("Engine", name, getattr(self, name))
         check_choice("Engine", "chunked_prefill", self.chunked_prefill, {0: "off", 1: "on"})
         check_choice("Engine", "policy", self.policy, {v: k for k, v in POLICIES.items()})
+        check_fraction("Engine", "kv_output_reserve", self.kv_output_reserve, allow_zero=True)
         check_fraction("Engine", "kv_memory_fraction", self.kv_memory_fraction,
                        allow_zero=False)

@@ -109,7 +109,7 @@ METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e
            ("total_tok_s_total", "total_tok_s", 1.0), ("request_tput_rps", "request_rate", 1.0))
 
 _ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy",
-                  "block_size", "kv_memory_fraction")
+                  "block_size", "kv_memory_fraction", "kv_output_reserve")
 _ARCH = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
          "num_experts", "experts_per_token")
 
