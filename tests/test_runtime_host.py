@@ -173,8 +173,9 @@ def test_gradients_of_runtime_fields_match_finite_differences():
 
 def test_a_rows_runtime_column_sets_its_runtime_and_plan_defaults(tmp_path):
     """`runtime` names a preset (empty: the default); the runtime's plan defaults (Megatron-
-    DeepSpeed: no TP overlap, no asynchronous backward TP all-reduce) fill the cells a row
-    leaves empty, and a value in the row wins; an unknown runtime names row and column."""
+    DeepSpeed: no TP overlap, no asynchronous backward TP all-reduce, 16-bit gradients) fill
+    the cells a row leaves empty, and a value in the row wins; an unknown runtime names row
+    and column."""
     from diffperf.validation._data import read_benchmarks, row_runtime, train_specs
     src = Path(__file__).resolve().parent.parent / "benchmarks_data" / "train_vtrain_h2048.csv"
     lines = src.read_text().splitlines()
@@ -184,6 +185,8 @@ def test_a_rows_runtime_column_sets_its_runtime_and_plan_defaults(tmp_path):
     assert {r.values["runtime"] for r in rows} == {"megatron-deepspeed-2023"}
     plan = train_specs(rows[0])[2]
     assert float(plan.overlap_tp) == 0.0 and float(plan.overlap_tp_backward) == 0.0
+    assert float(plan.fp32_gradients) == 0.0  # fp16 gradients, reduced as stored
+    assert float(plan.gradient_bytes) == 2.0
     assert float(row_runtime(rows[0]).host_op_time) == float(EAGER.host_op_time)
     # an explicit overlap_tp = 1 wins over the runtime's default
     text = "\n".join([lines[0] + ",overlap_tp", lines[1] + ",1"])
