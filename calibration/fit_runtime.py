@@ -10,6 +10,13 @@ every other table and learns `Efficiency.host_overhead`, the factor on the prese
 
     python calibration/fit_runtime.py            # prints the fit, CV MAPE, errors by TP / mb / pp
     python calibration/fit_runtime.py --json     # the same, as JSON
+    python calibration/fit_runtime.py --cells    # also the per-(TP, micro-batch) decomposition
+
+The decomposition (`--cells`): the runs are affine in the number of micro-batches m, so for
+each TP degree and micro-batch (pipeline 1, the smallest DP degree) a least-squares fit of
+step = a + b L + m (c + d L) over the layer counts L and m splits the measured and the predicted
+(fitted host time) step into a time per layer and micro-batch (d) and a time per micro-batch
+outside the layers (c: LM head, loss, embedding, input preparation, host work), ms.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ FOLDS, SEED = 5, 0
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cells", action="store_true",
+                        help="also split each (TP, micro-batch) cell into per-layer and "
+                             "per-micro-batch times")
     args = parser.parse_args()
     rows = read_benchmarks(DATA)
     specs = [train_specs(r) for r in rows]
@@ -75,12 +85,14 @@ def main() -> None:
                                  "median_pred_over_measured": float(np.median(ratio_cv[key == v])),
                                  "mape_pct": 100 * float(np.mean(np.abs(ratio_cv[key == v] - 1)))}
                         for v in np.unique(key)}
+    cells = _cells(models, plans_np, measured, predicted[best_all]) if args.cells else []
     out = {"rows": len(rows), "fitted_host_op_time_s": float(GRID[best_all]),
            "preset_host_op_time_s": float(preset.host_op_time),
            "fold_choices_s": chosen,
            "cv_mape_pct": 100 * float(np.mean(np.abs(ratio_cv - 1))),
            "in_sample_mape_pct": 100 * float(errors[best_all].mean()),
-           "no_host_mape_pct": 100 * float(np.mean(np.abs(no_host - 1))), "by": groups}
+           "no_host_mape_pct": 100 * float(np.mean(np.abs(no_host - 1))), "by": groups,
+           **({"cells": cells} if args.cells else {})}
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -95,6 +107,37 @@ def main() -> None:
                           f"{c['median_pred_over_measured']:.2f}, {c['rows']} rows)"
                           for v, c in table.items())
         print(f"  by {name}: {cells}")
+    if args.cells:
+        print("per layer and micro-batch / per micro-batch outside the layers, ms "
+              "(measured, predicted):")
+        for c in out["cells"]:
+            print(f"  tp {c['tp']} mb {c['micro_batch']}: layer {c['layer_measured_ms']:.2f} "
+                  f"/ {c['layer_predicted_ms']:.2f}, outside {c['outside_measured_ms']:.2f} / "
+                  f"{c['outside_predicted_ms']:.2f}")
+
+
+def _cells(models, plans, measured, predicted) -> list[dict]:
+    """The per-(TP, micro-batch) decomposition of the module docstring (cells whose rows vary
+    both L and m)."""
+    layers = np.asarray(jax.device_get(models).layers)
+    tp, mb, pp, dp_ = (np.asarray(x) for x in (plans.tp, plans.micro_batch, plans.pp, plans.dp))
+    m = np.asarray(plans.num_micro_batches)
+    out = []
+    for t in np.unique(tp):
+        for b in np.unique(mb):
+            cell = (tp == t) & (mb == b) & (pp == 1)
+            if not cell.any():
+                continue
+            cell &= dp_ == dp_[cell].min()
+            x = np.stack([np.ones(cell.sum()), layers[cell], m[cell], m[cell] * layers[cell]], 1)
+            if np.linalg.matrix_rank(x) < 4:
+                continue
+            fit = {k: np.linalg.lstsq(x, y[cell], rcond=None)[0]
+                   for k, y in (("measured", measured), ("predicted", predicted))}
+            out.append({"tp": int(t), "micro_batch": int(b), "rows": int(cell.sum()),
+                        **{f"layer_{k}_ms": 1e3 * float(v[3]) for k, v in fit.items()},
+                        **{f"outside_{k}_ms": 1e3 * float(v[2]) for k, v in fit.items()}})
+    return out
 
 
 if __name__ == "__main__":

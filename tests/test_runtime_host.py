@@ -12,9 +12,16 @@ import numpy as np
 import pytest
 
 import diffperf as dp
+from diffperf.costs._roofline import exposed_after_overlap
 from diffperf.presets import runtime, runtime_names
 from diffperf.specs import Runtime
-from diffperf.training._host import collectives_per_layer, host_time_per_layer
+from diffperf.training._host import (
+    collectives_per_layer,
+    host_time_per_layer,
+    host_wait,
+    micro_batch_host_wait,
+)
+from diffperf.training._layer import LayerTimes
 
 EAGER = runtime("megatron-deepspeed-2023")
 A100 = dp.system("dgx-a100")
@@ -61,22 +68,30 @@ def test_host_time_per_layer_by_hand():
 
 def test_a_gpu_bound_step_is_unchanged_by_an_eager_host():
     """GPT-3 175B on 1,024 A100s: a layer's kernels take tens of ms per micro-batch, the eager
-    host needs ~2 ms to issue them: the host never binds and the step is the same, but for
-    the smooth clip's tail (k^2 H^2 / (4 G) per layer, 1e-4 of the step here)."""
+    host needs ~2 ms to issue them: the passes never wait for the host, but for the smooth
+    clip's tail (k^2 H^2 / (4 G), 1e-4 of the step here). What is left is the input
+    preparation, which Megatron's timers synchronise around (`pass_sync`): m s N_in t_op
+    with the GPU idle."""
     model, plan = dp.model("gpt3-175b"), dp.TrainingPlan(
         tp=8, pp=8, dp=16, vp=3, global_batch=1536, recompute="selective", sequence_parallel=1)
     base = dp.train_step(model, A100, plan, EFF)
     eager = dp.train_step(model, A100, plan, EFF, EAGER)
-    assert float(eager.host_time) < 1e-4 * float(base.step_time)
-    assert float(eager.step_time) == pytest.approx(float(base.step_time), rel=1e-4)
+    inputs = 96 * float(EFF.host_overhead) * 35 * 19e-6  # m = 1536 / 16 micro-batches
+    assert float(eager.host_time) == pytest.approx(inputs, abs=2e-4 * float(base.step_time))
+    assert float(eager.step_time) == pytest.approx(
+        float(base.step_time) + float(eager.host_time), rel=1e-5)
     assert float(base.host_time) == 0.0
+    free = eqx.tree_at(lambda r: (r.input_ops, r.pass_sync), EAGER, (0.0, 0.0))
+    assert float(dp.train_step(model, A100, plan, EFF, free).host_time) < (
+        1e-4 * float(base.step_time))
 
 
 def test_a_host_bound_step_takes_the_host_time():
     """A tiny model (hidden 128, 32 tokens) on one GPU: each layer's kernels take microseconds,
-    its eager host 100x longer. Every layer then costs its host time H: the step is
-    m * L * H plus the LM head and optimizer, and host_time = m * L * (H - G) within the
-    smooth clip's ~k^2/4 = 0.25 %."""
+    its eager host 100x longer. Every layer then costs its host time H, and each micro-batch
+    the host time of its work outside the layers (N_mb + N_in operators): the step is
+    m (L H + s (N_mb + N_in) t_op) plus the LM head and optimizer, and host_time is that less
+    the GPU time, within the smooth clip's ~k^2/4 = 0.25 %."""
     model = dp.Transformer(layers=4, hidden=128, heads=2, kv_heads=2, ffn_hidden=512,
                            vocab=1000, seq_len=32)
     plan = dp.TrainingPlan(global_batch=4, recompute="none")
@@ -90,13 +105,14 @@ def test_a_host_bound_step_takes_the_host_time():
     m_l = 4 * 4  # 4 micro-batches x 4 layers
     layer_gpu = float(base.compute_time - 0.0) / m_l  # an upper bound: includes the head
     assert layer_gpu < 0.01 * h
-    assert float(r.host_time) == pytest.approx(m_l * h, rel=0.01)
+    outside = s * (105 + 35) * 1e-3
+    assert float(r.host_time) == pytest.approx(m_l * h + 4 * outside, rel=0.01)
     assert float(r.step_time) == pytest.approx(float(base.step_time) + float(r.host_time),
                                                rel=1e-6)
 
 
 FIELDS = ("host_op_time", "host_backward_op_time", "host_collective_time", "ops_per_layer",
-          "backward_ops_per_op")
+          "backward_ops_per_op", "micro_batch_ops", "input_ops")
 
 
 @pytest.mark.parametrize("field", FIELDS)
@@ -145,9 +161,9 @@ def test_gradients_of_runtime_fields_match_finite_differences():
     model, system, eff, rt = to64(SMALL), to64(A100), to64(EFF), to64(EAGER)
     f = jax.jit(lambda r: dp.train_step(model, system, plan, eff, r).step_time)
     grad = jax.grad(f)(rt)
-    for field in FIELDS:
+    for field in (*FIELDS, "pass_sync"):
         x = float(getattr(rt, field))
-        h = 1e-6 * x
+        h = 1e-6 * x if field != "pass_sync" else 1e-4  # pass_sync = 1 lies on its bound
         up = eqx.tree_at(lambda r, f_=field: getattr(r, f_), rt, jnp.float64(x + h))
         down = eqx.tree_at(lambda r, f_=field: getattr(r, f_), rt, jnp.float64(x - h))
         fd = (float(f(up)) - float(f(down))) / (2 * h)
@@ -157,8 +173,9 @@ def test_gradients_of_runtime_fields_match_finite_differences():
 
 def test_a_rows_runtime_column_sets_its_runtime_and_plan_defaults(tmp_path):
     """`runtime` names a preset (empty: the default); the runtime's plan defaults (Megatron-
-    DeepSpeed: no TP overlap, no asynchronous backward TP all-reduce) fill the cells a row
-    leaves empty, and a value in the row wins; an unknown runtime names row and column."""
+    DeepSpeed: no TP overlap, no asynchronous backward TP all-reduce, 16-bit gradients) fill
+    the cells a row leaves empty, and a value in the row wins; an unknown runtime names row
+    and column."""
     from diffperf.validation._data import read_benchmarks, row_runtime, train_specs
     src = Path(__file__).resolve().parent.parent / "benchmarks_data" / "train_vtrain_h2048.csv"
     lines = src.read_text().splitlines()
@@ -168,6 +185,8 @@ def test_a_rows_runtime_column_sets_its_runtime_and_plan_defaults(tmp_path):
     assert {r.values["runtime"] for r in rows} == {"megatron-deepspeed-2023"}
     plan = train_specs(rows[0])[2]
     assert float(plan.overlap_tp) == 0.0 and float(plan.overlap_tp_backward) == 0.0
+    assert float(plan.fp32_gradients) == 0.0  # fp16 gradients, reduced as stored
+    assert float(plan.gradient_bytes) == 2.0
     assert float(row_runtime(rows[0]).host_op_time) == float(EAGER.host_op_time)
     # an explicit overlap_tp = 1 wins over the runtime's default
     text = "\n".join([lines[0] + ",overlap_tp", lines[1] + ",1"])
@@ -186,3 +205,53 @@ def test_host_overhead_scales_the_host_time():
     plan = dp.TrainingPlan(**SMALL_PLAN)
     want = 1.5 * (55 * 2 * 19e-6 + 55 * 1.1 * 19e-6 + 6 * 20e-6)
     assert float(host_time_per_layer(SMALL, plan, EAGER, 1.5)) == pytest.approx(want, rel=1e-5)
+
+
+def test_micro_batch_host_wait_by_hand():
+    """The two regimes of `micro_batch_host_wait` on hand-made layer times (s): per layer
+    G = 1 ms forward, 2 ms backward, 1 ms recompute, 0.3 ms exposed communication; head 3 ms;
+    L = 24 layers, 55 ops per layer at 19 us (backward 1.1 per op), 6 collectives at 20 us,
+    105 + 35 operators outside the layers. pass_sync = 1: x(H_f, G_f) + x(H_b, G_b) + H_in;
+    pass_sync = 0: L x(H, G) + x(H_mb + H_in, head); in between, the linear blend."""
+    plan = dp.TrainingPlan(**SMALL_PLAN)
+    layer = LayerTimes(forward=1e-3, backward=2e-3, recompute=1e-3, tp_comm=0.3e-3,
+                       cp_comm=0.0, ep_comm=0.0, hidden=0.0)
+    head = 3e-3
+    x = lambda h, g: float(exposed_after_overlap(jnp.float32(h), jnp.float32(g)))  # noqa: E731
+    t, c = 19e-6, 6 * 20e-6
+    h_fwd = 24 * (55 * t + c / 3) + 105 * t
+    h_bwd = 24 * (55 * t + 55 * 1.1 * t + 2 * c / 3)
+    g_fwd = 24 * (1e-3 + 0.1e-3) + 1e-3
+    g_bwd = 24 * (3e-3 + 0.2e-3) + 2e-3
+    synced = x(h_fwd, g_fwd) + x(h_bwd, g_bwd) + 35 * t
+    h_layer = 55 * 2 * t + 55 * 1.1 * t + c
+    free = 24 * x(h_layer, 4.3e-3) + x(140 * t, head)
+    wait = lambda rt: float(micro_batch_host_wait(SMALL, plan, layer, head, rt))  # noqa: E731
+    assert wait(EAGER) == pytest.approx(synced, rel=1e-5)
+    half = eqx.tree_at(lambda r: r.pass_sync, EAGER, 0.5)
+    assert wait(half) == pytest.approx(0.5 * synced + 0.5 * free, rel=1e-5)
+    # the forward pass is host-bound (2.6 ms of GPU work against 26 ms of host), the backward
+    # GPU-bound: the passes add up to more than one overlap of the whole micro-batch
+    assert h_fwd > g_fwd and h_bwd < g_bwd
+    # without the work outside the layers and without synchronisation: the layers' own wait
+    layers_only = eqx.tree_at(lambda r: (r.micro_batch_ops, r.input_ops, r.pass_sync), EAGER,
+                              (0.0, 0.0, 0.0))
+    assert wait(layers_only) == pytest.approx(
+        24 * float(host_wait(SMALL, plan, layer, layers_only)), rel=1e-6)
+    assert wait(runtime()) == 0.0  # the default runtime: no host time, no wait
+
+
+def test_work_outside_the_layers_binds_where_the_layers_are_short():
+    """vTrain's TP 8, micro-batch 1 plan: the LM head's GPU time does not cover the host's
+    105 + 35 operators per micro-batch, so they lengthen the step; at TP 1 with micro-batch 8
+    the passes are GPU-bound and only the input preparation (the GPU idle) remains."""
+    def extra(tp, mb):
+        plan = dp.TrainingPlan(**{**SMALL_PLAN, "tp": tp, "micro_batch": mb,
+                                  "global_batch": 8 * mb})
+        without = eqx.tree_at(lambda r: (r.micro_batch_ops, r.input_ops), EAGER, (0.0, 0.0))
+        a, b = (float(dp.train_step(SMALL, A100, plan, EFF, r).step_time)
+                for r in (without, EAGER))
+        return (b - a) / float(plan.num_micro_batches)  # per micro-batch, s
+    s = float(EFF.host_overhead)
+    assert extra(8, 1) == pytest.approx(s * 140 * 19e-6, rel=0.05)
+    assert extra(1, 8) == pytest.approx(s * 35 * 19e-6, rel=0.05)

@@ -371,7 +371,7 @@ def _print_training(args, s: dict, plan, layers: float, choice) -> None:
         if k == "recompute" and v == 0.0 and rc.startswith("selective") and args.flash_attention:
             why = "  (selective: flash attention recomputes inside its backward, in compute)"
         if k == "host_wait":
-            why = "  (host-bound share: the GPUs wait for the host to issue the layers' work)"
+            why = "  (host-bound share: the GPUs wait for the host to issue the step's work)"
         print(f"    {k:18s} {v:10.3f} s  {share:5.1f} %{why}")
     print(f"  MFU / HFU            {s['mfu'] * 100:9.1f} % / {s['hfu'] * 100:.1f} %")
     print(f"  tokens/s             {s['tokens_per_s']:12.0f}  "

@@ -46,6 +46,18 @@ class Runtime(eqx.Module):
     - `elementwise_kernels`: element-wise kernels one layer launches per inference pass (norms,
       residual adds, activation; RoPE and the KV-cache write are fused into attention), count:
       4 with TensorRT-LLM-style fusion, more in an unfused eager model.
+    - `micro_batch_ops`: framework operators a training micro-batch issues outside the
+      transformer layers, forward and backward together (embedding, final norm, LM head, loss,
+      loss averaging, the training engine's wrappers; a small collective counts as one), each
+      at `host_op_time`, count.
+    - `input_ops`: operators (or their host-time equivalent) that fetch and prepare one
+      training micro-batch's inputs (data iterator, broadcast over the TP group, masks and
+      position ids), each at `host_op_time`, count.
+    - `pass_sync`: 1 if the framework synchronises the device around the input preparation and
+      at the start and end of every micro-batch's forward and backward pass (Megatron's
+      timers call `torch.cuda.synchronize()`), so the host cannot run ahead across them; 0 if
+      it runs ahead through the step; in [0, 1] (`micro_batch_host_wait` in
+      diffperf/training/_host.py).
 
     The default (every host time 0, no graphs, fused element-wise kernels) is the runtime of
     the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM 0.x tables without
@@ -66,11 +78,15 @@ class Runtime(eqx.Module):
     graph_max_tokens: jax.Array = _F(default=1e9)
     host_step_time: jax.Array = _F(default=0.0)
     elementwise_kernels: jax.Array = _F(default=4.0)
+    micro_batch_ops: jax.Array = _F(default=0.0)
+    input_ops: jax.Array = _F(default=0.0)
+    pass_sync: jax.Array = _F(default=0.0)
 
     def __check_init__(self):
         for name in ("host_op_time", "host_backward_op_time", "host_collective_time",
                      "ops_per_layer", "backward_ops_per_op", "graph_node_time",
-                     "graph_max_tokens", "host_step_time", "elementwise_kernels"):
+                     "graph_max_tokens", "host_step_time", "elementwise_kernels",
+                     "micro_batch_ops", "input_ops"):
             check_nonnegative("Runtime", name, getattr(self, name))
-        for name in ("train_graph", "prefill_graph", "decode_graph"):
+        for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync"):
             check_fraction("Runtime", name, getattr(self, name))

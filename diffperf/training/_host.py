@@ -17,6 +17,13 @@ forward operators run again), b backward operators per forward operator, c the l
 collective calls, t the `Runtime` host times, s = `Efficiency.host_overhead` (the calibrated
 host speed, 1 by default) and graph = `Runtime.train_graph`. A layer thus
 takes about max(G, H); with every host time 0 (the default runtime) the wait is exactly 0.
+
+Outside the layers, each micro-batch issues `Runtime.micro_batch_ops` more operators (embedding,
+LM head, loss, the engine's wrappers) and `input_ops` to prepare its inputs, each at t_op. Where
+the host runs ahead through the step (`Runtime.pass_sync` = 0) they are one more segment
+against the LM head's GPU time. Where the framework synchronises the device around every pass
+(`pass_sync` = 1: Megatron's timers), the segments are the passes themselves, and the input
+preparation is host time with an idle GPU (`micro_batch_host_wait`).
 """
 
 from __future__ import annotations
@@ -66,3 +73,55 @@ def host_wait(model: Transformer, plan: TrainingPlan, layer: LayerTimes,
     compute + exposed communication of the layer (module docstring)."""
     return exposed_after_overlap(host_time_per_layer(model, plan, runtime, host_overhead),
                                  layer.compute + layer.comm)
+
+
+def micro_batch_host_wait(model: Transformer, plan: TrainingPlan, layer: LayerTimes, head,
+                          runtime: Runtime, host_overhead=1.0) -> jax.Array:
+    """Time the GPU of the last stage waits for the host per micro-batch, s.
+
+    With L = the stage's layers (`end_stage_layers`), P = 2 + f passes that issue the layer's
+    c collectives (`collectives_per_layer`), s' = s (1 - graph), H_mb = s' N_mb t_op and
+    H_in = s' N_in t_op (N = `Runtime.micro_batch_ops`, `input_ops`), and head the LM head's
+    GPU time (`head_time`, forward + backward, s):
+
+    - host running ahead (`pass_sync` = 0): each layer is a segment (`host_wait`), and the
+      work outside the layers another against the head:
+      w_0 = L x(H, G) + x(H_mb + H_in, head).
+    - a device synchronisation at each pass boundary and around the input preparation
+      (`pass_sync` = 1; Megatron's timers call `torch.cuda.synchronize()` in `start` and
+      `stop`, and time `batch-generator`, `forward-compute` and `backward-compute` once per
+      micro-batch): the passes are the segments, and the inputs are prepared with the GPU idle:
+      w_1 = x(H_f, G_f) + x(H_b, G_b) + H_in, where
+
+          H_f = s' L (n t_op + c t_coll / P) + H_mb
+          H_b = s' L (n f t_op + n b t_bwd + c t_coll (1 + f) / P)
+          G_f = L (forward + comm / P) + head / 3
+          G_b = L (backward + recompute + comm (1 + f) / P) + 2 head / 3
+
+      (the layer's exposed communication split evenly over the passes that issue it; the
+      head's three GEMMs are one forward and two backward; the operators outside the layers
+      are charged to the forward pass, a simplification: about a third of them are backward
+      autograd nodes).
+
+    The wait is (1 - pass_sync) w_0 + pass_sync w_1; x = `exposed_after_overlap`. With every
+    host time 0 (the default runtime) it is exactly 0, and with N_mb = N_in = 0 and
+    pass_sync = 0 it is L `host_wait`, the layers' wait alone."""
+    layers = plan.end_stage_layers(model.layers)
+    scale = (1.0 - runtime.train_graph) * host_overhead
+    n, b = runtime.ops_per_layer, runtime.backward_ops_per_op
+    f = plan.recomputed_fraction(model.layers)
+    passes = 2.0 + f
+    calls = collectives_per_layer(model, plan) * runtime.host_collective_time
+    outside = scale * runtime.micro_batch_ops * runtime.host_op_time
+    inputs = scale * runtime.input_ops * runtime.host_op_time
+    free = (layers * host_wait(model, plan, layer, runtime, host_overhead)
+            + exposed_after_overlap(outside + inputs, head))
+    h_fwd = scale * layers * (n * runtime.host_op_time + calls / passes) + outside
+    h_bwd = scale * layers * (n * f * runtime.host_op_time
+                              + n * b * runtime.host_backward_op_time
+                              + calls * (1.0 + f) / passes)
+    g_fwd = layers * (layer.forward + layer.comm / passes) + head / 3.0
+    g_bwd = (layers * (layer.backward + layer.recompute + layer.comm * (1.0 + f) / passes)
+             + 2.0 * head / 3.0)
+    synced = exposed_after_overlap(h_fwd, g_fwd) + exposed_after_overlap(h_bwd, g_bwd) + inputs
+    return (1.0 - runtime.pass_sync) * free + runtime.pass_sync * synced

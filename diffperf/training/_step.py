@@ -24,7 +24,7 @@ from ..specs._runtime import Runtime
 from ..specs._training_plan import TrainingPlan, layer_count_error
 from ..specs._transformer import Transformer
 from ._flops import hardware_flops_per_step, model_flops_per_step
-from ._host import host_wait
+from ._host import host_wait, micro_batch_host_wait
 from ._layer import head_time, layer_costs
 from ._memory import TrainingMemory, param_counts, training_memory
 from ._offload import host_copies_exposed
@@ -62,7 +62,7 @@ class TrainingReport(eqx.Module):
     bubble_time: jax.Array  # pipeline fill and drain
     optimizer_time: jax.Array
     offload_time: jax.Array  # exposed activation and weight copies to / from host memory
-    host_time: jax.Array  # the GPU waiting for the host to issue the layers' work (`_host`)
+    host_time: jax.Array  # the GPU waiting for the host to issue the step's work (`_host`)
     memory: TrainingMemory
     fits: jax.Array  # total memory <= HBM capacity
     model_flops: jax.Array  # per step, whole job, without recomputation (MFU numerator), FLOP
@@ -111,11 +111,12 @@ def train_step(model: Transformer, system: System, plan: TrainingPlan,
     stage_layers = plan.end_stage_layers(model.layers)
 
     # The last stage's m micro-batches and its layers' exposed communication; the pipeline.
-    compute = m * stage_compute(model, plan, layer, head_time(model, plan, system, eff))
+    head = head_time(model, plan, system, eff)
+    compute = m * stage_compute(model, plan, layer, head)
     recompute = m * stage_layers * layer.recompute
     tp_comm, cp_comm, ep_comm = (m * stage_layers * c
                                  for c in (layer.tp_comm, layer.cp_comm, layer.ep_comm))
-    host = m * stage_layers * wait
+    host = m * micro_batch_host_wait(model, plan, layer, head, runtime, eff.host_overhead)
     bubble = pipeline_bubble(model, plan, layer, wait)
     pp_comm = pipeline_p2p(model, plan, net, eff)
     # The window-based overlaps in turn (the overlap rule: `_terms`): offloading, then DP.
