@@ -135,6 +135,15 @@ def main(argv=None) -> int:
         t = error_table([{**r, "group": name} for r in rs], ("group",))
         head_rows += t
     md.append(_table(head_rows, ("group",)))
+    over = {r["id"] for r in records if r["kv_peak_share"] > 1.0}
+    md += ["", f"Rows whose running contexts outgrew the KV cache in the simulation (engines "
+           f"that admit on the prompt, `kv_output_reserve` < 1; the engine would have "
+           f"preempted, which is not modelled): {len(over)} of "
+           f"{len({r['id'] for r in records})}."]
+    if over:
+        md += ["", _table(error_table([{**r, "kv": "outgrew the cache" if r["id"] in over
+                                        else "within the cache"} for r in lat],
+                                      ("kv", "metric")), ("kv", "metric"))]
     for title, by in tables.items():
         md += ["", f"## {title}", "", _table(error_table(records, by), by)]
     md += ["", "## Skipped rows", "", "| reason | rows |", "|---|---:|"]

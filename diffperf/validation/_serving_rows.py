@@ -22,6 +22,10 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   (in-flight) batching that runs running decodes with new whole prompts (no chunked prefill in
   v0.1) and blocked KV, which is that preset's scheduler (decode first, no chunking, large
   blocks); its batch limit is not printed and the closed-loop rows never exceed 256 clients.
+  Its KV cache is not reserved per request: `kv_output_reserve` 0 (LMDeploy
+  docs/en/inference/turbomind.md, "KV Cache Manager": sequences take cache memory as
+  needed and the least recently used one is evicted and later re-decoded from its token
+  IDs, so "the system has access to infinite device memory").
   Row columns `max_num_seqs`, `max_num_batched_tokens`, `chunked_prefill` override the preset.
 - runtime preset: TensorRT engines (0.14, 0.17, LMDeploy's C++ TurboMind) -> `megatron-core`
   (its description: TensorRT-LLM 0.x without CUDA graphs, the host never binds); TensorRT-LLM
@@ -74,6 +78,7 @@ from ..presets import (
 )
 from ..serving import Requests, Traffic, requests as traffic_requests, reservation, simulate
 from ..serving._serve import _cost_and_capacity, eqx_replace
+from ..serving._simulate import held
 from ..specs._engine import Engine
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
@@ -310,6 +315,8 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
         x = _num(rec, col)
         if x is not None:
             overrides[field] = x
+    if rule == "LMDeploy TurboMind":
+        overrides["kv_output_reserve"] = 0.0
     if "trtllm-bench" in rec["benchmark_tool"] and "0.95" in rec["notes"]:
         overrides["kv_memory_fraction"] = 0.95
     longest = mi * (1 + spread)
@@ -412,7 +419,8 @@ def prepare(case: ServingCase, efficiency=None) -> _Prepared:
     # slots: at most the requests (or clients) that can ever run at once; a smaller
     # max_num_seqs with the same bound schedules identically and is cheaper to simulate
     bound = len(inp) if not conc else min(conc, len(inp))
-    bound = min(bound, int(kv // max(res.min(), 1.0)))
+    least = np.asarray(held(eng, inp, 0.0, out))  # what a request holds at admission
+    bound = min(bound, int(kv // max(least.min(), 1.0)))
     seqs = int(min(float(eng.max_num_seqs), max(bound, 1)))
     kw: dict[str, Any] = {f: getattr(eng, f) for f in _ENGINE_FIELDS}
     eng = Engine(**{**kw, "max_num_seqs": seqs})
@@ -514,13 +522,14 @@ def predict_cases(cases: list[ServingCase], efficiency=None,
                 _stack([p.cost for p in padded]), _stack([p.engine for p in padded]),
                 jnp.asarray([p.kv for p in padded], f), req,
                 jnp.asarray([float(p.concurrency) for p in padded], f))
-            a, fi, fn, comp = (np.asarray(x, float) for x in (sched.arrival, sched.first_token,
-                                                             sched.finish, sched.completed))
+            a, fi, fn, comp, peak = (np.asarray(x, float) for x in (
+                sched.arrival, sched.first_token, sched.finish, sched.completed, sched.kv_peak))
             for j, p in enumerate(chunk):
                 if comp[j] < 1:
                     skipped.append((p.case.id, "simulation incomplete", f"{steps} steps"))
                     continue
                 preds[p.case.id] = _summary(p, a[j], fi[j], fn[j])
+                preds[p.case.id]["kv_peak_share"] = peak[j] / max(p.kv, 1.0)
             done += len(chunk)
             say(f"  simulated {done}/{len(ready)} rows (group: {size} requests, "
                 f"{slots} slots, {'closed' if closed else 'open'} loop)")
@@ -540,7 +549,8 @@ def compare(cases: list[ServingCase], preds: dict) -> list[dict]:
                 out.append({"id": c.id, "source_kind": c.source_kind, "engine": c.engine_label,
                             "engine_preset": c.engine_name, "regime": c.regime, "metric": col,
                             "predicted": pred, "measured": c.measured[col],
-                            "ratio": pred / c.measured[col]})
+                            "ratio": pred / c.measured[col],
+                            "kv_peak_share": float(preds[c.id].get("kv_peak_share", 0.0))})
     return out
 
 
