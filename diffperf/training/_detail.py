@@ -312,7 +312,7 @@ def detail_of_report(model: Transformer, system: System, plan: TrainingPlan, eff
     comm["cp"] = _term(cp_calls * kv, cp_calls, cp_link, cp_link * eff.cp_overlap,
                        report.cp_comm_time)
     ep_exposed, ep_all = ep_comm(model, plan, net, eff, layer.compute - (
-        tp_async_hidden))  # `layer_costs`' window
+        tp_async_hidden), system.accelerator.num_sms)  # `layer_costs`' window
     ep_calls = per_step * moe * (4.0 + 2.0 * full)
     comm["ep"] = _term(ep_calls * ep_message(model, plan), ep_calls, per_step * ep_all,
                        per_step * (ep_all - ep_exposed), report.ep_comm_time)

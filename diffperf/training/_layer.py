@@ -107,14 +107,14 @@ def _attention_projections(model: Transformer, plan: TrainingPlan, acc: Accelera
 
 
 def _up_projection(model: Transformer, plan: TrainingPlan, acc: Accelerator, eff: Efficiency,
-                   m, width, batch=1.0, split=None, kernels=1.0) -> OpCost:
+                   m, width, batch=1.0, split=None, kernels=1.0, k_loop=False) -> OpCost:
     """Forward `OpCost` of the column-parallel GEMM(s) of an MLP of inner width `width` split
     over `split` ranks (default tp): (m x h) @ (h x (mlp_matrices - 1) width / split), `batch`
-    of them in `kernels` launches."""
+    of them in `kernels` launches (`k_loop`: see `costs.gemm_cost`)."""
     split = plan.tp if split is None else split
     ab = activation_bytes(plan.precision)
     return gemm_cost(acc, eff, m, (model.mlp_matrices - 1.0) * width / split, model.hidden,
-                     plan.precision, batch=batch, act_bytes=ab, kernels=kernels)
+                     plan.precision, batch=batch, act_bytes=ab, kernels=kernels, k_loop=k_loop)
 
 
 def _moe_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
@@ -142,12 +142,16 @@ def _moe_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
         shared_up = has * _up_projection(model, plan, acc, eff, tokens, f_c)
         shared_down = has * gemm_cost(acc, eff, tokens, h, f_c / t, p, act_bytes=ab)
         shared_mlp = shared_up.time + shared_down.time
+    # The routed experts' GEMMs pay the fp8 k loop's fixed cost per tile (`costs.k_loop_loss`:
+    # DeepGEMM's grouped FP8 GEMMs), which narrow experts (k = f / etp down to 768) feel most;
+    # a dense model's MLP (its one expert) keeps the dense GEMMs' fitted size loss.
+    routed = model.num_experts > 1
     routed_up = _up_projection(model, plan, acc, eff, per_expert, f, local_experts, etp,
-                               expert_kernels)
+                               expert_kernels, k_loop=routed)
     router = gemm_cost(acc, eff, tokens, model.num_experts, h, p, act_bytes=ab).where(
         model.num_experts > 1)
     routed_down = gemm_cost(acc, eff, per_expert, h, f / etp, p, batch=local_experts,
-                            act_bytes=ab, kernels=expert_kernels)
+                            act_bytes=ab, kernels=expert_kernels, k_loop=routed)
     mlp = (routed_up.time
            + routed_down.time
            + router.time
@@ -360,7 +364,7 @@ def layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     recompute = recompute_time(model, plan, forward, attention.forward)
     tp_exposed, tp_hidden = tp_comm(model, plan, net, eff, weights.qkv + weights.mlp_up)
     ep_exposed, ep_all = ep_comm(model, plan, net, eff,
-                                 forward + backward + recompute - tp_hidden)
+                                 forward + backward + recompute - tp_hidden, acc.num_sms)
     return LayerTimes(forward, backward, recompute, tp_exposed, cp_comm(model, plan, net, eff),
                       ep_exposed, tp_hidden + ep_all - ep_exposed)
 
