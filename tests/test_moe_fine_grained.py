@@ -141,3 +141,37 @@ def test_step_gradient_through_the_overlapped_all_to_all_matches_finite_differen
     fd = (float(f(x + h)) - float(f(x - h))) / (2 * h)
     assert g < 0  # a faster all-to-all, a faster step
     assert g == pytest.approx(fd, rel=2e-2)
+
+
+def test_fp8_casts_of_the_routed_tokens_by_hand():
+    """R = 2 x 2,048 tokens x top 4 routed tokens per GPU (tp 1, balanced); forward casts the
+    up projection's input (R x h) and the down projection's (R x f), backward the two output
+    gradients (R x h and R x 2 f, gated), 4 B per element, 2 kernels each pass."""
+    from diffperf.training._layer import (
+        FP8_CAST_BYTES,
+        _moe_quantize_ops,
+        moe_quantize_op,
+        moe_quantize_time,
+    )
+    assert FP8_CAST_BYTES == 4.0
+    acc = H100.accelerator
+    plan = _plan(precision="fp8")
+    r = 2 * 2048 * K
+    fwd, bwd = _moe_quantize_ops(MOE, plan, acc, EFF)
+    assert float(fwd.hbm_bytes) == pytest.approx(4 * r * (H + F), rel=1e-6)
+    assert float(bwd.hbm_bytes) == pytest.approx(4 * r * (H + 2 * F), rel=1e-6)
+    assert float(fwd.kernels) == float(bwd.kernels) == 2.0
+    assert float(fwd.flops) == 0.0
+    t = moe_quantize_time(MOE, plan, acc, EFF)
+    assert float(t.forward) == pytest.approx(float(fwd.time))
+    assert float(t.backward) == pytest.approx(float(bwd.time))
+    assert float(moe_quantize_op(MOE, plan, acc, EFF).time) == pytest.approx(float(fwd.time))
+    # 16-bit GEMMs cast nothing; a dense model has no routed tokens
+    assert float(moe_quantize_time(MOE, _plan(precision="bf16"), acc, EFF).forward) == 0.0
+    dense = dataclasses.replace(MOE, num_experts=1, experts_per_token=1, ffn_hidden=4 * H)
+    assert float(moe_quantize_time(dense, _plan(ep=1, precision="fp8"), acc, EFF).backward) == 0
+    # the casts are in the step and in its detail
+    detail = dp.training_detail(MOE, H100, plan, EFF)
+    assert float(detail.forward["moe_quantize"].time) == pytest.approx(float(fwd.time))
+    assert float(detail.backward["moe_quantize"].time) == pytest.approx(float(bwd.time),
+                                                                        rel=1e-5)
