@@ -358,7 +358,7 @@ def moe_quantize_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     fitted `matmul_lowp`; the routed tokens' are k times a dense layer's per token and
     meet GEMMs only f wide, so for narrow experts they are a real share of the layer."""
     if model.known_dense():
-        return OpTime(0.0, 0.0)
+        return OpTime(jnp.zeros(()), jnp.zeros(()))
     fwd, bwd = _moe_quantize_ops(model, plan, acc, eff)
     return OpTime(fwd.time, bwd.time)
 
