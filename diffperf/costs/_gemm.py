@@ -105,6 +105,15 @@ def k_loop_loss(m, n, k, precision) -> jax.Array:
     return 1.0 + k0 / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k)
 
 
+def k_loop_forward(k, precision) -> jax.Array:
+    """Time factor >= 1 of one fp8 / fp4 GEMM of reduction depth k from its k loop's fixed cost
+    per output tile: 1 + k0 / k, k0 = `K_LOOP_FP8` * 2^(p - 2) (1 in 16 bit and fp32). The
+    forward-only (inference) counterpart of `k_loop_loss`."""
+    p = jnp.asarray(precision)
+    k0 = jnp.where(p >= 2, K_LOOP_FP8 * 2.0 ** (p - 2.0), 0.0)
+    return 1.0 + k0 / k
+
+
 def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
               act_bytes=None, kernels=1.0, k_loop=False) -> jax.Array:
     """Time of `batch` independent (m x k) @ (k x n) GEMMs in `kernels` launches (one batched
