@@ -215,7 +215,7 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
                                                       groups, x.peak_fraction)
     # the routed experts' grouped GEMMs pay the fp8 / fp4 k loop's fixed cost per tile
     # (`costs.k_loop_loss`; forward only: the factor of the GEMM's own depth k)
-    ge = lambda m, n, k, groups: split_k_gemm_cost(
+    ge = g if model.known_dense() else lambda m, n, k, groups: split_k_gemm_cost(
         acc, eff, m, n, k, x.math, x.wb, x.ab, groups,
         x.peak_fraction / jnp.where(x.moe, k_loop_forward(k, x.math), 1.0))
     moe = 1.0 - x.dense

@@ -145,7 +145,7 @@ def _moe_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     # The routed experts' GEMMs pay the fp8 k loop's fixed cost per tile (`costs.k_loop_loss`:
     # DeepGEMM's grouped FP8 GEMMs), which narrow experts (k = f / etp down to 768) feel most;
     # a dense model's MLP (its one expert) keeps the dense GEMMs' fitted size loss.
-    routed = model.num_experts > 1
+    routed = False if model.known_dense() else model.num_experts > 1  # out of dense traces
     routed_up = _up_projection(model, plan, acc, eff, per_expert, f, local_experts, etp,
                                expert_kernels, k_loop=routed)
     router = gemm_cost(acc, eff, tokens, model.num_experts, h, p, act_bytes=ab).where(

@@ -145,7 +145,7 @@ def ep_comm(model: Transformer, plan: TrainingPlan, net: Network, eff: Efficienc
     per_block = 4.0 + 2.0 * plan.recomputed_fraction(model.layers)
     ep_all = jnp.where(model.num_experts > 1, (1.0 - model.dense_fraction) * per_block * a2a, 0.0)
     left = exposed_after_overlap(ep_all, window)
-    if num_sms is not None:
+    if num_sms is not None and not model.known_dense():  # dense sweeps: nothing to hide
         left = left + (ep_all - left) * EP_COMM_SMS / (num_sms - EP_COMM_SMS)
     exposed = jnp.where(plan.overlap_ep > 0, left, ep_all)
     return exposed, ep_all
