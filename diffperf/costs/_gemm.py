@@ -42,6 +42,14 @@ TILE = 128
 L2_REUSE = 256
 #: Row granularity of a tensor-core GEMM tile for skinny GEMMs (MMA instruction m), elements.
 MMA_ROWS = 16
+#: Fixed cost of one fp8 output tile's k loop (prologue: filling the operand pipeline; epilogue:
+#: the accumulator's scaling and write-back), in k elements of the loop's own speed: an fp8 GEMM
+#: reaches `k / (k + K_LOOP_FP8)` of its long-k rate. Fitted (one value, RMS 6 %) to the ten
+#: m >= 4,096 FP8 GEMMs DeepGEMM publishes for H800 (deepseek-ai/DeepGEMM README, "Normal GEMMs
+#: for dense models" and "Grouped GEMMs for MoE models (contiguous layout)"): 590 TFLOPS at
+#: k = 512, 990 at k = 1,536, 1,025-1,099 at k = 2,048, 1,288-1,304 at k = 7,168 and 1,358 at
+#: k = 16,384 (m = 4,096-8,192, n >= 4,096), elements.
+K_LOOP_FP8 = 644.0
 
 
 def gemm_flops(m, n, k, batch=1.0) -> jax.Array:
@@ -76,20 +84,53 @@ def tile_efficiency(acc: Accelerator, m, n, batch=1.0) -> jax.Array:
     return padding * wave
 
 
+def k_loop_loss(m, n, k, precision) -> jax.Array:
+    """Time factor >= 1 of a training GEMM's fixed k-loop cost per output tile, mean over the
+    three GEMMs of a weight (forward: reduction over k; data gradient: over n; weight gradient:
+    over m), for fp8 / fp4 GEMMs:
+
+        1 + (k0 / 3) (1/m + 1/n + 1/k),   k0 = `K_LOOP_FP8` * 2^(p - 2)
+
+    (p the precision code: 2 fp8, 3 fp4; 1 for 16 bit and fp32, whose fixed cost stays in the
+    fitted `matmul_size_scale`). Each GEMM of reduction depth K takes (K + k0) / K times its
+    long-k time (`K_LOOP_FP8`); the mean of the three keeps the backward pass at twice the
+    forward's time (`training._layer.LayerGemms`), so the forward GEMM alone carries the mean
+    of its pass's three depths, and the step's sum is right. fp4 halves the time of each k step
+    again against a fixed cost that does not shrink (the epilogue writes the same 16-bit
+    output), so its k0 doubles: an assumption, unmeasured. Narrow fine-grained experts (k = 768
+    for Qwen3-30B-A3B's down projection) lose most: 1.47 against about 1.09 for a dense GEMM of
+    8,192 x 8,192 x 8,192."""
+    p = jnp.asarray(precision)
+    k0 = jnp.where(p >= 2, K_LOOP_FP8 * 2.0 ** (p - 2.0), 0.0)
+    return 1.0 + k0 / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k)
+
+
+def k_loop_forward(k, precision) -> jax.Array:
+    """Time factor >= 1 of one fp8 / fp4 GEMM of reduction depth k from its k loop's fixed cost
+    per output tile: 1 + k0 / k, k0 = `K_LOOP_FP8` * 2^(p - 2) (1 in 16 bit and fp32). The
+    forward-only (inference) counterpart of `k_loop_loss`."""
+    p = jnp.asarray(precision)
+    k0 = jnp.where(p >= 2, K_LOOP_FP8 * 2.0 ** (p - 2.0), 0.0)
+    return 1.0 + k0 / k
+
+
 def gemm_time(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
-              act_bytes=None, kernels=1.0) -> jax.Array:
+              act_bytes=None, kernels=1.0, k_loop=False) -> jax.Array:
     """Time of `batch` independent (m x k) @ (k x n) GEMMs in `kernels` launches (one batched
     kernel by default; `batch` for one kernel per GEMM), wave-quantised, s: `gemm_cost(...)
     .time` (the model is stated there)."""
-    return gemm_cost(acc, eff, m, n, k, precision, batch, act_bytes, kernels).time
+    return gemm_cost(acc, eff, m, n, k, precision, batch, act_bytes, kernels, k_loop).time
 
 
 def gemm_cost(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
-              act_bytes=None, kernels=1.0) -> OpCost:
+              act_bytes=None, kernels=1.0, k_loop=False) -> OpCost:
     """The `OpCost` of `batch` independent (m x k) @ (k x n) GEMMs in `kernels` launches:
     FLOPs, HBM and L2 bytes, each roof's time and the total `time` (`gemm_time`), s.
 
-    FLOPs (`gemm_flops`) at `peak * matmul_efficiency * tile_efficiency`; HBM traffic
+    FLOPs (`gemm_flops`) at `peak * matmul_efficiency * tile_efficiency`, divided by
+    `k_loop_loss` where `k_loop` (a bool or boolean array; True for a routed expert's grouped
+    GEMM: its narrow k and n leave the range of the dense GEMMs whose fixed costs the fitted
+    `matmul_size_scale` and `matmul_lowp` already carry); HBM traffic
     (`gemm_hbm_bytes`) with `act_bytes` per activation element (default the precision's width)
     and weights at the precision's width; L2 traffic is the tile-reuse operand stream
     `2*m*n*k*B / L2_REUSE`. Compute and HBM times meet at the GEMM knee `GEMM_SHARPNESS`.
@@ -100,6 +141,8 @@ def gemm_cost(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
     m_pad = ceil_div(m, MMA_ROWS) * MMA_ROWS  # size effects act on the padded tile rows
     rate = (peak_matmul_flops(acc, precision) * matmul_efficiency(eff, m_pad, n, k, precision)
             * tile_efficiency(acc, m, n, batch))
+    if k_loop is not False:  # a Python False keeps the term out of the trace
+        rate = rate / jnp.where(k_loop, k_loop_loss(m_pad, n, k, precision), 1.0)
     hbm = gemm_hbm_bytes(m, n, k, b, ab, batch)
     l2 = flops * b / L2_REUSE
     return op_cost(acc, eff, flops, hbm, l2, kernels=kernels, flops_per_s=rate,

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from ..costs import _collectives as coll
 from ..costs._attention import fused_attention_rate
 from ..costs._cost import Cost, compute_cost, network_cost
-from ..costs._gemm import split_k_gemm_cost
+from ..costs._gemm import k_loop_forward, split_k_gemm_cost
 from ..costs._roofline import bytes_per_element, peak_matmul_flops
 from ..feasibility import divides, tp_divides_mlps, whole_counts
 from ..presets import resolve_efficiency
@@ -213,6 +213,11 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     acc = system.accelerator
     g = lambda m, n, k, groups=1.0: split_k_gemm_cost(acc, eff, m, n, k, x.math, x.wb, x.ab,
                                                       groups, x.peak_fraction)
+    # the routed experts' grouped GEMMs pay the fp8 / fp4 k loop's fixed cost per tile
+    # (`costs.k_loop_loss`; forward only: the factor of the GEMM's own depth k)
+    ge = g if model.known_dense() else lambda m, n, k, groups: split_k_gemm_cost(
+        acc, eff, m, n, k, x.math, x.wb, x.ab, groups,
+        x.peak_fraction / jnp.where(x.moe, k_loop_forward(k, x.math), 1.0))
     moe = 1.0 - x.dense
     def only(field, share, m, n, k):  # a zero cost where the model has no such layers
         return (network_cost(jnp.zeros(()), 0.0) if model.known_absent(field)
@@ -226,8 +231,8 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
         "out_proj": add([c for is_out, c in proj if is_out]),
         "router": jnp.where(x.moe, moe, 0.0) * split_k_gemm_cost(
             acc, eff, tokens, model.num_experts, x.h, x.head_math, x.sb, x.sb),
-        "mlp_up": moe * g(per_expert, (model.mlp_matrices - 1.0) * x.f_expert, x.h, local),
-        "mlp_down": moe * g(per_expert, x.h, x.f_expert, local),
+        "mlp_up": moe * ge(per_expert, (model.mlp_matrices - 1.0) * x.f_expert, x.h, local),
+        "mlp_down": moe * ge(per_expert, x.h, x.f_expert, local),
         "shared_mlp_up": only("shared_ffn_hidden", moe * model.has_shared, tokens,
                               (model.mlp_matrices - 1.0) * x.shared_gemm, x.h),
         "shared_mlp_down": only("shared_ffn_hidden", moe * model.has_shared, tokens, x.h,

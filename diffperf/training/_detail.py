@@ -3,13 +3,15 @@ term, from the functions the step itself adds up (`_layer`, `_layer_comm`, `_ter
 
 Nothing here is a second model: each operation's record is the `OpCost` the step's op
 functions return (`weight_gemm_ops`, `attention_core_ops`, `elementwise_op`, `moe_permute_op`,
-`head_ops`: their `time`s are the ones `layer_costs` and `head_time` sum), each collective's
+`moe_quantize_op`, `head_ops`: their `time`s are the ones `layer_costs` and `head_time` sum),
+each collective's
 time that of the step's collective functions, and each exposed time the `TrainingReport`'s
 own term. What is added is bookkeeping:
 
 - per pass: the backward records are the forward ones scaled by the op's backward / forward
   time ratio (`OpTime`: 2 for GEMMs and element-wise kernels, 2.5 for a flash kernel, 1 for the
-  MoE permutation); the recomputation records are `recompute_time` applied to every field.
+  MoE permutation, about (h + 2 f) / (h + f) for a gated MoE layer's fp8 casts); the
+  recomputation records are `recompute_time` applied to every field.
 - per communication term of the step: its link time L (the collectives' time if nothing hid
   them: the step's function with the term's overlap switched off), the part hidden H (by the
   mechanism that hides it: GEMM-collective and asynchronous overlap for TP, the fixed fractions
@@ -42,6 +44,8 @@ from ._layer import (
     layer_costs,
     moe_permute_op,
     moe_permute_time,
+    moe_quantize_op,
+    moe_quantize_time,
     recompute_time,
 )
 from ._layer_comm import (
@@ -74,8 +78,8 @@ from ._terms import (
 #: `ep_all_to_all` (dispatch + combine).
 LAYER_OPS = ("elementwise", "qkv", "cp_all_gather", "attention_flash", "attention_scores",
              "attention_softmax", "attention_values", "out_proj", "tp_reduction",
-             "sp_all_gather", "router", "moe_permute", "ep_all_to_all", "mlp_up", "mlp_down",
-             "shared_up", "shared_down", "dense_up", "dense_down")
+             "sp_all_gather", "router", "moe_permute", "ep_all_to_all", "moe_quantize", "mlp_up",
+             "mlp_down", "shared_up", "shared_down", "dense_up", "dense_down")
 #: The collectives among `LAYER_OPS`.
 LAYER_COLLECTIVES = ("cp_all_gather", "tp_reduction", "sp_all_gather", "ep_all_to_all")
 #: The rows of the LM head, loss and embedding (per micro-batch, forward + backward).
@@ -266,7 +270,9 @@ def detail_of_report(model: Transformer, system: System, plan: TrainingPlan, eff
              ({"elementwise": elementwise_op(model, plan, acc, eff)},
               _ratio(elementwise_time(model, plan, acc, eff)), False),
              ({"moe_permute": moe_permute_op(model, plan, acc, eff)},
-              _ratio(moe_permute_time(model, plan, acc, eff)), False)]
+              _ratio(moe_permute_time(model, plan, acc, eff)), False),
+             ({"moe_quantize": moe_quantize_op(model, plan, acc, eff)},
+              _ratio(moe_quantize_time(model, plan, acc, eff)), False)]
     forward, backward, recompute = {}, {}, {}
     for ops, ratio, is_attention in kinds:
         for name, cost in ops.items():
@@ -312,7 +318,7 @@ def detail_of_report(model: Transformer, system: System, plan: TrainingPlan, eff
     comm["cp"] = _term(cp_calls * kv, cp_calls, cp_link, cp_link * eff.cp_overlap,
                        report.cp_comm_time)
     ep_exposed, ep_all = ep_comm(model, plan, net, eff, layer.compute - (
-        tp_async_hidden))  # `layer_costs`' window
+        tp_async_hidden), system.accelerator.num_sms)  # `layer_costs`' window
     ep_calls = per_step * moe * (4.0 + 2.0 * full)
     comm["ep"] = _term(ep_calls * ep_message(model, plan), ep_calls, per_step * ep_all,
                        per_step * (ep_all - ep_exposed), report.ep_comm_time)

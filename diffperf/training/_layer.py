@@ -4,15 +4,15 @@ pipeline stage, each op a named function.
 Every op returns an `OpTime` (its forward and backward pass, s): the weight GEMMs with their
 exact local shapes (`weight_gemms`, a `LayerGemms` whose `time` is one), the attention core
 (`attention_core_time`), the element-wise kernels (`elementwise_time`) and a MoE layer's token
-permutation (`moe_permute_time`). `layer_costs` sums them, adds the recomputation
-(`recompute_time`) and the exposed tensor / context / expert parallel communication of
-`_layer_comm`, and returns a `LayerTimes`. `head_time` is the LM head, loss and embedding
-outside the layers.
+permutation (`moe_permute_time`) and fp8 casts of its routed tokens (`moe_quantize_time`).
+`layer_costs` sums them, adds the recomputation (`recompute_time`) and the exposed tensor /
+context / expert parallel communication of `_layer_comm`, and returns a `LayerTimes`.
+`head_time` is the LM head, loss and embedding outside the layers.
 
 The times are the `time` of each kernel's `OpCost` record (FLOPs, bytes, the time of each
 resource: `costs.op_cost`, `costs.gemm_cost`); `weight_gemm_ops`, `attention_core_ops`,
-`elementwise_op`, `moe_permute_op` and `head_ops` return those records, which
-`_detail.training_detail` reports per operation.
+`elementwise_op`, `moe_permute_op`, `moe_quantize_op` and `head_ops` return those records,
+which `_detail.training_detail` reports per operation.
 """
 
 from __future__ import annotations
@@ -107,14 +107,14 @@ def _attention_projections(model: Transformer, plan: TrainingPlan, acc: Accelera
 
 
 def _up_projection(model: Transformer, plan: TrainingPlan, acc: Accelerator, eff: Efficiency,
-                   m, width, batch=1.0, split=None, kernels=1.0) -> OpCost:
+                   m, width, batch=1.0, split=None, kernels=1.0, k_loop=False) -> OpCost:
     """Forward `OpCost` of the column-parallel GEMM(s) of an MLP of inner width `width` split
     over `split` ranks (default tp): (m x h) @ (h x (mlp_matrices - 1) width / split), `batch`
-    of them in `kernels` launches."""
+    of them in `kernels` launches (`k_loop`: see `costs.gemm_cost`)."""
     split = plan.tp if split is None else split
     ab = activation_bytes(plan.precision)
     return gemm_cost(acc, eff, m, (model.mlp_matrices - 1.0) * width / split, model.hidden,
-                     plan.precision, batch=batch, act_bytes=ab, kernels=kernels)
+                     plan.precision, batch=batch, act_bytes=ab, kernels=kernels, k_loop=k_loop)
 
 
 def _moe_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
@@ -142,12 +142,16 @@ def _moe_mlp(model: Transformer, plan: TrainingPlan, acc: Accelerator,
         shared_up = has * _up_projection(model, plan, acc, eff, tokens, f_c)
         shared_down = has * gemm_cost(acc, eff, tokens, h, f_c / t, p, act_bytes=ab)
         shared_mlp = shared_up.time + shared_down.time
+    # The routed experts' GEMMs pay the fp8 k loop's fixed cost per tile (`costs.k_loop_loss`:
+    # DeepGEMM's grouped FP8 GEMMs), which narrow experts (k = f / etp down to 768) feel most;
+    # a dense model's MLP (its one expert) keeps the dense GEMMs' fitted size loss.
+    routed = False if model.known_dense() else model.num_experts > 1  # out of dense traces
     routed_up = _up_projection(model, plan, acc, eff, per_expert, f, local_experts, etp,
-                               expert_kernels)
+                               expert_kernels, k_loop=routed)
     router = gemm_cost(acc, eff, tokens, model.num_experts, h, p, act_bytes=ab).where(
         model.num_experts > 1)
     routed_down = gemm_cost(acc, eff, per_expert, h, f / etp, p, batch=local_experts,
-                            act_bytes=ab, kernels=expert_kernels)
+                            act_bytes=ab, kernels=expert_kernels, k_loop=routed)
     mlp = (routed_up.time
            + routed_down.time
            + router.time
@@ -328,6 +332,60 @@ def moe_permute_op(model: Transformer, plan: TrainingPlan, acc: Accelerator,
         acc, eff, 0.0, 7.0 * routed, kernels=4.0)).where(model.num_experts > 1)
 
 
+#: Bytes per element of an fp8 / fp4 cast of a 16-bit GEMM input: read 2, write the row-wise
+#: and the column-wise quantised copies (1 B each; their block scales are 1/32 B more and left
+#: out). Transformer Engine quantises each GEMM operand twice because the weight-gradient GEMM
+#: reduces over the token dimension: MXFP8's 1 x 32 scaling blocks run along the reduction
+#: dimension, so the transposed use needs its own copy (the fp8 current-scaling and blockwise
+#: recipes write a transposed copy the same way).
+FP8_CAST_BYTES = 4.0
+
+
+def moe_quantize_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                      eff: Efficiency) -> OpTime:
+    """fp8 / fp4 casts of the routed experts' GEMM inputs in a MoE layer, s (0 in 16 bit).
+
+    R = moe_tokens * k routed tokens reach this GPU's experts (balanced load). Each expert
+    GEMM's 16-bit input is quantised before it runs (`FP8_CAST_BYTES` = 4 B per element):
+    forward the up projection's input (R x h) and the down projection's (R x f / etp, the
+    activation's output); backward the output gradients of the down projection (R x h) and of
+    the up projection (R x (mlp_matrices - 1) f / etp):
+
+        forward  = 4 R (h + f / etp) B,    backward = 4 R (h + (mlp_matrices - 1) f / etp) B
+
+    one kernel per input (Transformer Engine's grouped linear casts all local experts' slices
+    in one multi-tensor cast-transpose launch). A dense GEMM's casts stay in the
+    fitted `matmul_lowp`; the routed tokens' are k times a dense layer's per token and
+    meet GEMMs only f wide, so for narrow experts they are a real share of the layer."""
+    if model.known_dense():
+        return OpTime(jnp.zeros(()), jnp.zeros(()))
+    fwd, bwd = _moe_quantize_ops(model, plan, acc, eff)
+    return OpTime(fwd.time, bwd.time)
+
+
+def moe_quantize_op(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                    eff: Efficiency) -> OpCost:
+    """The forward `OpCost` of `moe_quantize_time` (mean over the layers: 1 - r of them)."""
+    if model.known_dense():
+        return OpCost.zero()
+    return _moe_quantize_ops(model, plan, acc, eff)[0]
+
+
+def _moe_quantize_ops(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                      eff: Efficiency) -> tuple[OpCost, OpCost]:
+    """(forward, backward) `OpCost`s of `moe_quantize_time`."""
+    etp, moe_tokens = expert_tokens(model, plan)
+    routed = moe_tokens * model.experts_per_token
+    h, f = model.hidden, model.ffn_hidden / etp
+    kernels = 2.0
+    share = 1.0 - model.dense_fraction
+    on = (model.num_experts > 1) & (jnp.asarray(plan.precision) >= 2)
+    fwd = op_cost(acc, eff, 0.0, FP8_CAST_BYTES * routed * (h + f), kernels=kernels)
+    bwd = op_cost(acc, eff, 0.0, FP8_CAST_BYTES * routed * (h + (model.mlp_matrices - 1.0) * f),
+                  kernels=kernels)
+    return (share * fwd).where(on), (share * bwd).where(on)
+
+
 def recompute_time(model: Transformer, plan: TrainingPlan, forward,
                    attention_forward) -> jax.Array:
     """Recomputation per layer, s: full * forward + (1 - full) * (the attention core under
@@ -355,12 +413,15 @@ def layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     attention = attention_core_time(model, plan, acc, eff)
     elementwise = elementwise_time(model, plan, acc, eff)
     permute = moe_permute_time(model, plan, acc, eff)
-    forward = gemms.forward + attention.forward + elementwise.forward + permute.forward
-    backward = gemms.backward + attention.backward + elementwise.backward + permute.backward
+    quantize = moe_quantize_time(model, plan, acc, eff)
+    forward = (gemms.forward + attention.forward + elementwise.forward + permute.forward
+               + quantize.forward)
+    backward = (gemms.backward + attention.backward + elementwise.backward + permute.backward
+                + quantize.backward)
     recompute = recompute_time(model, plan, forward, attention.forward)
     tp_exposed, tp_hidden = tp_comm(model, plan, net, eff, weights.qkv + weights.mlp_up)
     ep_exposed, ep_all = ep_comm(model, plan, net, eff,
-                                 forward + backward + recompute - tp_hidden)
+                                 forward + backward + recompute - tp_hidden, acc.num_sms)
     return LayerTimes(forward, backward, recompute, tp_exposed, cp_comm(model, plan, net, eff),
                       ep_exposed, tp_hidden + ep_all - ep_exposed)
 

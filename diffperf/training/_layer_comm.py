@@ -115,19 +115,39 @@ def cp_message(model: Transformer, plan: TrainingPlan) -> jax.Array:
             * activation_bytes(plan.precision))
 
 
+#: Streaming multiprocessors an expert-parallel dispatch / combine kernel occupies while it
+#: runs beside another micro-batch's compute: DeepSeek-V3's all-to-all kernels need 20 of the
+#: H800's 132 SMs to saturate InfiniBand and NVLink (DeepSeek-V3 Technical Report,
+#: arXiv:2412.19437, Sec. 3.2.2: "only 20 SMs are sufficient to fully utilize the bandwidths of
+#: IB and NVLink"), a lower bound for NCCL's all-to-all, count.
+EP_COMM_SMS = 20.0
+
+
 def ep_comm(model: Transformer, plan: TrainingPlan, net: Network, eff: Efficiency,
-            window) -> tuple[jax.Array, jax.Array]:
+            window, num_sms=None) -> tuple[jax.Array, jax.Array]:
     """`(exposed, total)` expert-parallel communication of one layer, s.
 
     A dispatch and a combine all-to-all of moe_tokens * k * h activations per pass (4 per
     forward + backward, 2 more with full recompute), between ranks etp apart, in the MoE layers
     (share 1 - r). With `overlap_ep` they run while another micro-batch computes (its forward
-    and backward), in `window`: the compute time the asynchronous TP reductions left, s."""
+    and backward), in `window`: the compute time the asynchronous TP reductions left, s.
+
+    The hidden part H is not free when `num_sms` (the GPU's SM count) is given: the
+    communication kernels hold `EP_COMM_SMS` = c of the n SMs while they run, so the compute
+    they overlap runs on n - c of them and takes n / (n - c) of its time. The step pays
+    H c / (n - c) for it, counted as exposed EP time:
+
+        exposed = x + (total - x) c / (n - c),   x = `exposed_after_overlap`(total, window)
+
+    (at most `total` for c <= n / 2: overlapping never costs more than not overlapping)."""
     etp = expert_tokens(model, plan)[0]
     a2a = coll.all_to_all(net, eff, ep_message(model, plan), plan.ep, etp)
     per_block = 4.0 + 2.0 * plan.recomputed_fraction(model.layers)
     ep_all = jnp.where(model.num_experts > 1, (1.0 - model.dense_fraction) * per_block * a2a, 0.0)
-    exposed = jnp.where(plan.overlap_ep > 0, exposed_after_overlap(ep_all, window), ep_all)
+    left = exposed_after_overlap(ep_all, window)
+    if num_sms is not None and not model.known_dense():  # dense sweeps: nothing to hide
+        left = left + (ep_all - left) * EP_COMM_SMS / (num_sms - EP_COMM_SMS)
+    exposed = jnp.where(plan.overlap_ep > 0, left, ep_all)
     return exposed, ep_all
 
 
