@@ -188,8 +188,8 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         return a[jnp.clip(idx, 0, n - 1)]
 
     def step(state):
-        (t, t_lo, p, q, done, kv_peak, issued, n_done, steps, iters, busy, tok_sum, slot_req,
-         slot_gen, arrival, arrival_lo, admit, first, finish) = state
+        (t, t_lo, p, q, done, kv_used, kv_peak, issued, n_done, steps, iters, busy, tok_sum,
+         slot_req, slot_gen, arrival, arrival_lo, admit, first, finish) = state
         active = n_done < n
 
         def since(idx, hi=t, lo=t_lo):  # clock minus the arrival of request idx, s
@@ -197,8 +197,6 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         # 1. admission, first come first served with head-of-line blocking
         running = slot_req >= 0
         free = engine.max_num_seqs - fin(jnp.sum(running))
-        kv_used = jnp.sum(jnp.where(running, held(engine, gather(s_in, slot_req), slot_gen,
-                                                  gather(s_out, slot_req)), 0.0))
         idx = p + window
         valid = idx < n
         arr_w = jnp.where(valid, gather(arrival, idx), _BIG)
@@ -244,7 +242,8 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         pre_tokens = jnp.sum(chunk)
         pairs = jnp.sum(chunk * (before_done + 0.5 * chunk))
         has_prefill = (pre_tokens > 0).astype(t.dtype)
-        ctx = jnp.where(running, gather(s_in, slot_req) + slot_gen, 0.0)
+        in_slot = gather(s_in, slot_req)
+        ctx = jnp.where(running, in_slot + slot_gen, 0.0)
         keys0 = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx), 0.0))
         keys1 = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx + 1.0), 0.0))
         tokens = d + pre_tokens
@@ -289,9 +288,11 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         done = jnp.where(new_q >= p, 0.0, done)
         ends = go & running & (slot_gen >= out_slot)
         finish = finish.at[jnp.where(ends, slot_req, n)].set(since_new(slot_req), mode="drop")
-        filled = jnp.sum(jnp.where(running, context_blocks(engine, gather(s_in, slot_req),
-                                                           slot_gen), 0.0))
+        filled = jnp.sum(jnp.where(running, context_blocks(engine, in_slot, slot_gen), 0.0))
         kv_peak = jnp.maximum(kv_peak, jnp.where(go, filled, 0.0))
+        # what the requests still running hold (their contexts grew when r < 1)
+        kv_used = jnp.sum(jnp.where(running & ~ends,
+                                    held(engine, in_slot, slot_gen, out_slot), 0.0))
         slot_req = jnp.where(ends, -1, slot_req)
         f = jnp.sum(ends).astype(jnp.int32)
         issue_at = jnp.where(closed & (window < f), issued + window, n)
@@ -301,22 +302,22 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         iters = iters + jnp.where(go, k, 0.0)
         busy = busy + jnp.where(go, span, 0.0)
         tok_sum = tok_sum + jnp.where(go, k * tokens, 0.0)
-        return (t_new, t_lo_new, p, new_q, done, kv_peak, issued, n_done + f,
+        return (t_new, t_lo_new, p, new_q, done, kv_used, kv_peak, issued, n_done + f,
                 steps + active.astype(jnp.int32), iters, busy, tok_sum, slot_req, slot_gen,
                 arrival, arrival_lo, admit, first, finish)
 
     int0 = jnp.zeros((), jnp.int32)
     f0 = jnp.zeros((), fin(0).dtype)
     issued0 = jnp.where(closed, jnp.minimum(fin(concurrency), fin(n)), fin(n)).astype(jnp.int32)
-    state = (f0, f0, int0, int0, f0, f0, issued0, int0, int0, f0, f0, f0,
+    state = (f0, f0, int0, int0, f0, f0, f0, issued0, int0, int0, f0, f0, f0,
              jnp.full((slots,), -1, jnp.int32), jnp.zeros((slots,), fin(0).dtype),
              arrival0, lo0, zeros, zeros, zeros)
     if differentiable:
         state = jax.lax.fori_loop(0, max_steps, lambda i, s: step(s), state)
     else:
-        state = jax.lax.while_loop(lambda s: (s[7] < n) & (s[8] < max_steps), step, state)
-    (_, _, _, _, _, kv_peak, _, n_done, steps, iters, busy, tok_sum, _, _, arrival, arrival_lo,
-     admit, first, finish) = state
+        state = jax.lax.while_loop(lambda s: (s[8] < n) & (s[9] < max_steps), step, state)
+    (_, _, _, _, _, _, kv_peak, _, n_done, steps, iters, busy, tok_sum, _, _, arrival,
+     arrival_lo, admit, first, finish) = state
     arrival = arrival + arrival_lo
     return Schedule(arrival=arrival, admit=arrival + admit, first_token=arrival + first,
                     finish=arrival + finish, queue=admit, ttft=first, e2e=finish,
