@@ -99,8 +99,8 @@ for s, w, ratio in A.CLAIMS:
 
 # %% [markdown]
 # **Finding.** At an equal 1,024 GPUs, B200 trains GPT-3 175B 8.4x faster than A100 in fp8
-# (16.87 s to 2.01 s per step) and 11.9x in fp4 (1.42 s); GB200 NVL72 reaches 9.9x and H100 3.9x.
-# Tensor FLOP/s (4.46x) and precision (1.33x) give 84 % of the B200 log speed-up, the three
-# network factors together 1.18x, HBM bandwidth and capacity 1.08x, the re-chosen plan 1.11x.
+# (16.80 s to 2.00 s per step) and 11.9x in fp4 (1.42 s); GB200 NVL72 reaches 9.8x and H100 3.9x.
+# Tensor FLOP/s (4.43x) and precision (1.33x) give 83 % of the B200 log speed-up, the three
+# network factors together 1.18x, HBM bandwidth and capacity 1.07x, the re-chosen plan 1.12x.
 # The paper's ~35x is a system-scale comparison (more GPUs per system, fp4, best plans): the
-# per-GPU ratio leaves 2.9x (fp4) to 4.2x (fp8) of it to system scale.
+# per-GPU ratio leaves 3.0x (fp4) to 4.2x (fp8) of it to system scale.

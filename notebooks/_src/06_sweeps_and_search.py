@@ -44,7 +44,7 @@ front[["tp", "pp", "dp", "micro_batch", "recompute", "zero", "memory_gb", "step_
 # %% [markdown]
 # **Finding.** The fastest plan (TP 8, PP 4, DP 32, interleaved, no recomputation, ZeRO-1,
 # flash attention) needs ~70 GB per GPU; below ~10 GB per GPU every plan on the front needs
-# full recomputation, and the step time rises steeply: ZeRO-3 at TP 16 gives 25-26 s at
-# 8.0-9.5 GB, deeper pipelines (PP 8-32) 30-38 s at 6.2-7.5 GB and 45 s at 5.6 GB, against
-# 16.7 s for the fastest; the last 0.6 GB (5.0 GB per GPU) costs ZeRO-3 with TP 32 x CP 4 and
-# 277 s.
+# full recomputation, and the step time rises steeply: ZeRO-3 at TP 16 gives 25-27 s at
+# 8.0-9.5 GB, deeper pipelines (PP 8-32) 30-39 s at 6.2-7.5 GB and 47 s at 5.6 GB, against
+# 16.6 s for the fastest; the last 0.6 GB (5.0 GB per GPU) costs ZeRO-3 with TP 32 x CP 4 and
+# 280 s.

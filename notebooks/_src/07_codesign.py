@@ -143,13 +143,13 @@ fig.tight_layout()
 fig.savefig("figures/07_codesign.png", dpi=110)
 
 # %% [markdown]
-# **Finding.** GPT-3 175B training on 1,024 A100 (16.87 s per step) has an elasticity of -0.89
-# to bf16 FLOP/s and only -0.01 to -0.06 to each network bandwidth (91 % compute-, 6.5 %
-# network-bound; technology: +1.51 per log nm of node, -1.06 to die area); batch-1 Llama-2 70B
-# decode on 8 H100 (1.97 s) has -0.41 to HBM bandwidth and +0.20 to the kernel launch overhead
+# **Finding.** GPT-3 175B training on 1,024 A100 (16.80 s per step) has an elasticity of -0.89
+# to bf16 FLOP/s and only -0.01 to -0.06 to each network bandwidth (91 % compute-, 6.6 %
+# network-bound; technology: +1.50 per log nm of node, -1.06 to die area); batch-1 Llama-2 70B
+# decode on 8 H100 (1.96 s) has -0.41 to HBM bandwidth and +0.20 to the kernel launch overhead
 # (58 % fixed latency; +0.09 to the NVLink hop latency of the 14-hop all-reduce ring). In
-# co-design, projected Adam reaches 2.970 s in 656 evaluations (400 gradient steps, 256 seed
-# designs), 0.01 % slower than the 119,232-point grid's 2.970 s (182x fewer evaluations,
-# though on this CPU its wall time, about 8 s with compilation, exceeds the vmapped grid's
-# 1.0 s): full 814 mm^2 die, no SRAM,
+# co-design, projected Adam reaches 2.975 s in 656 evaluations (400 gradient steps, 256 seed
+# designs), 0.01 % slower than the 119,232-point grid's 2.975 s (182x fewer evaluations,
+# though on this CPU its wall time, 13 s with compilation in the last run, exceeds the vmapped
+# grid's 1.8 s): full 814 mm^2 die, no SRAM,
 # 3.6 HBM stacks, 36 NVLink lanes, clock cut to 0.86x by the 700 W budget, which it spends.

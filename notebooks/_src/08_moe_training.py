@@ -125,10 +125,10 @@ fig.savefig("figures/08_moe_layout.png", dpi=110)
 
 # %% [markdown]
 # **Finding.** On the 36 runs the fit never saw, the MoE training rate is predicted with a
-# MAPE of 33.1 % (DeepSeek-V3 14 %, Qwen3-235B 25 %, Qwen3-30B-A3B and gpt-oss 65-66 %), too
-# fast on 27; 89 % of the measurements lie inside their 90 % interval, but only 71-75 % for the
+# MAPE of 27.3 % (DeepSeek-V3 10 %, Qwen3-235B 19 %, Qwen3-30B-A3B 50 %, gpt-oss 66 %), too
+# fast on 25; 89 % of the measurements lie inside their 90 % interval, but only 71-75 % for the
 # two worst families, because one MoE model error serves every MoE model. For DeepSeek-V3 on
 # 256 GB200 the expert layout moves the step by little once it fits (EP 8 needs 209 GB per
-# GPU): from EP 16 to EP 64 the step goes from 7.97 to 7.86 s, per-expert GEMM launches cost
+# GPU): from EP 16 to EP 64 the step goes from 8.47 to 8.23 s, per-expert GEMM launches cost
 # 0.24 s (3 %) at 16 experts per GPU and 0.05 s at 4, and the exposed all-to-all, 1.4-1.5 s
-# (18-19 % of the step), is what hiding it behind another micro-batch removes (18-20 % faster).
+# (17-18 % of the step), is what hiding it behind another micro-batch removes (17-19 % faster).
