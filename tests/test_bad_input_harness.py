@@ -95,6 +95,7 @@ _add("serve", "--concurrency --seed", ("-1", "2147483648", *INT_JUNK))
 _add("serve", "--input-spread --output-spread --price-per-hour", ("-1", *FLOAT_JUNK))
 _add("serve", "--rate", POSITIVE)
 _add("serve", "--kv-memory-fraction --gemm-peak-fraction", FRACTION)
+_add("serve", "--kv-output-reserve", SHARE)
 _add("calibrate", "--folds", ("-1", "0", "1", "2147483648", *INT_JUNK),
      ("--cv", "kfold"))
 _add("calibrate", "--steps --lbfgs-steps", ("-1", "2147483648", "1000000", *INT_JUNK))
