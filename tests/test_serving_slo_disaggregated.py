@@ -29,6 +29,7 @@ def _candidates(max_gpus=4):
                                     [1, 2], (1, 2, 3), (16, 64), max_gpus, eff, None)
 
 
+@pytest.mark.slow
 def test_every_pool_pair_once_within_the_gpu_limit():
     rows = _candidates(max_gpus=4)
     keys = [(r["prefill_tp"], r["prefill_replicas"], r["decode_tp"], r["max_num_seqs"],
