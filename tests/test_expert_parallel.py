@@ -14,19 +14,11 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from toy_moe import EFF, H100, MOE, STEP, E, F, H, K, L, V  # noqa: F401
 
 import diffperf as dp
 from diffperf.feasibility import REASONS, describe_failure
 
-EFF = dp.Efficiency()
-H100 = dp.system("h100-sxm5-80gb")
-#: train_step compiled once for every call below (same tree structure; the model's fields are
-#: traced, so the MoE and dense models run the same expert-aware trace)
-STEP = eqx.filter_jit(dp.train_step)
-# 4 layers of h = 1024, 8 query heads of 128, 32 gated experts 256 wide, top 4; no dense layers
-L, H, E, K, F, V = 4, 1024, 32, 4, 256, 1000
-MOE = dp.Transformer(layers=L, hidden=H, heads=8, kv_heads=8, ffn_hidden=F, vocab=V,
-                     seq_len=2048, gated_mlp=1, num_experts=E, experts_per_token=K, dropout=0)
 EXPERT_PARAMS = L * E * 3 * H * F  # all experts of all layers
 # attention, 2 h of its biases, the router, 2 layer norms' weights and biases; the 2 tables
 DENSE_PARAMS = L * (4 * H * H + 2 * H + H * E + 4 * H) + 2 * V * H

@@ -14,19 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from toy_moe import EFF, H100, MOE, STEP, E, F, H, K, L, V  # noqa: F401
 
 import diffperf as dp
 from diffperf.costs._gemm import K_LOOP_FP8, gemm_cost, k_loop_loss
 from diffperf.training._layer_comm import EP_COMM_SMS, ep_comm
-
-EFF = dp.Efficiency()
-H100 = dp.system("h100-sxm5-80gb")
-STEP = eqx.filter_jit(dp.train_step)
-
-# 4 layers of h = 1024, 8 query heads of 128, 32 gated experts 256 wide, top 4
-L, H, E, K, F, V = 4, 1024, 32, 4, 256, 1000
-MOE = dp.Transformer(layers=L, hidden=H, heads=8, kv_heads=8, ffn_hidden=F, vocab=V,
-                     seq_len=2048, gated_mlp=1, num_experts=E, experts_per_token=K, dropout=0)
 
 
 def _plan(**kw):
