@@ -140,51 +140,58 @@ def disaggregated_candidates(model, system, plan, engine: Engine, arrival, inp, 
     idle, peak = power
     rows = []
     transfers: dict[tuple, np.ndarray] = {}  # (prefill tp, decode tp, one NVLink domain) -> s
+
+    def transfer(tpp, tpd, same) -> np.ndarray:
+        if (tpp, tpd, same) not in transfers:
+            pplan = eqx.tree_at(lambda q: q.tp, plan, jnp.asarray(tpp, jnp.float32))
+            dplan = eqx.tree_at(lambda q: q.tp, plan, jnp.asarray(tpd, jnp.float32))
+            transfers[tpp, tpd, same] = np.asarray(kv_transfer_time(
+                model, system, pplan, dplan, jnp.asarray(inp, jnp.float32), same), float)
+        return transfers[tpp, tpd, same]
+
     for i, (tpp, x) in enumerate(pre):
+        gp = x * tpp * pp
+        js = [j for j, (tpd, _, y) in enumerate(dec) if gp + y * tpd * pp <= max_gpus]
+        if not js:
+            continue
+        gd = np.array([dec[j][2] * dec[j][0] * pp for j in js])
+        same = gp + gd <= domain
+        k = np.stack([transfer(tpp, dec[j][0], bool(sm)) for j, sm in zip(js, same)])  # [J, N]
         ttft = P["ttft"][i]  # [N]
-        pre_ok = bool(P["completed"][i] >= 1.0) and bool(P["fits"][i])
-        t_stats = _stats(ttft)
-        for j, (tpd, seqs, y) in enumerate(dec):
-            gp, gd = x * tpp * pp, y * tpd * pp
-            if gp + gd > max_gpus:
-                continue
-            same = gp + gd <= domain
-            if (tpp, tpd, same) not in transfers:
-                pplan = eqx.tree_at(lambda q: q.tp, plan, jnp.asarray(tpp, jnp.float32))
-                dplan = eqx.tree_at(lambda q: q.tp, plan, jnp.asarray(tpd, jnp.float32))
-                transfers[tpp, tpd, same] = np.asarray(kv_transfer_time(
-                    model, system, pplan, dplan, jnp.asarray(inp, jnp.float32), same), float)
-            k = transfers[tpp, tpd, same]
-            e2e = ttft.copy()
-            ok = pre_ok
-            rate = x / P["duration"][i]
-            busy_d = 0.0
-            tpot = np.zeros(0)
-            if D is not None:
-                d = D["e2e"][j]
-                e2e[many] = ttft[many] + k[many] + d
-                tpot = (k[many] + d) / (out[many] - 1.0)
-                ok = ok and bool(D["completed"][j] >= 1.0) and bool(D["fits"][j])
-                rate = min(rate, y / D["duration"][j])
-                busy_d = float(D["busy"][j])
-            tok_s = tokens * rate
-            watts = gp * (idle + (peak - idle) * float(P["busy"][i])) + \
-                gd * (idle + (peak - idle) * busy_d)
+        e2e = np.repeat(ttft[None, :], len(js), axis=0)
+        ok = np.full(len(js), bool(P["completed"][i] >= 1.0) and bool(P["fits"][i]))
+        rate = np.full(len(js), x / P["duration"][i])
+        busy_d = np.zeros(len(js))
+        if D is not None:  # every pair at once: [J, M] decode times of the decode candidates
+            d = D["e2e"][js]
+            e2e[:, many] = ttft[many] + k[:, many] + d
+            p_stats = _stats((k[:, many] + d) / (out[many] - 1.0), axis=1)
+            ok &= (D["completed"][js] >= 1.0) & D["fits"][js].astype(bool)
+            rate = np.minimum(rate, np.array([dec[j][2] for j in js]) / D["duration"][js])
+            busy_d = D["busy"][js]
+        else:
+            p_stats = {st: np.zeros(len(js)) for st in _STATS}
+        t_stats, e_stats = _stats(ttft), _stats(e2e, axis=1)
+        tok_s = tokens * rate
+        watts = gp * (idle + (peak - idle) * float(P["busy"][i])) + \
+            gd * (idle + (peak - idle) * busy_d)
+        for a, j in enumerate(js):
+            tpd, seqs, y = dec[j]
             row = {"mode": "disaggregated", "prefill_tp": tpp, "prefill_replicas": x,
                    "decode_tp": tpd, "decode_replicas": y, "max_num_seqs": seqs,
-                   "tp": tpd, "replicas": x + y, "num_gpus": gp + gd, "fits": ok,
-                   "link": "NVLink" if same else "scale-out (RDMA)",
-                   "kv_transfer_ms": round(1e3 * float(np.mean(k)), 3)}
-            p_stats = _stats(tpot) if tpot.size else {s: 0.0 for s in _STATS}
-            e_stats = _stats(e2e)
-            for s in _STATS:
-                row[f"ttft_{s}_ms"] = round(1e3 * float(t_stats[s]), 3)
-                row[f"tpot_{s}_ms"] = round(1e3 * float(p_stats[s]), 3)
-                row[f"e2e_{s}_ms"] = round(1e3 * float(e_stats[s]), 3)
-            row["output_tok_s"] = float(tok_s)
-            row["output_tok_s_per_gpu"] = float(tok_s / (gp + gd))
-            row["cost_per_million_tokens_usd"] = float(price_per_hour * (gp + gd) / 3600.0
-                                                       / tok_s * 1e6)
-            row["energy_per_token_j"] = float(watts / tok_s)
+                   "tp": tpd, "replicas": x + y, "num_gpus": gp + float(gd[a]),
+                   "fits": bool(ok[a]),
+                   "link": "NVLink" if same[a] else "scale-out (RDMA)",
+                   "kv_transfer_ms": round(1e3 * float(np.mean(k[a])), 3)}
+            for st in _STATS:
+                row[f"ttft_{st}_ms"] = round(1e3 * float(t_stats[st]), 3)
+                row[f"tpot_{st}_ms"] = round(1e3 * float(p_stats[st][a]), 3)
+                row[f"e2e_{st}_ms"] = round(1e3 * float(e_stats[st][a]), 3)
+            gpus = gp + float(gd[a])
+            row["output_tok_s"] = float(tok_s[a])
+            row["output_tok_s_per_gpu"] = float(tok_s[a] / gpus)
+            row["cost_per_million_tokens_usd"] = float(price_per_hour * gpus / 3600.0
+                                                       / tok_s[a] * 1e6)
+            row["energy_per_token_j"] = float(watts[a] / tok_s[a])
             rows.append(row)
     return rows
