@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HOLDOUT = ROOT / "benchmarks_data" / "train_moe_holdout.csv"
 #: TensorRT-LLM 1.0's maximum-throughput table (dense Llama 3), also never fitted.
 INFER_HOLDOUT = ROOT / "benchmarks_data" / "infer_trtllm10_holdout.csv"
+#: Residuals the error model is fitted on (`calibration/fit_error_model.py`): the calibrated
+#: rows' leave-one-source-out predictions and the held-out rows', one per measurement.
+RESIDUALS = ROOT / "calibration" / "residuals_training_inference.csv"
 sys.path.insert(0, str(ROOT))
 
 #: Settings of the shipped fit (see report.md for why).
@@ -109,19 +112,9 @@ def _plots(preds, cv_preds, outdir):
     return files
 
 
-def _coverage(fit, held_out):
-    """Switch the fit's model error to the leave-one-source-out one and measure how often the
-    90 % interval of a held-out prediction contains the measured value."""
-    import numpy as np
-
-    from diffperf.internal import (
-        INFER_COLUMNS,
-        TRAIN_COLUMNS,
-        cell_parameter_sd,
-        interval_coverage,
-        use_cross_validated_error,
-    )
-    use_cross_validated_error(fit, held_out, "source")
+def _parameter_sd(fit, cells) -> list[float]:
+    """The parameter part of each cell's interval (log sd, delta method)."""
+    from diffperf.internal import INFER_COLUMNS, TRAIN_COLUMNS, cell_parameter_sd
     sd_t, sd_i = cell_parameter_sd(fit.problem, fit.theta, fit.covariance)
     par_sd = {}
     for rows, cols, sd in ((fit.problem.ds.train_rows, TRAIN_COLUMNS, sd_t),
@@ -129,15 +122,7 @@ def _coverage(fit, held_out):
         for i, r in enumerate(rows):
             for j, c in enumerate(cols):
                 par_sd[(r.id, c)] = float(sd[i, j])
-    cov = interval_coverage(held_out, fit.residual_sd, 0.9, par_sd)
-    held = [par_sd[(p["id"], p["metric"])] for p in held_out]
-    fit.metadata["interval_coverage_source_cv"] = {
-        k: {"own_scale": round(v["inside"], 4),
-            "other_sources_scale": (None if v["inside_other_sources"] is None
-                                    else round(v["inside_other_sources"], 4))}
-        for k, v in cov.items()}
-    return {"table": cov, "parameter_sd_median": float(np.median(held)),
-            "parameter_sd_max": float(np.max(held))}
+    return [par_sd[(p["id"], p["metric"])] for p in cells]
 
 
 def _validate_holdout(efficiency_path, path=HOLDOUT):
@@ -150,121 +135,35 @@ def _validate_holdout(efficiency_path, path=HOLDOUT):
     return validate([path], efficiency_from_json(efficiency_path))
 
 
-def _moe_error_lines(fit, moe):
-    """The MoE model error's row of the interval table, and how the dense error would cover."""
-    from statistics import NormalDist
+def _write_residuals(records, path=RESIDUALS):
+    """The error model's residuals (`fit.error_records`), one line per measurement: `id,
+    source, kind, quantity, r` (mean log predicted / measured) and `fitted` (1: a calibrated
+    row, predicted by the fit without its source; 0: a held-out row, never fitted)."""
+    import csv
 
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "source", "kind", "quantity", "r", "fitted"])
+        for m in records:
+            w.writerow([m["id"], m["source"], m["kind"], m["quantity"], f"{m['r']:.6f}",
+                        int(m["fitted"])])
+    return path
+
+
+def _interval_lines(fit, parameter_sd) -> list[str]:
+    """The report's pointer to the interval error model and its coverage."""
     import numpy as np
-
-    from diffperf.internal import MOE_STEP_TIME
-    r = moe["residuals"]
-    if not r.size:
-        return []
-    z = NormalDist().inv_cdf(0.95)
-    sd, dense = fit.residual_sd[MOE_STEP_TIME], fit.residual_sd["step_time"]
-    half = (np.exp(z * sd) - np.exp(-z * sd)) / 2 * 100
     return [
-        f"MoE models' training steps get their own model error, `{MOE_STEP_TIME}`: the RMS "
-        f"log residual of {moe['fitted']} fitted MoE rows (leave-one-source-out) and "
-        f"{moe['held_out']} held-out MoE rows (`{HOLDOUT.relative_to(ROOT)}`, never fitted): "
-        f"{sd * 100:.1f} % against {dense * 100:.1f} % for all training steps, a mean "
-        f"half-width of {half:.0f} %. With the all-training error only "
-        f"{np.mean(np.abs(r) <= z * dense) * 100:.0f} % of these {r.size} MoE measurements "
-        f"would fall inside their 90 % interval; with their own, "
-        f"{np.mean(np.abs(r) <= z * sd) * 100:.0f} % (own scale, parameter part left out).",
-        ""]
-
-
-def _floor_error_lines(fit, key, result, what):
-    """The report paragraph of a floor error (`infer_unseen`, `infer_moe`): what it covers
-    (`what`), its size, its bias and how the throughput error would have covered its rows."""
-    from statistics import NormalDist
-
-    import numpy as np
-
-    from diffperf.internal import bias_text
-    if result is None or not result["residuals"].size:
-        return []
-    r, z = result["residuals"], NormalDist().inv_cdf(0.95)
-    sd, seen = fit.residual_sd[key], fit.residual_sd["throughput"]
-    factor = np.exp(z * sd)
-    return [
-        f"{what} gets its own model error, `{key}`, applied as the larger of it and the "
-        f"quantity's own: the RMS log residual of the {r.size} held-out rows of that kind in "
-        f"the table above, {sd * 100:.1f} % against {seen * 100:.1f} % for batched throughput "
-        f"(a 90 % interval from 1/{factor:.2f} to {factor:.2f} times the prediction). Most of it "
-        f"is bias: those rows are predicted {bias_text(float(r.mean()))} on average (geometric "
-        f"mean; {int((r > 0).sum())} of {r.size} too fast). With the "
-        f"throughput error only {np.mean(np.abs(r) <= z * seen) * 100:.0f} % of them would fall "
-        f"inside their 90 % interval; with their own, {np.mean(np.abs(r) <= z * sd) * 100:.0f} % "
-        f"(in-sample: these rows set the error; parameter part left out).",
-        ""]
-
-
-def _inference_floor_lines(fit, unseen, moe):
-    """Both floor errors of the held-out inference table."""
-    from diffperf.internal import MOE_INFERENCE, PRECISION_CLASS_NAMES, UNSEEN_INFERENCE
-    support = fit.inference_support
-    if support is None:
-        return []
-    gpus = ", ".join(support["gpus"])
-    precisions = ", ".join(PRECISION_CLASS_NAMES[p] for p in support["precisions"])
-    lines = _floor_error_lines(
-        fit, UNSEEN_INFERENCE, unseen,
-        f"Inference outside the fit's inference data (on a GPU other than {gpus}, or with GEMMs "
-        f"at another precision than {precisions}; all {0 if unseen is None else unseen['unseen']} "
-        f"such held-out rows are both: a new GPU alone or a new precision alone is untested)")
-    lines += _floor_error_lines(
-        fit, MOE_INFERENCE, moe,
-        f"Inference of MoE models with more experts per layer than any fitted inference row "
-        f"({support['max_experts']}; the held-out ones: Qwen3-30B-A3B on B200 / GB200 FP4, so "
-        f"the error also holds the Blackwell FP4 miss and the table's 40 % B200 / GB200 "
-        f"disagreement)")
-    return lines
-
-
-def _coverage_lines(fit, cov):
-    from diffperf.internal import QUANTITIES
-    t = cov["table"]
-    pct = lambda x: "n/a" if x is None else f"{x * 100:.0f} %"
-
-    def other(v):  # says how many measurements the other-sources test could score
-        n_o = v["n_other_sources"]
-        return pct(v["inside_other_sources"]) + (f" ({n_o} of {v['n']})" if 0 < n_o < v["n"]
-                                                 else "")
-    lines = [
-        "## Prediction intervals",
-        "",
-        "`diffperf train --interval` / `diffperf infer --interval` print 90 % intervals: "
-        "prediction x exp(+-1.645 sd), sd^2 = parameter variance (Laplace covariance, delta "
-        "method) + the model error of the quantity: the RMS log error of the "
-        "leave-one-source-out predictions (the error on tables the fit never saw), one "
-        "residual per measurement (a NeMo row's tokens/s and model TFLOP/s count once). "
-        f"The parameter part is small: median {cov['parameter_sd_median'] * 100:.2f} %, "
-        f"max {cov['parameter_sd_max'] * 100:.2f} % (log sd) over the cells.",
-        "",
-        "Coverage = share of the held-out (leave-one-source-out) measurements inside their "
-        "90 % interval. *Own scale*: the model error as shipped, estimated from these same "
-        "residuals, so it tests only the shape of the error distribution. *Other sources' "
-        "scale*: each measurement's model error re-estimated from the other sources' residuals "
-        "only, the honest test for a new table (n/a where a single source measures the "
-        "quantity: each inference quantity has one). Inference is split by regime: `latency` "
-        "is a batch-1 run's end-to-end latency, `throughput` a batched run's output tokens/s "
-        "(or its latency).",
-        "",
-        "| quantity / source | measurements | model error (RMS log) | mean half-width | "
-        "coverage, own scale | coverage, other sources' scale |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for q in list(QUANTITIES) + ["all"]:
-        if q in t:
-            lines.append(f"| {q} | {t[q]['n']} | {fit.residual_sd[q] * 100:.1f} % | "
-                         f"{t[q]['half_width_pct']:.0f} % | {pct(t[q]['inside'])} | "
-                         f"{other(t[q])} |")
-    for k in sorted(k for k in t if k.startswith("source:")):
-        lines.append(f"| {k[7:]} | {t[k]['n']} | | {t[k]['half_width_pct']:.0f} % | "
-                     f"{pct(t[k]['inside'])} | {other(t[k])} |")
-    return lines + [""]
+        "## Prediction intervals", "",
+        "`--interval` (train, infer, serve, predict) gives 90 % intervals: prediction x "
+        "exp(-+ half-width), the half-width from the parameter covariance (Laplace, delta "
+        f"method: median {np.median(parameter_sd) * 100:.2f} %, max "
+        f"{np.max(parameter_sd) * 100:.2f} % log sd over the cells) and the error model of the "
+        "configuration (`diffperf/calibrate/_error_model.py`). This fit's error model is fitted "
+        f"on {fit.metadata.get('error_model_basis', 'its residuals')}; "
+        "`python calibration/fit_error_model.py` refits it with the serving simulator's errors "
+        "too, and writes its coverage (leave-one-source-out, by source, regime and covariate) "
+        "in place of this section.", ""]
 
 
 def _implausible_lines(fit):
@@ -382,24 +281,23 @@ def main(argv=None) -> int:
                                    for k, s in cvs.items()}
         fit.metadata["cv_imec_mape"] = {k: {m: round(v["mape"], 2) for m, v in s["imec"].items()}
                                         for k, s in cvs.items()}
-        coverage = _coverage(fit, cv_preds["source"])
+        from diffperf.internal import use_cross_validated_error
+        use_cross_validated_error(fit, cv_preds["source"], "source")
+        coverage = _parameter_sd(fit, cv_preds["source"])
     fit.metadata["fit_wall_seconds"] = round(t_fit, 1)
     fit.metadata["settings"] = SETTINGS
     fit.save(args.out)
     holdout = _validate_holdout(args.out)  # the held-out rows predicted with the saved fit
     infer_holdout = _validate_holdout(args.out, INFER_HOLDOUT)
-    moe = unseen = moe_infer = None
-    if coverage:
-        from diffperf.internal import moe_step_error
-        moe = moe_step_error(fit, cv_preds["source"], holdout["rows"] if holdout else [])
-    if infer_holdout is not None:
-        from diffperf.calibrate import measure_inference_errors
-        from diffperf.validation import read_benchmark_files
-        measured = measure_inference_errors(fit, INFER_HOLDOUT,
-                                            read_benchmark_files([INFER_HOLDOUT]), args.out,
-                                            validated=infer_holdout["rows"])
-        unseen, moe_infer = measured["unseen"], measured["moe"]
-    fit.save(args.out)  # with the MoE, unseen-inference and MoE-inference errors
+    from diffperf.internal import measure_held_out
+    from diffperf.validation import read_benchmark_files
+    for path, result in ((HOLDOUT, holdout), (INFER_HOLDOUT, infer_holdout)):
+        if result is not None:
+            print(measure_held_out(fit, path, read_benchmark_files([path]), args.out,
+                                   validated=result["rows"]), file=sys.stderr)
+    fit.save(args.out)  # with the held-out rows' residuals in the error model
+    if coverage is not None:
+        print(f"wrote {_write_residuals(fit.error_records)}", file=sys.stderr)
     print(f"wrote {args.out}", file=sys.stderr)
     report = Path(args.report)
     lines = [
@@ -430,13 +328,11 @@ def main(argv=None) -> int:
     for heading, title, key, note in SECTIONS:
         lines += [f"## {heading}", ""] if heading else []
         lines += ([note, ""] if note else []) + [_table(title, ins, cvs, key), ""]
-    if coverage:
-        lines += _coverage_lines(fit, coverage)
-        lines += _moe_error_lines(fit, moe)
+    if coverage is not None:
+        lines += _interval_lines(fit, coverage)
     lines += _implausible_lines(fit)
     lines += _holdout_lines(holdout)
     lines += _infer_holdout_lines(infer_holdout)
-    lines += _inference_floor_lines(fit, unseen, moe_infer)
     lines += [
         "## Fitted factors",
         "",

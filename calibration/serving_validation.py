@@ -62,6 +62,47 @@ def run(max_requests: int = DEFAULT_MAX_REQUESTS, only: str = "", progress=print
     return cases, records, skipped, time.time() - t0
 
 
+def serving_quantity(metric: str) -> str:
+    """The error model's quantity of a serving column (`diffperf.calibrate._error_model`)."""
+    if metric.startswith("ttft"):
+        return "serve_ttft"
+    if metric.startswith(("itl", "tpot", "e2e")):
+        return "serve_token_latency"
+    return "serve_throughput"
+
+
+def serving_source(rec: dict) -> str:
+    """The source group of a serving row for leave-one-source-out scores: its publication,
+    with TensorRT-LLM's perf-overview split by release (each release's page is its own table,
+    measured anew)."""
+    kind = rec["source_kind"]
+    if kind.startswith("TRT-LLM perf-overview"):
+        return f"trtllm-perf-overview {rec.get('engine_version', '')}".strip()
+    return kind
+
+
+def write_residuals(records: list[dict], path=HERE / "residuals_serving.csv") -> Path:
+    """One line per (row, quantity): `id, source, engine_preset, quantity, r` (mean log
+    predicted / measured over the row's columns of that quantity), for the error model
+    (`calibration/fit_error_model.py`). Nothing was fitted to these rows."""
+    import csv
+    import math
+
+    rows = {r["id"]: r for r in read_serving_rows()}
+    groups: dict = {}
+    for r in records:
+        key = (r["id"], serving_quantity(r["metric"]))
+        groups.setdefault(key, {"engine": r["engine_preset"], "r": []})["r"].append(
+            math.log(r["ratio"]))
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "source", "engine_preset", "quantity", "r"])
+        for (i, q), g in groups.items():
+            w.writerow([i, serving_source(rows[i]), g["engine"], q,
+                        f"{sum(g['r']) / len(g['r']):.6f}"])
+    return Path(path)
+
+
 def _cap_check(progress=print) -> list[dict]:
     """Offline rows simulated at 1000, 2000 and 4000 requests: how the cap moves them."""
     ids = ("trtllm017-h100-llama-3.1-8b-tp1-128x128", "trtllm017-h200-llama-3.1-70b-tp1-128x2048",
@@ -164,6 +205,8 @@ def main(argv=None) -> int:
     text = "\n".join(md) + "\n"
     print(text)
     Path(a.out).write_text(text)
+    if not a.only:
+        print(f"wrote {write_residuals(records)}", file=sys.stderr)
     if a.json:
         Path(a.json).write_text(json.dumps({"records": records, "skipped": skipped,
                                             "seconds": secs_all}, indent=1))

@@ -132,9 +132,12 @@ def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path
     from diffperf.validation import read_benchmarks, train_specs
     df = predict_csv(configs, intervals=True).set_index("id")
     row = df.loc["imec-korthi-175b-selsp-paper"]
-    m, s, p = train_specs(read_benchmarks(configs, require_measured=False)[0])
+    from diffperf.calibrate._error_data import row_descriptor
+    first_row = read_benchmarks(configs, require_measured=False)[0]
+    m, s, p = train_specs(first_row)
     single = prediction_interval(lambda e: dp.train_step(m, s, p, e).step_time, None, 0.9,
-                                 "a100-sxm4-80gb", "train", quantity="step_time")
+                                 "a100-sxm4-80gb", "train",
+                                 descriptor=row_descriptor(first_row, "step_time"))
     assert row["interval_low_s"] == pytest.approx(single.low, rel=1e-4)
     assert row["interval_high_s"] == pytest.approx(single.high, rel=1e-4)
     infer = df.loc["imec-inf-h100-llama-2-70b-tp4"]
@@ -154,9 +157,11 @@ def test_row_intervals_equal_the_single_configuration_interval(configs, tmp_path
         w.writeheader()
         w.writerow(rec)
     first = predict_csv(one, intervals=True).set_index("id").loc["one"]
-    m1, s1, p1 = infer_specs(read_benchmarks(one, require_measured=False)[0])
+    one_row = read_benchmarks(one, require_measured=False)[0]
+    m1, s1, p1 = infer_specs(one_row)
     single = prediction_interval(lambda e: infer_fn(m1, s1, p1, e).e2e_latency, None, 0.9,
-                                 "h100-sxm5-80gb", "infer", quantity="ttft")
+                                 "h100-sxm5-80gb", "infer",
+                                 descriptor=row_descriptor(one_row, "ttft"))
     assert first["interval_low_s"] == pytest.approx(single.low, rel=1e-4)
     assert first["interval_high_s"] == pytest.approx(single.high, rel=1e-4)
 

@@ -1,5 +1,5 @@
-"""Prediction intervals: model error per predicted quantity, coverage of held-out values, and
-the intervals `diffperf train / infer --interval` print."""
+"""Prediction intervals: the parameter part, the error model's part of each configuration, and
+the intervals `diffperf train / infer / serve --interval` print."""
 
 from __future__ import annotations
 
@@ -11,17 +11,19 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from diffperf.calibrate import FitUncertainty, Parameterisation, prediction_interval
-from diffperf.cli import main
-from diffperf.internal import (
-    MOE_STEP_TIME,
-    decode_quantity,
-    interval_coverage,
-    model_error_sd,
-    quantity_of,
-    residual_sds,
-    training_quantity,
+import diffperf as dp
+from diffperf.calibrate import (
+    ErrorModel,
+    FitUncertainty,
+    Parameterisation,
+    descriptor,
+    load_uncertainty,
+    prediction_interval,
+    spec_descriptor,
 )
+from diffperf.calibrate._error_model import COVARIATES, LEVELS, support_of
+from diffperf.cli import main
+from diffperf.internal import decode_quantity, quantity_of, residual_sds
 
 Z90 = NormalDist().inv_cdf(0.95)
 
@@ -64,10 +66,6 @@ def test_residual_sds_are_rms_log_ratios_per_quantity_kind_and_overall():
                           cell("model_tflops_per_gpu", "train", e ** -0.4, id_="n"),
                           cell("step_time_s", "train", e ** 0.6, id_="m")])
     assert twice["step_time"] == pytest.approx(math.sqrt((0.3 ** 2 + 0.6 ** 2) / 2))
-    # Lookup falls back from the quantity to the kind to everything.
-    assert model_error_sd({"infer": 0.3, "all": 0.1}, "ttft", "infer") == 0.3
-    assert model_error_sd({"all": 0.1}, "ttft", "infer") == 0.1
-    assert model_error_sd({}, "ttft") == 0.0
 
 
 def test_batched_latency_counts_as_throughput_error():
@@ -82,94 +80,100 @@ def test_batched_latency_counts_as_throughput_error():
     assert sd["throughput"] == pytest.approx(math.sqrt((0.09 + 0.16) / 2))
 
 
-def test_coverage_counts_values_inside_the_interval():
-    # Model error s with z*s = 0.25: log residuals 0, 0.1, -0.2 are inside, 0.3 is not.
-    s = 0.25 / Z90
-    preds = [cell("step_time_s", "train", math.exp(r), source=src, id_=f"r{i}")
-             for i, (r, src) in enumerate([(0.0, "a"), (0.1, "a"), (-0.2, "b"), (0.3, "b")])]
-    cov = interval_coverage(preds, {"step_time": s}, 0.9)
-    assert cov["all"]["n"] == 4 and cov["all"]["inside"] == pytest.approx(0.75)
-    assert cov["source:a"]["inside"] == 1.0 and cov["source:b"]["inside"] == 0.5
-    # With the other source's scale: a's RMS 0.0707 gives b a half-width of 0.116 (both b
-    # residuals outside); b's RMS 0.255 gives a 0.419 (both inside).
-    assert cov["source:a"]["inside_other_sources"] == 1.0
-    assert cov["source:b"]["inside_other_sources"] == 0.0
-    assert cov["all"]["inside_other_sources"] == pytest.approx(0.5)
-    single = interval_coverage(preds[:2], {"step_time": s}, 0.9)  # one source: nothing to test
-    assert single["all"]["inside_other_sources"] is None and single["all"]["n_other_sources"] == 0
-    assert cov["step_time"]["half_width_pct"] == pytest.approx(
-        (math.exp(0.25) - math.exp(-0.25)) / 2 * 100)
-    # Parameter uncertainty widens the interval: with it the 0.3 residual is covered.
-    wide = interval_coverage(preds, {"step_time": s}, 0.9, {("r3", "step_time_s"): 0.2})
-    assert wide["all"]["inside"] == 1.0
+#: A hand-made error model: log s = log 0.05 for a training step, log 0.1 for a batched
+#: inference run, +0.5 per doubling of experts beyond the calibrated 8; q_0.9 = 1.645.
+def _toy_model(support=None):
+    coef = np.zeros(len(COVARIATES))
+    coef[COVARIATES.index("q:step_time")] = math.log(0.05)
+    coef[COVARIATES.index("q:throughput")] = math.log(0.1)
+    coef[COVARIATES.index("experts_beyond")] = 0.5
+    row = {"gpu": "h100-sxm5-80gb", "precision": "bf16", "hidden": 4096, "ffn_hidden": 14336,
+           "num_experts": 8, "experts_per_token": 2, "num_gpus": 64, "tp": 2, "pp": 1}
+    if support is None:
+        support = support_of([descriptor(row, "step_time"), descriptor(row, "throughput")])
+    return ErrorModel(coef, {"all": np.full(len(LEVELS), Z90)}, support), row
 
 
-def test_interval_uses_the_model_error_of_its_quantity():
+def _toy_fit(support=None):
     par = Parameterisation.build(groups=())
     theta = np.asarray(par.theta_from())
-    u = FitUncertainty(par, theta, np.zeros((theta.size, theta.size)),
-                       {"ttft": 0.2, "latency": 0.05, "throughput": 0.15, "infer": 0.1,
-                        "all": 0.1})
-    f = lambda e: 3.0 * e.hbm
-    for quantity, sd in (("ttft", 0.2), ("latency", 0.05), ("throughput", 0.15), (None, 0.1)):
-        iv = prediction_interval(f, u, 0.9, kind="infer", quantity=quantity)
-        assert iv.high / iv.value == pytest.approx(math.exp(Z90 * sd), rel=1e-9)
-        assert iv.value / iv.low == pytest.approx(math.exp(Z90 * sd), rel=1e-9)
+    model, row = _toy_model(support)
+    return FitUncertainty(par, theta, np.zeros((theta.size, theta.size)), {}, model), row
+
+
+def test_interval_width_is_the_error_model_of_its_configuration():
+    u, row = _toy_fit()
+    f = lambda e: 3.0 * e.hbm  # noqa: E731
+    # Without a descriptor: a calibrated configuration of the quantity.
+    for quantity, s in (("step_time", 0.05), ("throughput", 0.1)):
+        iv = prediction_interval(f, u, 0.9, kind=QUANTITY_KIND[quantity], quantity=quantity)
+        assert iv.high / iv.value == pytest.approx(math.exp(Z90 * s), rel=1e-9)
+        assert iv.value / iv.low == pytest.approx(math.exp(Z90 * s), rel=1e-9)
+        assert iv.reasons == ()
+    # 128 experts, 4 doublings beyond the calibrated 8: the scale is e^(4 x 0.5) wider, and the
+    # interval says why.
+    wide = descriptor({**row, "num_experts": 128}, "step_time")
+    iv = prediction_interval(f, u, 0.9, kind="train", descriptor=wide)
+    assert math.log(iv.high / iv.value) == pytest.approx(Z90 * 0.05 * math.exp(2.0), rel=1e-9)
+    assert len(iv.reasons) == 1 and "128 experts, calibrated runs had at most 8" in iv.reasons[0]
+    assert f"x{math.exp(2.0):.2f} width" in iv.reasons[0]
     with pytest.raises(ValueError, match="'e2e_latency'"):
         prediction_interval(f, u, 0.9, quantity="e2e_latency")
 
 
-def test_moe_training_steps_use_their_own_model_error():
-    import diffperf as dp
-    assert training_quantity(dp.model("mixtral-8x7b").num_experts) == MOE_STEP_TIME
-    assert training_quantity(dp.model("deepseek-v3").num_experts) == MOE_STEP_TIME
-    assert training_quantity(dp.model("gpt3-175b").num_experts) == "step_time"
-    # A fit without a MoE error (e.g. `diffperf calibrate` output) falls back to the training
-    # step's, not to the kind's.
-    assert model_error_sd({"step_time": 0.1, "train": 0.2}, MOE_STEP_TIME, "train") == 0.1
-    assert model_error_sd({"step_time": 0.1, MOE_STEP_TIME: 0.4}, MOE_STEP_TIME, "train") == 0.4
-    assert model_error_sd({"step_time": 0.1, MOE_STEP_TIME: 0.4}, "step_time", "train") == 0.1
-    par = Parameterisation.build(groups=())
-    theta = np.asarray(par.theta_from())
-    u = FitUncertainty(par, theta, np.zeros((theta.size, theta.size)),
-                       {"step_time": 0.1, MOE_STEP_TIME: 0.4})
-    iv = prediction_interval(lambda e: 2.0 * e.hbm, u, 0.9, kind="train", quantity=MOE_STEP_TIME)
-    assert iv.high / iv.value == pytest.approx(math.exp(Z90 * 0.4), rel=1e-9)
+QUANTITY_KIND = {"step_time": "train", "throughput": "infer"}
+
+
+def test_no_interval_for_a_kind_the_fit_never_measured_or_without_an_error_model():
+    """A training-only fit's error model has no inference support: an inference interval would
+    borrow the training residuals, so there is none; a fit without an error model gives none."""
+    import dataclasses
+    model, row = _toy_model()
+    u, _ = _toy_fit(support={"train": model.support["train"]})
+    prediction_interval(lambda e: e.hbm, u, kind="train")
+    with pytest.raises(ValueError, match="the fit has no infer measurements"):
+        prediction_interval(lambda e: e.hbm, u, kind="infer", quantity="latency")
+    with pytest.raises(ValueError, match="this fit has no error model"):
+        prediction_interval(lambda e: e.hbm, dataclasses.replace(u, error_model=None),
+                            kind="train")
+    # A confidence interval of the model (no model error) needs none.
+    assert prediction_interval(lambda e: e.hbm, dataclasses.replace(u, error_model=None),
+                               kind="train", model_error=False).reasons == ()
 
 
 @pytest.mark.slow
-def test_train_cli_interval_of_a_moe_model_uses_the_moe_error(capsys):
-    shipped = _shipped()["uncertainty"]["residual_sd"]
-    # Held-out MoE runs miss by far more than the fitted (mostly dense) tables
-    # (calibration/report.md): their error is the wider one.
-    assert shipped[MOE_STEP_TIME] > 2 * shipped["step_time"]
-    args = ["train", "--model", "mixtral-8x7b", "--gpu", "h100-sxm5-80gb", "--gpus", "64",
-            "--tp", "2", "--pp", "1", "--vp", "1", "--ep", "8", "--global-batch", "256",
-            "--recompute", "none", "--interval"]
+def test_train_cli_interval_of_a_fine_grained_moe_model_is_wider_and_says_why(capsys):
+    args = ["train", "--model", "deepseek-v3", "--gpu", "h100-sxm5-80gb", "--gpus", "1024",
+            "--tp", "1", "--pp", "16", "--vp", "1", "--ep", "64", "--interval"]
     assert main(args + ["--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     iv = s["step_time_interval_s"]
-    assert iv["quantity"] == MOE_STEP_TIME
-    # log half-width = z sqrt(parameter sd^2 + MoE error^2); the parameter part is a few %
-    half = math.log(iv["high"] / iv["low"]) / 2.0
-    assert Z90 * shipped[MOE_STEP_TIME] <= half <= Z90 * math.hypot(shipped[MOE_STEP_TIME], 0.05)
     assert iv["low"] < s["step_time_s"] < iv["high"]
+    assert any("256 experts, calibrated runs had at most 8" in w for w in iv["why"])
+    # log half-width = hypot(z x parameter sd, the error model's half-width for this run)
+    model, system = dp.model("deepseek-v3"), dp.system("h100-sxm5-80gb")
+    plan = dp.TrainingPlan(tp=1, pp=16, dp=64, ep=64, micro_batch=1, global_batch=1024)
+    em = load_uncertainty(None).error_model
+    d = spec_descriptor(model, system, plan, "step_time", "h100-sxm5-80gb", "megatron-core")
+    half = math.log(iv["high"] / iv["low"]) / 2.0
+    assert em.for_descriptor(d) <= half <= math.hypot(em.for_descriptor(d), Z90 * 0.05)
+    dense = em.log_half_width(np.eye(len(COVARIATES))[COVARIATES.index("q:step_time")])
+    assert half > 2 * dense  # far wider than a calibrated dense run's
     assert main(args) == 0
-    assert "(MoE runs' model error)" in capsys.readouterr().out
+    assert "the interval is wider than a calibrated configuration's: 256 experts" in \
+        capsys.readouterr().out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("batch, output, e2e_quantity",
                          [(1, 64, "latency"), (8, 64, "throughput"), (1, 1, "ttft")])
 def test_infer_cli_prints_ttft_and_e2e_intervals(capsys, batch, output, e2e_quantity):
-    shipped = json.loads(resources.files("diffperf.presets").joinpath("efficiency.json")
-                         .read_text())["uncertainty"]["residual_sd"]
+    em = load_uncertainty(None).error_model
     code = main(["infer", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb", "--tp", "1",
                  "--batch", str(batch), "--input", "128", "--output", str(output),
                  "--interval", "--json"])
     s = json.loads(capsys.readouterr().out)
     assert code == 0
-    import diffperf as dp
     from diffperf.inference import infer
     model, system = dp.model("llama2-7b"), dp.system("h100-sxm5-80gb")
     plan = dp.InferencePlan(tp=1, batch=batch, input_len=128, output_len=output)
@@ -177,13 +181,13 @@ def test_infer_cli_prints_ttft_and_e2e_intervals(capsys, batch, output, e2e_quan
         iv, value = s[f"{field}_interval_s"], s[f"{field}_s"]
         assert iv["low"] < value < iv["high"], field
         assert iv["quantity"] == q
-        # log half-width = z sqrt(parameter sd^2 + the model error of *this* quantity^2).
+        # log half-width = hypot(z x parameter sd, the error model's half-width of *this*
+        # quantity and configuration).
         par = prediction_interval(lambda e, f=field: getattr(infer(model, system, plan, e), f),
-                                  None, 0.9, "h100-sxm5-80gb", "infer", model_error=False,
-                                  quantity=q)
-        expected = Z90 * math.hypot(par.log_sd, shipped[q])
+                                  None, 0.9, "h100-sxm5-80gb", "infer", model_error=False)
+        d = spec_descriptor(model, system, plan, q, "h100-sxm5-80gb", "trtllm")
+        expected = math.hypot(Z90 * par.log_sd, em.for_descriptor(d))
         assert math.log(iv["high"] / value) == pytest.approx(expected, rel=1e-4), field
-    assert len({shipped["ttft"], shipped["latency"], shipped["throughput"], shipped["infer"]}) == 4
     assert "ms (90% interval" in s["ttft_interval_s"]["text"]
 
 
@@ -216,7 +220,12 @@ def _corrupt(unc, how):
     elif how == "degenerate covariance":  # an unconverged fit: parameter sd of order 1e5
         unc["covariance"] = (np.eye(n) * 1e11).tolist()
     elif how == "huge model error":
-        unc["residual_sd"]["step_time"] = 1e300
+        coef = unc["error_model"]["coef"]
+        coef[unc["error_model"]["covariates"].index("q:step_time")] = 10.0
+    elif how == "error model malformed":
+        unc["error_model"]["coef"] = "wide"
+    elif how == "no error model":
+        del unc["error_model"]
     return unc
 
 
@@ -233,6 +242,8 @@ def _corrupt(unc, how):
     ("residual sd negative", "'uncertainty.residual_sd.step_time'"),
     ("degenerate covariance", "too wide for a meaningful interval"),
     ("huge model error", "too wide for a meaningful interval"),
+    ("error model malformed", "uncertainty.error_model.coef must be a list of numbers"),
+    ("no error model", "this fit has no error model"),
 ])
 def test_interval_from_a_corrupt_fitted_file_is_a_clear_message(tmp_path, capsys, how, message):
     data = _shipped()
@@ -248,58 +259,31 @@ def test_interval_from_a_corrupt_fitted_file_is_a_clear_message(tmp_path, capsys
     assert math.isfinite(s["step_time_s"])
     err = s["step_time_interval_s"]["error"]
     assert message in err
-    if how not in ("degenerate covariance", "huge model error"):
+    if how not in ("degenerate covariance", "huge model error", "no error model"):
         assert str(path) in err
 
 
-def test_interval_caveats_say_what_the_fit_did_not_see():
-    """An interval for a GPU without calibration rows, or for a quantity the fit recorded no
-    model error of, says so; a calibrated GPU (or one sharing its chip, H800 -> H100) and a
-    recorded quantity get no caveat."""
-    import dataclasses
-
-    from diffperf.calibrate import load_uncertainty
-    from diffperf.internal import interval_caveats
-    u = load_uncertainty(None)
-    assert interval_caveats(u, "a100-sxm4-80gb", "train", "step_time") == []
-    assert interval_caveats(u, "h800-sxm5-80gb", "train", "step_time") == []
-    (note,) = interval_caveats(u, "v100-sxm2-32gb", "train", "step_time")
-    assert note.startswith("no calibration data for v100-sxm2-32gb")
-    latency_only = dataclasses.replace(u, residual_sd={"all": 0.05, "infer": 0.05,
-                                                       "latency": 0.05})
-    (note,) = interval_caveats(latency_only, "a100-sxm4-80gb", "infer", "ttft")
-    assert "no model error for ttft" in note and "the infer one" in note
-
-
-def test_no_interval_for_a_kind_the_fit_never_measured():
-    """A training-only fit has no model error for inference: an inference interval would borrow
-    the training residual (about 1 % from a few in-sample points), so there is none."""
-    import dataclasses
-
-    from diffperf.calibrate import load_uncertainty, prediction_interval
-    from diffperf.internal import require_measured_kind
-    u = load_uncertainty(None)
-    trained_only = {"all": 0.01, "train": 0.01, "step_time": 0.01}
-    require_measured_kind(trained_only, "train")
-    require_measured_kind({}, "infer")  # no model error recorded at all: nothing to borrow
-    with pytest.raises(ValueError, match="the fit has no infer measurements"):
-        require_measured_kind(trained_only, "infer")
-    # ... and the other way: an inference-only fit still records the MoE step error, which is
-    # measured on held-out training rows, not on fitted ones
-    inferred_only = {"all": 0.03, "infer": 0.03, "latency": 0.03, "step_time_moe": 0.3}
-    with pytest.raises(ValueError, match="the fit has no train measurements"):
-        require_measured_kind(inferred_only, "train")
-    fit = dataclasses.replace(u, residual_sd=trained_only)
-    with pytest.raises(ValueError, match="the fit has no infer measurements"):
-        prediction_interval(lambda e: e.hbm, fit, kind="infer", quantity="latency")
+def test_interval_notes_say_what_the_fit_did_not_see():
+    """An interval for a GPU without calibration rows says so, and the error model widens it;
+    a calibrated GPU (or one sharing its chip, H800 -> H100) gets no note."""
+    from diffperf.calibrate._uncertainty import interval_summary
+    m = dp.model("llama2-7b")
+    plan = dp.TrainingPlan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=8)
+    out = {}
+    for gpu in ("a100-sxm4-80gb", "h800-sxm5-80gb", "v100-sxm2-32gb"):
+        d = spec_descriptor(m, dp.system(gpu), plan, "step_time", gpu, "megatron-core")
+        out[gpu] = interval_summary(lambda e: 2.0 + 0.0 * e.hbm, None, gpu, "train", d)
+    assert "note" not in out["a100-sxm4-80gb"] and "note" not in out["h800-sxm5-80gb"]
+    assert "no calibration data for v100-sxm2-32gb" in out["v100-sxm2-32gb"]["note"]
+    assert "no calibrated training run on v100-sxm2-32gb" in out["v100-sxm2-32gb"]["note"]
+    width = lambda iv: iv["high"] / iv["low"]  # noqa: E731
+    assert width(out["v100-sxm2-32gb"]) > width(out["a100-sxm4-80gb"])
 
 
 def test_a_gpu_sharing_a_fitted_chip_gets_its_factors_in_intervals_too():
     """The H800 has no rows of its own; its point prediction uses the H100's fitted factors
     (`efficiency_of`), and so must its interval: same centre and width as the H100's for the
     same workload, not the shared factors'."""
-    import diffperf as dp
-    from diffperf.calibrate import prediction_interval
     m, s = dp.model("llama2-70b"), dp.system("h100-sxm5-80gb")
     plan = dp.InferencePlan(tp=8, batch=1, input_len=128, output_len=64)
     fn = lambda e: dp.infer(m, s, plan, e).e2e_latency  # noqa: E731

@@ -32,15 +32,14 @@ from ..validation._stack import (
     take,
 )
 from ..validation._train_rows import predict_train_rows, stacked_train_specs
+from ._error_data import row_descriptor
 from ._uncertainty import (
     _bounds,
     decode_quantity,
-    governing_error,
-    inference_floors,
+    descriptor_errors,
     load_uncertainty,
     require_converged,
-    require_measured_kind,
-    training_quantity,
+    require_error_model,
 )
 
 if TYPE_CHECKING:
@@ -52,13 +51,16 @@ ROW_COLUMNS = ("id", "kind", "gpu", "num_gpus")
 TRAIN_COLUMNS, INFER_COLUMNS = TRAIN_TIME_METRICS, INFER_METRICS
 COLUMNS = ROW_COLUMNS + TRAIN_COLUMNS + INFER_COLUMNS + ("peak_memory_gb", "fits", "status")
 #: With intervals: the 90 % prediction interval of the row's headline time (step_time_s of a
-#: train row, e2e_latency_s of an infer row), s, and the model error that set its width (a
-#: `residual_sd` key of the fit: the quantity's, e.g. "throughput", or a wider one that applies
-#: to the row, e.g. "infer_unseen", "infer_moe", "step_time_moe").
-INTERVAL_COLUMNS = ("interval_low_s", "interval_high_s", "interval_model_error")
+#: train row, e2e_latency_s of an infer row), s, and what set its width: what widens it beyond
+#: a calibrated configuration (`ErrorModel.reasons`, "; "-joined), or its quantity (e.g.
+#: "step_time", "throughput") when nothing does.
+INTERVAL_COLUMNS = ("interval_low_s", "interval_high_s", "interval_why")
 #: The values of a row still read once its specs are stacked (output columns, the GPU's
 #: factors, the model error of its interval); 100,000 rows' other values take ~150 MB.
-_STILL_READ = ("gpu", "num_gpus", "batch", "output_len", "precision", "num_experts")
+_STILL_READ = ("gpu", "num_gpus", "batch", "output_len", "precision", "num_experts",
+               # ... and what the error model describes a row by (`_error_model.descriptor`)
+               "hidden", "ffn_hidden", "experts_per_token", "kv_lora_rank", "sliding_window",
+               "gpus_per_node", "tp", "pp", "micro_batch", "seq_len", "cp", "runtime")
 #: Rows per compiled interval evaluation: the Jacobian carries one tangent per fitted
 #: parameter (~60), so its intermediates are ~60x those of a prediction.
 INTERVAL_CHUNK_ROWS = 512
@@ -138,7 +140,7 @@ def predict_csv(paths, efficiency: Efficiency | None = None, intervals: bool = F
                 low, high, key = bounds.get(r.id, (np.nan, np.nan, None))
                 if np.isfinite(low) and np.isfinite(high):
                     rec.update(interval_low_s=float(low), interval_high_s=float(high),
-                               interval_model_error=key)
+                               interval_why=key)
                 else:
                     rec["status"] += f"; no interval ({no_interval[r.kind]})"
         else:
@@ -176,12 +178,12 @@ def _log_and_jacobian(par, kind: str, theta, group, models, systems, plans, runt
 
 def _intervals(kind: str, stacked, fit, progress: Progress | None = None,
                level: float = 0.9) -> dict:
-    """`{row id: (low, high, model error key)}`: 90 % intervals of the headline time of
+    """`{row id: (low, high, why)}`: 90 % intervals of the headline time of
     `stacked`'s rows, s (`_uncertainty.row_intervals`, evaluated `INTERVAL_CHUNK_ROWS` rows at
     a time in one compiled program)."""
     u = load_uncertainty(fit)
     require_converged(u)
-    require_measured_kind(u.residual_sd, kind)
+    model = require_error_model(u, kind)
     par, rows = u.par, stacked.rows
     gpus = [r.values["gpu"] for r in rows]
     fitted = {g: fitted_gpu(g, par.groups) for g in dict.fromkeys(gpus)}  # H800: H100's
@@ -199,15 +201,11 @@ def _intervals(kind: str, stacked, fit, progress: Progress | None = None,
         variance.append(np.einsum("rp,pq,rq->r", jac, u.covariance, jac)[:stop - start])
         if progress is not None:
             progress.update(stop)
-    if kind == "train":
-        quantities = [training_quantity(r.values["num_experts"], r.values.get("runtime"))
-                      for r in rows]
-        floors = [()] * len(rows)
-    else:
-        quantities = [decode_quantity(r.values["batch"], r.values["output_len"]) for r in rows]
-        floors = [inference_floors(u.inference_support, g, r.values["precision"],
-                                   r.values["num_experts"]) for g, r in zip(gpus, rows)]
-    keys = [governing_error(u.residual_sd, q, kind, f) for q, f in zip(quantities, floors)]
-    error = np.array([0.0 if k is None else u.residual_sd[k] for k in keys])
+    descriptors = []
+    for r in rows:
+        quantity = ("step_time" if kind == "train" else
+                    decode_quantity(r.values["batch"], r.values["output_len"]))
+        descriptors.append(row_descriptor(r, quantity))
+    error, keys = descriptor_errors(model, descriptors, level)
     low, high, _ = _bounds(np.concatenate(log_value), np.concatenate(variance), error, level)
     return {r.id: (lo, hi, k) for r, lo, hi, k in zip(rows, low, high, keys)}

@@ -55,10 +55,11 @@ from ..validation._data import BenchmarkRow, read_benchmark_files, read_benchmar
 from ..validation._infer_rows import stacked_infer_specs
 from ..validation._stack import causal_flops_convention, constants_static
 from ..validation._train_rows import stacked_train_specs
+from ._error_data import refit_error_model, residual_records
 from ._parameterisation import Parameterisation, enable_x64
 from ._results import INFER_COLUMNS, TRAIN_COLUMNS, Fit, mape_summary, predictions_table
 from ._sources import source_of
-from ._uncertainty import inference_support, laplace, residual_sds
+from ._uncertainty import laplace, residual_sds
 
 #: Reason codes kept in the fit: 0 feasible, and the memory reasons (those runs happened).
 KEPT_REASONS = (0, *MEMORY_REASONS)
@@ -442,7 +443,6 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
     preds = predictions_table(ds, lp_t, lp_i, w_t, w_i)
     shared, per_gpu = par.factors(theta)
     residual_sd = residual_sds(preds)
-    fitted_infer = [r for r, w in zip(ds.infer_rows, np.asarray(w_i)) if np.any(w > 0)]
     meta = {
         "data_sha256": ds.sha256, "data_files": [p.name for p in ds.paths],
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
@@ -456,8 +456,8 @@ def calibrate(data=None, fields=None, grouping=None, adam_steps: int = 150,
     }
     fit = Fit(par, theta, float(res.loss[0]), shared, per_gpu, preds,
               ds.excluded + problem.infeasible(), meta, residual_sd=residual_sd,
-              inference_support=inference_support(fitted_infer) if fitted_infer else None,
-              problem=problem)
+              problem=problem, error_records=residual_records(preds, fitted=True))
+    refit_error_model(fit, leave_source_out=False)
     if uncertainty:
         fit.covariance = laplace(problem, theta, w_t, w_i)
     meta["fit_seconds"] = round(time.perf_counter() - t0, 2)

@@ -33,9 +33,12 @@ class Fit:
     covariance: np.ndarray | None = None
     residual_sd: dict = field(default_factory=dict)
     cv: dict = field(default_factory=dict)
-    #: GPUs and GEMM precisions of the fitted inference rows
-    #: (`_uncertainty.inference_support`; None: no inference row was fitted).
-    inference_support: dict | None = None
+    #: The error model of its prediction intervals (`_error_model.ErrorModel`).
+    error_model: object = None
+    #: The residuals it was fitted on (`_error_data.residual_records`; not saved) and the
+    #: held-out rows among them by id.
+    error_records: list = field(default_factory=list, repr=False, compare=False)
+    held_out_rows: dict = field(default_factory=dict, repr=False, compare=False)
     #: The compiled `Problem` (reuse it for cross-validation; not saved).
     problem: object = field(default=None, repr=False, compare=False)
 
@@ -49,15 +52,14 @@ class Fit:
                "residual_sd": self.residual_sd,
                "convention": "Laplace: cov = 2 s^2 / N * H^-1 of the loss in theta; s^2 = "
                              "sum of squared log residuals / (N - P); residual_sd = RMS log "
-                             "residual (model error) per quantity, kind and overall, from the "
-                             "residuals named by metadata.residual_sd_basis, except "
-                             "step_time_moe, infer_unseen and infer_moe, from the rows named by "
-                             "metadata.moe_error_basis, unseen_inference_error_basis and "
-                             "moe_inference_error_basis"}
+                             "residual per quantity, kind and overall, from the residuals named "
+                             "by metadata.residual_sd_basis (a summary); error_model = the model "
+                             "error of a configuration (diffperf.calibrate._error_model), "
+                             "fitted on the residuals named by metadata.error_model_basis"}
         if self.covariance is not None:
             unc["covariance"] = np.asarray(self.covariance).tolist()
-        if self.inference_support is not None:
-            unc["inference_support"] = self.inference_support
+        if self.error_model is not None:
+            unc["error_model"] = self.error_model.to_json()
         out["uncertainty"] = unc
         if self.cv:
             out["crossval"] = self.cv

@@ -21,6 +21,7 @@ SOURCE_RULES = (
     (r"^trtllm090-tput-", "trtllm090-tput"),
     (r"^trtllm090-ttft-", "trtllm090-ttft"),
     (r"^vtrain-single-", "vtrain-single"),  # 720 runs of small models, eager Megatron-DeepSpeed
+    (r"^trtllm10-", "trtllm10"),  # held-out TensorRT-LLM 1.0 throughput tables (never fitted)
     (r"^mcore26-", "mcore26"),  # held-out MoE runs (never fitted): named for plots and reports
     (r"^deepseek-v3-", "deepseek-v3"),
 )

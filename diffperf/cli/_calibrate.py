@@ -10,14 +10,11 @@ from pathlib import Path
 
 from ..calibrate import _fit as C
 from ..calibrate._cv import cross_validate, summaries
+from ..calibrate._error_data import use_cross_validated_error
 from ..calibrate._fit import benchmarks_dir
-from ..calibrate._held_out import measure_inference_errors, measure_moe_step_error
+from ..calibrate._held_out import measure_held_out
 from ..calibrate._sources import source_of
-from ..calibrate._uncertainty import (
-    INFER_HOLDOUT,
-    MOE_HOLDOUT,
-    use_cross_validated_error,
-)
+from ..calibrate._uncertainty import INFER_HOLDOUT, MOE_HOLDOUT
 from ..validation._data import read_benchmarks
 from ..validation._plausibility import implausible_measurements
 from ..validation._validate import UNIT_SUSPECT_RATIO
@@ -40,10 +37,10 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cv", default="auto", choices=["auto", "none", "kfold", "source", "loo"],
                    help="cross-validation: k-fold over experiments, leave-one-source-out (a "
                         "source: the rows with the same `source` column; shipped tables by id "
-                        "prefix), leave-one-out on the IMEC points; source and kfold also set "
-                        "the model errors of prediction intervals from the held-out "
-                        "predictions (default auto: source when the data has two sources or "
-                        "more, as the shipped fit, else none)")
+                        "prefix), leave-one-out on the IMEC points; source and kfold also fit "
+                        "the error model of prediction intervals to the held-out predictions "
+                        "(default auto: source when the data has two sources or more, as the "
+                        "shipped fit, else none)")
     p.add_argument("--folds", type=int, default=5, help="k of --cv kfold (default 5)")
     p.add_argument("--groups", default="gpu", choices=["gpu", "none"],
                    help="per-GPU-generation factors (gpu, the default) or all shared (none)")
@@ -60,14 +57,12 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-uncertainty", action="store_true",
                    help="skip the Laplace covariance (no prediction intervals from this file)")
     p.add_argument("--moe-holdout", default=None, metavar="CSV",
-                   help="MoE training runs kept out of the fit, on which the model error of MoE "
-                        "training steps (their prediction intervals) is measured (default: the "
-                        "shipped benchmarks_data/train_moe_holdout.csv; 'none' to skip)")
+                   help="training runs kept out of the fit whose errors join the residuals of "
+                        "the intervals' error model (default: the shipped MoE runs "
+                        "benchmarks_data/train_moe_holdout.csv; 'none' to skip)")
     p.add_argument("--infer-holdout", default=None, metavar="CSV",
-                   help="inference rows kept out of the fit, on which the model errors of "
-                        "inference outside the fit's data (a GPU or GEMM precision no fitted "
-                        "inference row ran; a MoE model with more experts than any fitted one) "
-                        "are measured (default: the shipped "
+                   help="inference rows kept out of the fit whose errors join the residuals of "
+                        "the intervals' error model (default: the shipped "
                         "benchmarks_data/infer_trtllm10_holdout.csv; 'none' to skip)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print the fit summary as JSON")
@@ -177,8 +172,6 @@ def run_calibrate(args) -> int:
         print(f"warning: the fit did not converge in {args.steps} Adam + {args.lbfgs_steps} "
               f"L-BFGS steps (raise --lbfgs-steps); its factors are not at the optimum and "
               f"its prediction intervals are not meaningful", file=sys.stderr)
-    # The fitted rows' predictions for the MoE error: held-out ones if CV runs.
-    fitted_predictions, basis = fit.predictions, "in-sample"
     if args.cv == "auto":
         args.cv = "source" if len(source_groups(ds)) >= 2 else "none"
         if args.cv == "none" and not args.quiet:
@@ -201,19 +194,11 @@ def run_calibrate(args) -> int:
         if args.cv in ("source", "kfold"):
             # Prediction intervals for new configurations carry the held-out error.
             use_cross_validated_error(fit, cv["predictions"], args.cv)
-            fitted_predictions, basis = cv["predictions"], f"cross-validated ({args.cv})"
     fit.save(out)
-    moe_line = None
-    if holdout is not None:
-        moe_line = measure_moe_step_error(fit, holdout, holdout_rows, out, fitted_predictions,
-                                      basis)
-    infer_lines = []
-    if infer_holdout is not None and fit.inference_support is not None:
-        infer_lines = measure_inference_errors(fit, infer_holdout, infer_rows, out)["lines"]
-    elif args.infer_holdout not in (None, "none") and fit.inference_support is None:
-        print(f"note: --infer-holdout {args.infer_holdout} not used: the fit has no inference "
-              f"rows, so no inference interval is made from it", file=sys.stderr)
-    if moe_line or infer_lines:
+    held_lines = [measure_held_out(fit, path, rows, out)
+                  for path, rows in ((holdout, holdout_rows), (infer_holdout, infer_rows))
+                  if path is not None]
+    if any(held_lines):
         fit.save(out)
     ins = summaries(fit.predictions)
     if args.json:
@@ -224,7 +209,7 @@ def run_calibrate(args) -> int:
         return 0
     print(f"wrote {out} (loss {fit.loss:.5g}; use: diffperf validate --efficiency {out})")
     print(format_table(ins, fit.cv.get(args.cv) if args.cv != "none" else None, args.cv))
-    for line in [moe_line, *infer_lines]:
+    for line in held_lines:
         if line:
             print(line)
     if fit.excluded:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_finite_report
+from ..calibrate._error_model import spec_descriptor
 from ..calibrate._uncertainty import decode_quantity, interval_summary
 from ..explore._what_if import add_set_argument, change, comparison, system_with_overrides, tag
 from ..feasibility import VALID_OR_OUT_OF_HBM, describe_failure, explain
@@ -362,9 +363,10 @@ def run_infer(args) -> int:
                 ("e2e_latency", decode_quantity(args.batch, args.output), "s", 1.0)):
             summary[f"{field}_interval_s"] = interval_summary(
                 lambda e, f=field: getattr(infer(mdl, sys_, plan, e, runtime), f),
-                args.efficiency, args.gpu, "infer", quantity, unit, scale,
-                precision=int(plan.math_precision), num_experts=float(mdl.num_experts),
-                hypothetical=bool(args.set) or not choice.is_default)
+                args.efficiency, args.gpu, "infer",
+                spec_descriptor(mdl, sys_, plan, quantity, args.gpu,
+                                "trtllm" if choice.is_default else choice.name),
+                unit, scale, what_if_hardware=bool(args.set))
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}; try more GPUs "
               f"(--tp, --pp), narrower weights (--precision) or a smaller --batch: `diffperf "

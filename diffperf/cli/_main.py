@@ -18,12 +18,8 @@ import numpy as np
 
 from .. import presets
 from ..calibrate._batch_predict import predict_csv
-from ..calibrate._uncertainty import (
-    HOST_STEP_TIME,
-    MOE_STEP_TIME,
-    interval_summary,
-    training_quantity,
-)
+from ..calibrate._error_model import spec_descriptor
+from ..calibrate._uncertainty import interval_summary, issues_from_host
 from ..explore._what_if import (
     add_set_argument,
     change,
@@ -352,9 +348,7 @@ def _print_training(args, s: dict, plan, layers: float, choice) -> None:
     print(f"  step time            {s['step_time_s']:10.3f} s")
     if "step_time_interval_s" in s:
         iv = s["step_time_interval_s"]
-        moe = {MOE_STEP_TIME: " (MoE runs' model error)",
-               HOST_STEP_TIME: " (host-issuing runtimes' model error)"}.get(iv.get("quantity"), "")
-        print(f"    prediction         {iv['text']}{moe}" if "text" in iv else
+        print(f"    prediction         {iv['text']}" if "text" in iv else
               f"    (no interval: {iv['error']})")
         if "note" in iv:
             print(f"    note: {iv['note']}")
@@ -426,9 +420,13 @@ def run_train(args) -> int:
     if notes:
         s["note"] = "; ".join(notes)
     if args.interval:
+        described = spec_descriptor(
+            model, system, plan, "step_time", args.gpu,
+            choice.name + (" (modified by --set)" if choice.set_items else ""),
+            issues_from_host(runtime))
         s["step_time_interval_s"] = interval_summary(
             lambda e: train_step(model, system, plan, e, runtime).step_time, args.efficiency,
-            args.gpu, "train", training_quantity(model.num_experts, runtime))
+            args.gpu, "train", described, what_if_hardware=bool(args.set))
     if args.set:
         base_system = _train_system(args)
         try:
@@ -612,7 +610,7 @@ def run_predict(args) -> int:
                      if r.fits is not None else f"{'-':>10s} {'-':>10s} {'-':>7s}")
             if args.interval:
                 low, high = r.interval_low_s, r.interval_high_s
-                cells += (f"  {low:8.4g} to {high:<8.4g} ({r.interval_model_error})"
+                cells += (f"  {low:8.4g} to {high:<8.4g} ({r.interval_why})"
                           if pd.notna(low) else f"  {'-':>8s}    {'-':<8s}")
             print(f"{r.id[:40]:40s} {r.kind:5s} {cells}  {r.status}")
         print("time = step time (train) or end-to-end latency (infer); --out F.csv or --json "

@@ -13,6 +13,8 @@ import equinox as eqx
 import jax
 
 from .. import presets
+from ..calibrate._error_model import spec_descriptor
+from ..calibrate._uncertainty import error_model_intervals
 from ..plots import serving_front_plot
 from ..presets import system
 from ..serving import Traffic, read_trace, serve, serve_disaggregated
@@ -113,6 +115,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--goodput", default=None, metavar="TTFT,TPOT",
                    help="per-request targets in s, e.g. 0.5,0.05: report the goodput, the "
                         "requests/s whose own TTFT and TPOT both meet them")
+    c.add_argument("--interval", action="store_true",
+                   help="also print 90%% intervals of TTFT, TPOT and output tokens/s from the "
+                        "calibration's error model, and what widens them")
     s = group(p, "search")
     s.add_argument("--slo", default=None, metavar="METRIC=SECONDS,...",
                    help=f"search deployments meeting these targets ({', '.join(SLO_METRICS)}), "
@@ -285,6 +290,8 @@ def run_serve(args) -> int:
               f"(kv_output_reserve {out['engine']['kv_output_reserve']:g}) and would preempt "
               "requests, which is not modelled (latencies optimistic at this load)",
               file=sys.stderr)
+    if args.interval:
+        out["intervals"] = _intervals(out, mdl, sys_, plan, args.gpu, engine_name)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -315,7 +322,45 @@ def run_serve(args) -> int:
     print(f"cost ${out['cost_per_million_tokens_usd']:.3f} per million output tokens at "
           f"${price:g}/GPU-h; energy {out['energy_per_token_j']:.3f} J per output token "
           f"({power[0]:g}-{power[1]:g} W per GPU)")
+    if args.interval:
+        _print_intervals(out["intervals"])
     return 0
+
+
+#: Served quantities given intervals: (key in `summary`, sub-key, label, unit, error-model
+#: quantity).
+_INTERVAL_FIELDS = (("ttft_ms", "p50", "TTFT p50", "ms", "serve_ttft"),
+                    ("ttft_ms", "p90", "TTFT p90", "ms", "serve_ttft"),
+                    ("tpot_ms", "p50", "TPOT p50", "ms", "serve_token_latency"),
+                    ("tpot_ms", "p90", "TPOT p90", "ms", "serve_token_latency"),
+                    ("output_tok_s", None, "output tokens/s", "tokens/s", "serve_throughput"))
+
+
+def _intervals(out: dict, mdl, sys_, plan, gpu: str, engine_name: str) -> dict:
+    """90 % intervals of the headline served quantities from the shipped error model
+    (`error_model_intervals`), keyed like `_INTERVAL_FIELDS`' labels."""
+    values, described = {}, {}
+    for key, sub, label, _, quantity in _INTERVAL_FIELDS:
+        values[label] = out[key][sub] if sub else out[key]
+        described[label] = spec_descriptor(mdl, sys_, plan, quantity, gpu, engine_name)
+    iv = error_model_intervals(values, described)
+    if "error" not in iv:
+        iv["basis"] = ("the error model's serving scale, fitted on published mean / median "
+                       "TTFT, ITL / TPOT and throughput under load; p90 read with the same "
+                       "scale")
+    return iv
+
+
+def _print_intervals(iv: dict) -> None:
+    if "error" in iv:
+        print(f"no intervals: {iv['error']}")
+        return
+    print(f"\n{iv['level']:.0%} intervals:")
+    for _, _, label, unit, _ in _INTERVAL_FIELDS:
+        v = iv[label]
+        print(f"  {label:16} {v['value']:>10.4g}  ({v['low']:.4g} to {v['high']:.4g} {unit})")
+    if iv["why"]:
+        print("  wider than a calibrated configuration's: " + "; ".join(iv["why"]))
 
 
 def _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price, power) -> int:

@@ -10,33 +10,18 @@ from .._paths import BENCHMARKS_DATA as BENCHMARKS
 from ..calibrate import _fit as calibration
 from ..calibrate._batch_predict import COLUMNS as COLUMNS
 from ..calibrate._cv import folds as folds, summaries as summaries
+from ..calibrate._error_data import use_cross_validated_error as use_cross_validated_error
 from ..calibrate._fit import default_data_paths as default_data_paths
-from ..calibrate._held_out import measure_inference_errors as measure_inference_errors
+from ..calibrate._held_out import measure_held_out as measure_held_out
 from ..calibrate._results import INFER_COLUMNS as INFER_COLUMNS, TRAIN_COLUMNS as TRAIN_COLUMNS
 from ..calibrate._sources import source_group as source_group, twin_key as twin_key
 from ..calibrate._uncertainty import (
-    MOE_INFERENCE as MOE_INFERENCE,
-    MOE_STEP_TIME as MOE_STEP_TIME,
-    PRECISION_CLASS_NAMES as PRECISION_CLASS_NAMES,
     QUANTITIES as QUANTITIES,
-    UNSEEN_INFERENCE as UNSEEN_INFERENCE,
-    bias_text as bias_text,
     cell_parameter_sd as cell_parameter_sd,
     decode_quantity as decode_quantity,
-    inference_floors as inference_floors,
-    inference_support as inference_support,
-    interval_caveats as interval_caveats,
-    interval_coverage as interval_coverage,
-    is_unseen_inference as is_unseen_inference,
-    model_error_sd as model_error_sd,
-    moe_inference_error as moe_inference_error,
-    moe_step_error as moe_step_error,
+    measurements as measurements,
     quantity_of as quantity_of,
-    require_measured_kind as require_measured_kind,
     residual_sds as residual_sds,
-    training_quantity as training_quantity,
-    unseen_inference_error as unseen_inference_error,
-    use_cross_validated_error as use_cross_validated_error,
 )
 from ..cli import _bench as bench
 from ..cli._calibrate import (
@@ -75,16 +60,13 @@ from ..validation._plausibility import SLACK as SLACK
 
 __all__ = [
     "add_calibrate_parser", "add_infer_parser", "as_float", "attribution", "bench",
-    "bench_inference", "benchmark_data", "BENCHMARKS", "bias_text", "cache_directory",
+    "bench_inference", "benchmark_data", "BENCHMARKS", "cache_directory",
     "calibration", "cell_parameter_sd", "check_finite_report", "check_writable", "CLIP_PCT",
     "codesign", "collectives", "COLUMNS", "decode_quantity", "default_data_paths",
-    "disable_compilation_cache", "folds", "INFER_COLUMNS", "inference_floors", "inference_gemm",
-    "inference_support", "interval_caveats", "interval_coverage", "is_unseen_inference",
-    "latency_throughput_front", "measure_inference_errors", "model_error_sd", "MOE_INFERENCE",
-    "moe_inference_error", "moe_step_error", "MOE_STEP_TIME", "os_error_message",
-    "PRECISION_CLASS_NAMES", "QUANTITIES", "quantity_of", "REASON_GPUS", "require_measured_kind",
-    "residual_sds", "run_calibrate", "run_infer", "search", "search_columns_shown", "sensitivity",
-    "SLACK", "source_group", "summaries", "technology", "TRAIN_COLUMNS", "training_head_time",
-    "training_layer_costs", "training_quantity", "twin_key", "UNSEEN_INFERENCE",
-    "unseen_inference_error", "use_cross_validated_error", "validation",
+    "disable_compilation_cache", "folds", "INFER_COLUMNS", "inference_gemm",
+    "latency_throughput_front", "measure_held_out", "measurements", "os_error_message",
+    "QUANTITIES", "quantity_of", "REASON_GPUS", "residual_sds", "run_calibrate", "run_infer",
+    "search", "search_columns_shown", "sensitivity", "SLACK", "source_group", "summaries",
+    "technology", "TRAIN_COLUMNS", "training_head_time", "training_layer_costs", "twin_key",
+    "use_cross_validated_error", "validation",
 ]

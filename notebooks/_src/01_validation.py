@@ -116,20 +116,21 @@ worst.head(8).round(3)
 # GPT-3 175B on 64 A100 (TP 8, PP 8, interleaved 3 stages per device, selective recomputation
 # with sequence parallelism, global batch 64; Korthikanti et al. 2022), measured at 12.9 s per
 # step. The 90 % interval propagates the Laplace covariance of the fitted factors through
-# `jax.grad` (delta method) and adds the model error of a training step time (the RMS log
-# error of the leave-one-source-out predictions: the error on tables the fit never saw); without
-# that term it is only the parameter (confidence) interval.
+# `jax.grad` (delta method) and adds the model error of this configuration from the error model
+# (fitted on the leave-one-source-out residuals, the held-out tables and the serving
+# simulator's errors; docs/accuracy.md, "Prediction intervals"); without that term it is only
+# the parameter (confidence) interval.
 
 # %%
-from diffperf.calibrate import prediction_interval
+from diffperf.calibrate import prediction_interval, spec_descriptor
 from diffperf.validation import read_benchmarks, train_specs
 
 row = {r.id: r for r in read_benchmarks(paths[0])}["imec-korthi-175b-selsp"]
 model, system, plan = train_specs(row)
 step = lambda e: dp.train_step(model, system, plan, e).step_time
-pi = prediction_interval(step, gpu="a100-sxm4-80gb", kind="train", quantity="step_time")
-ci = prediction_interval(step, gpu="a100-sxm4-80gb", kind="train", quantity="step_time",
-                         model_error=False)
+config = spec_descriptor(model, system, plan, "step_time", "a100-sxm4-80gb")
+pi = prediction_interval(step, gpu="a100-sxm4-80gb", kind="train", descriptor=config)
+ci = prediction_interval(step, gpu="a100-sxm4-80gb", kind="train", model_error=False)
 raw = float(dp.train_step(model, system, plan, dp.Efficiency()).step_time)
 print(f"measured                 {row.measured['step_time_s']} s")
 print(f"physical defaults        {raw:.2f} s")
@@ -146,5 +147,5 @@ print(f"calibrated, parameters   {ci.format('s', 4)}")
 # fit in its GPUs' memory, as it did. On IMEC's own 11 training values the
 # physical defaults are closer (3.7 %) than the fit (6.7 %); on the papers' printed values for
 # the same runs the fit is closer (3.0 % against 5.1 %). GPT-3 175B on 64 A100 is predicted at
-# 14.05 s (90 % interval 12.0-16.5 s, with the held-out model error) against 12.9 s measured
+# 14.05 s (90 % interval 12.3-16.0 s, with the error model's width) against 12.9 s measured
 # (physical defaults: 13.21 s).
