@@ -87,18 +87,29 @@ def residual_table() -> dict:
             "regime": regime, "descriptors": descriptors, "support": t["support"]}
 
 
+def _binomial_p(k: int, n: int, p: float) -> float:
+    """Two-sided exact binomial test of k successes in n at rate p: the probability of an
+    outcome no more likely than k."""
+    pmf = [math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                    + i * math.log(p) + (n - i) * math.log1p(-p)) for i in range(n + 1)]
+    return float(min(1.0, sum(x for x in pmf if x <= pmf[k] * (1 + 1e-9))))
+
+
 def _pct(half_log: np.ndarray) -> np.ndarray:
     """A log half-width as the mean of the interval's two relative half-widths, percent."""
     return (np.exp(half_log) - np.exp(-half_log)) / 2.0 * 100.0
 
 
-def _rows(groups: dict, inside90, half90, weights=None) -> list[str]:
-    lines = ["| group | measurements | inside 90 % interval | median half-width |",
-             "|---|---:|---:|---:|"]
+def _rows(groups: dict, inside90, half90) -> list[str]:
+    """A coverage table: per group its measurements, share inside the 90 % interval, the
+    p-value of that share against 90 % (exact binomial) and the median half-width."""
+    lines = ["| group | measurements | inside 90 % interval | binomial p vs 90 % | "
+             "median half-width |", "|---|---:|---:|---:|---:|"]
     for name, sel in groups.items():
         if not sel.any():
             continue
-        lines.append(f"| {name} | {int(sel.sum())} | {inside90[sel].mean() * 100:.0f} % | "
+        k, n = int(inside90[sel].sum()), int(sel.sum())
+        lines.append(f"| {name} | {n} | {k / n * 100:.0f} % | {_binomial_p(k, n, 0.9):.2g} | "
                      f"{np.median(_pct(half90[sel])):.0f} % |")
     return lines
 
@@ -126,6 +137,9 @@ def main(argv=None) -> int:
         "n": int(r.size), "coverage_90": float(inside.mean()),
         "coverage_90_mean_over_sources": float(np.mean(list(per_source.values()))),
         "sources_within_80_97": int(sum(0.8 <= v <= 0.97 for v in per_source.values())),
+        "sources_consistent_with_90": int(sum(
+            _binomial_p(int(inside[src == s].sum()), int((src == s).sum()), 0.9) >= 0.05
+            for s in sources)),
         "sources": len(sources),
         "median_half_width_in_support_pct": float(np.median(_pct(half[in_support]))),
         "median_half_width_all_pct": float(np.median(_pct(half))),
@@ -192,7 +206,9 @@ def _report(t, model, cov, summary, in_support) -> None:
         "residuals, and its residuals are scored against the intervals it then gives.",
         f"- Overall: {summary['coverage_90']:.1%} of measurements inside their 90 % interval "
         f"(mean over sources {summary['coverage_90_mean_over_sources']:.1%}); "
-        f"{summary['sources_within_80_97']} of {summary['sources']} sources within 80-97 %. "
+        f"{summary['sources_within_80_97']} of {summary['sources']} sources within 80-97 %; "
+        f"{summary['sources_consistent_with_90']} of {summary['sources']} consistent with 90 % "
+        "(two-sided exact binomial test, p >= 0.05: a 7-measurement source covered 7 times is). "
         f"Median half-width {summary['median_half_width_in_support_pct']:.1f} % inside the "
         f"calibrated support, {summary['median_half_width_all_pct']:.1f} % over all.", "",
         "### Nominal vs empirical coverage", "",
