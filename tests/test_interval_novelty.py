@@ -163,3 +163,36 @@ def test_malformed_error_model_support_is_named(tmp_path, key, bad, message):
         load_uncertainty(str(path))
     with pytest.raises(ValueError, match=message):
         load_uncertainty(str(path))
+
+
+@pytest.mark.slow
+def test_serve_interval_brackets_each_served_quantity_and_says_why(capsys):
+    """`serve --interval`: TTFT / TPOT percentiles and tokens/s inside their error-model
+    intervals, as wide as the error model says for a served configuration of that quantity;
+    an unseen GPU widens them and is named."""
+    import numpy as np
+
+    import diffperf as dp
+    from diffperf.calibrate import spec_descriptor
+    base = ["serve", "--model", "llama3-8b", "--rate", "4", "--num-requests", "40",
+            "--input", "256", "--output", "32", "--interval", "--json"]
+    em = load_uncertainty().error_model
+    widths = {}
+    for gpu in ("h100-sxm5-80gb", "b200"):
+        assert main(base + ["--gpu", gpu]) == 0
+        out = json.loads(capsys.readouterr().out)
+        iv = out["intervals"]
+        assert iv["level"] == 0.9
+        for label, value, quantity in (
+                ("TTFT p50", out["ttft_ms"]["p50"], "serve_ttft"),
+                ("TPOT p90", out["tpot_ms"]["p90"], "serve_token_latency"),
+                ("output tokens/s", out["output_tok_s"], "serve_throughput")):
+            assert iv[label]["low"] < value < iv[label]["high"], label
+            d = spec_descriptor(dp.model("llama3-8b"), dp.system(gpu), dp.InferencePlan(),
+                                quantity, gpu, "trtllm", load="online")
+            assert math.log(iv[label]["high"] / value) == pytest.approx(em.for_descriptor(d),
+                                                                      rel=1e-6), label
+        widths[gpu] = np.log(iv["TPOT p50"]["high"] / iv["TPOT p50"]["low"])
+        if gpu == "b200":
+            assert any("no calibrated inference run on b200" in w for w in iv["why"])
+    assert widths["b200"] > widths["h100-sxm5-80gb"]

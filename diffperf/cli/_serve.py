@@ -291,7 +291,8 @@ def run_serve(args) -> int:
               "requests, which is not modelled (latencies optimistic at this load)",
               file=sys.stderr)
     if args.interval:
-        out["intervals"] = _intervals(out, mdl, sys_, plan, args.gpu, engine_name)
+        out["intervals"] = _intervals(out, mdl, sys_, plan, args.gpu, engine_name,
+                                      _load_of(args))
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -336,13 +337,22 @@ _INTERVAL_FIELDS = (("ttft_ms", "p50", "TTFT p50", "ms", "serve_ttft"),
                     ("output_tok_s", None, "output tokens/s", "tokens/s", "serve_throughput"))
 
 
-def _intervals(out: dict, mdl, sys_, plan, gpu: str, engine_name: str) -> dict:
+def _load_of(args) -> str:
+    """The error model's traffic class of the command line: "closed" (--concurrency),
+    "online" (--rate or --trace), "offline" (every request at once)."""
+    if args.concurrency:
+        return "closed"
+    return "online" if (args.rate is not None or args.trace) else "offline"
+
+
+def _intervals(out: dict, mdl, sys_, plan, gpu: str, engine_name: str, load: str) -> dict:
     """90 % intervals of the headline served quantities from the shipped error model
     (`error_model_intervals`), keyed like `_INTERVAL_FIELDS`' labels."""
     values, described = {}, {}
     for key, sub, label, _, quantity in _INTERVAL_FIELDS:
         values[label] = out[key][sub] if sub else out[key]
-        described[label] = spec_descriptor(mdl, sys_, plan, quantity, gpu, engine_name)
+        described[label] = spec_descriptor(mdl, sys_, plan, quantity, gpu, engine_name,
+                                           load=load)
     iv = error_model_intervals(values, described)
     if "error" not in iv:
         iv["basis"] = ("the error model's serving scale, fitted on published mean / median "
