@@ -150,6 +150,7 @@ def test_chunked_intervals_equal_the_one_jacobian_intervals(monkeypatch, tmp_pat
     all rows would hold ~60 tangents of every row at once); each row's interval is the one
     `row_intervals` gives from a single Jacobian of all rows (float32: to rounding)."""
     from diffperf.calibrate import _batch_predict as BP
+    from diffperf.calibrate._error_data import row_descriptor
     from diffperf.calibrate._uncertainty import decode_quantity, row_intervals
     from diffperf.inference import infer
     rows = [r for r in read_benchmark_files([SHIPPED[1]]) if r.kind == "infer"][:19]
@@ -159,9 +160,8 @@ def test_chunked_intervals_equal_the_one_jacobian_intervals(monkeypatch, tmp_pat
     ms, ss, ps = st.models, st.systems, st.plans
     _, low, high, keys = row_intervals(
         lambda e: jax.vmap(infer)(ms, ss, ps, e).e2e_latency, [r.values["gpu"] for r in rows],
-        [decode_quantity(r.values["batch"], r.values["output_len"]) for r in rows], "infer",
-        precisions=[r.values["precision"] for r in rows],
-        num_experts=[r.values["num_experts"] for r in rows])
+        [row_descriptor(r, decode_quantity(r.values["batch"], r.values["output_len"]))
+         for r in rows], "infer")
     for r, lo, hi, k in zip(rows, low, high, keys):
         assert got[r.id][2] == k
         assert got[r.id][0] == pytest.approx(lo, rel=2e-6)
