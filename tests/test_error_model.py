@@ -104,7 +104,7 @@ def test_covariates_measure_distance_from_the_support():
     assert c["experts_beyond"] == pytest.approx(math.log2(128 / 8))
     assert c["gpus_beyond"] == pytest.approx(math.log2(2048 / 512))
     assert c["pp_beyond"] == pytest.approx(math.log2(16 / 4))
-    assert c["family_unseen"] == 1.0
+    assert c["attention_unseen"] == 1.0
     assert c["moe"] == pytest.approx(7 / 8)
     assert c["q:step_time"] == 1.0 and c["precision_unseen"] == 0.0
     inside = dict(zip(COVARIATES, covariates(calibrated[0], support)))

@@ -65,7 +65,7 @@ def refit_error_model(fit, leave_source_out: bool) -> None:
     rows' added since), the support being the fitted rows'."""
     ds = fit.problem.ds
     calibrated = ds.train_rows + ds.infer_rows
-    rows_by_id = {r.id: r for r in calibrated} | dict(fit.held_out_rows)
+    rows_by_id = {r.id: r for r in calibrated} | fit.held_out_rows
     fitted_ids = {p["id"] for p in fit.predictions}
     calibrated = [r for r in calibrated if r.id in fitted_ids]
     t = covariate_table(fit.error_records, rows_by_id, calibrated, leave_source_out)
@@ -93,7 +93,7 @@ def add_held_out(fit, validated_rows: list[dict], rows) -> int:
              for v in validated_rows if v["id"] in by_id]
     records = residual_records(cells, fitted=False)
     fit.error_records = [*fit.error_records, *records]
-    fit.held_out_rows = {**dict(fit.held_out_rows), **by_id}
+    fit.held_out_rows = {**fit.held_out_rows, **by_id}
     refit_error_model(fit, fit.metadata.get("residual_sd_basis") == "cross-validated (source)")
     return len(records)
 

@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..presets import DEFAULT_RUNTIME, chip_of
+from ..specs._hardware import PRECISION_CODES
 
 #: Predicted quantities, one intercept each, with the kind of calibration data whose support
 #: their novelty is measured against ("train" or "infer"; serving uses the inference rows).
@@ -82,7 +83,7 @@ def families(C: np.ndarray) -> np.ndarray:
 
 
 #: Novelty covariates (slopes held >= 0), each with the words of its reason.
-NOVELTY = ("gpu_unseen", "precision_unseen", "runtime_unseen", "family_unseen",
+NOVELTY = ("gpu_unseen", "precision_unseen", "runtime_unseen", "attention_unseen",
            "experts_beyond", "gpus_beyond", "gpus_below", "pp_beyond", "kernel_below")
 #: Regime covariates (slopes of either sign).
 REGIME = ("moe", "narrow_experts", "host_issuing", "small_kernel", "nodes", "serve_offline",
@@ -90,8 +91,8 @@ REGIME = ("moe", "narrow_experts", "host_issuing", "small_kernel", "nodes", "ser
 #: Every covariate, in the order of `ErrorModel.coef`.
 COVARIATES = tuple(f"q:{q}" for q in QUANTITY_KINDS) + NOVELTY + REGIME
 
-#: Ridge penalty on the slopes (per unit of weighted mean log-likelihood): it keeps a slope
-#: that the residuals cannot identify near zero.
+#: Ridge penalty on the slopes (in units of the weighted mean squared log |r| residual): it
+#: keeps a slope that the residuals cannot identify near zero.
 RIDGE = 0.01
 #: GEMM size (FLOPs of one MLP GEMM of one micro-batch) below which a training step's kernels
 #: count as small: 100 GFLOP, about 0.3 ms on an A100 at 312 TFLOP/s; the calibrated
@@ -105,8 +106,6 @@ MIN_FAMILY_RESIDUALS = 20
 #: Levels at which the conformal quantiles are stored (interpolated between).
 LEVELS = tuple(round(0.01 * i, 2) for i in range(1, 100))
 PRECISION_NAMES = {0: "fp32", 1: "16-bit", 2: "fp8", 3: "fp4"}
-_PRECISIONS = {"fp32": 0, "tf32": 0, "bf16": 1, "fp16": 1, "fp8": 2, "fp4": 3, "nvfp4": 3,
-               "mxfp4": 3}
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ class Descriptor:
     runtime: str  # training runtime preset, or serving engine family
     num_experts: float = 1.0
     expert_ratio: float = 1.0  # hidden / expert FFN width (MoE), 1 for dense models
-    families: tuple[str, ...] = ()  # "mla", "sliding_window"
+    attention: tuple[str, ...] = ()  # special attention kinds: "mla", "sliding_window"
     num_gpus: float = 1.0
     nodes: float = 1.0
     pp: float = 1.0
@@ -153,7 +152,7 @@ def precision_class(precision) -> int:
     """Precision class (0 fp32, 1 16-bit, 2 fp8, 3 fp4) of a name or code; 16-bit when unknown
     (int8 / int4 weights compute at the activation precision)."""
     if isinstance(precision, str):
-        return _PRECISIONS.get(precision.strip().lower(), 1)
+        return PRECISION_CODES.get(precision.strip().lower(), 1)
     try:
         p = int(precision)
     except (TypeError, ValueError):
@@ -198,9 +197,9 @@ def descriptor(values: dict, quantity: str, runtime: str | None = None,
     pp = max(_num(values, "pp", 1.0), 1.0)
     gpus = max(_num(values, "num_gpus", tp * pp), 1.0)
     per_node = max(_num(values, "gpus_per_node", 8.0), 1.0)
-    families = tuple(f for f, col in (("mla", "kv_lora_rank"), ("sliding_window",
-                                                                  "sliding_window"))
-                     if _num(values, col, 0.0) > 0)
+    attention = tuple(f for f, col in (("mla", "kv_lora_rank"),
+                                       ("sliding_window", "sliding_window"))
+                      if _num(values, col, 0.0) > 0)
     kernel = 0.0
     if kind == "train":
         tokens = (_num(values, "micro_batch", 1.0) * _num(values, "seq_len", 2048.0)
@@ -212,7 +211,7 @@ def descriptor(values: dict, quantity: str, runtime: str | None = None,
                       precision=precision_class(values.get("precision", "bf16")),
                       runtime=rt, num_experts=experts,
                       expert_ratio=hidden / ffn if experts > 1 else 1.0,
-                      families=families, num_gpus=gpus, nodes=math.ceil(gpus / per_node),
+                      attention=attention, num_gpus=gpus, nodes=math.ceil(gpus / per_node),
                       pp=pp, kernel_flops=kernel, host_issuing=bool(host_issuing),
                       load=load if quantity.startswith("serve") else "",
                       attention_dp=_num(values, "attention_dp", 0.0) > 0)
@@ -220,18 +219,18 @@ def descriptor(values: dict, quantity: str, runtime: str | None = None,
 
 def support_of(descriptors) -> dict:
     """What a set of calibrated configurations spans, per kind ("train", "infer"): GPUs,
-    precision classes, runtimes, attention families, the largest expert count, GPU count and
+    precision classes, runtimes, attention kinds, the largest expert count, GPU count and
     pipeline depth, the smallest GPU count and training GEMM."""
     out: dict = {}
     for d in descriptors:
         s = out.setdefault(d.kind, {"gpus": set(), "precisions": set(), "runtimes": set(),
-                                    "families": set(), "max_experts": 1.0, "max_gpus": 1.0,
+                                    "attention": set(), "max_experts": 1.0, "max_gpus": 1.0,
                                     "min_gpus": math.inf, "max_pp": 1.0,
                                     "min_kernel": math.inf})
         s["gpus"].add(d.gpu)
         s["precisions"].add(d.precision)
         s["runtimes"].add(d.runtime)
-        s["families"].update(d.families)
+        s["attention"].update(d.attention)
         s["max_experts"] = max(s["max_experts"], d.num_experts)
         s["max_gpus"] = max(s["max_gpus"], d.num_gpus)
         s["min_gpus"] = min(s["min_gpus"], d.num_gpus)
@@ -255,12 +254,12 @@ def covariates(d: Descriptor, support: dict) -> np.ndarray:
     c = dict.fromkeys(COVARIATES, 0.0)
     c[f"q:{d.quantity}"] = 1.0
     if s is None:
-        s = {"gpus": [], "precisions": [], "runtimes": [], "families": [], "max_experts": 1.0,
+        s = {"gpus": [], "precisions": [], "runtimes": [], "attention": [], "max_experts": 1.0,
              "max_gpus": 1.0, "min_gpus": 1.0, "max_pp": 1.0, "min_kernel": None}
     c["gpu_unseen"] = float(d.gpu not in s["gpus"])
     c["precision_unseen"] = float(d.precision not in s["precisions"])
     c["runtime_unseen"] = float(d.runtime not in s["runtimes"])
-    c["family_unseen"] = float(sum(f not in s["families"] for f in d.families))
+    c["attention_unseen"] = float(sum(f not in s["attention"] for f in d.attention))
     c["experts_beyond"] = _beyond(d.num_experts, s["max_experts"])
     c["gpus_beyond"] = _beyond(d.num_gpus, s["max_gpus"])
     c["gpus_below"] = _beyond(s["min_gpus"] or 1.0, d.num_gpus)
@@ -287,7 +286,7 @@ def _reason_text(name: str, d: Descriptor, support: dict) -> str:
         "precision_unseen": f"no calibrated {what} run at {PRECISION_NAMES[d.precision]} "
                             f"GEMM precision",
         "runtime_unseen": f"runtime {d.runtime} never calibrated for {what}",
-        "family_unseen": f"{' and '.join(d.families)} attention never calibrated",
+        "attention_unseen": f"{' and '.join(d.attention)} attention never calibrated",
         "experts_beyond": f"{d.num_experts:.0f} experts, calibrated runs had at most "
                           f"{s.get('max_experts', 1):.0f}",
         "gpus_beyond": f"{d.num_gpus / (s.get('max_gpus') or 1):.1f}x more GPUs than any "
@@ -341,11 +340,12 @@ class ErrorModel:
     def for_descriptor(self, d: Descriptor, level: float = 0.9) -> float:
         return float(self.log_half_width(covariates(d, self.support), level))
 
-    def reasons(self, d: Descriptor, top: int = 3) -> list[str]:
+    def reasons(self, d: Descriptor, top: int = 3, c=None) -> list[str]:
         """What widens `d`'s interval beyond a calibrated configuration of its quantity: the
         covariates with the largest positive contributions, each with the factor it multiplies
-        the width by ("128 experts, calibrated runs had at most 8 (x1.6 width)")."""
-        c = covariates(d, self.support)
+        the width by ("128 experts, calibrated runs had at most 8 (x1.6 width)"). `c`: its
+        covariates when already computed."""
+        c = covariates(d, self.support) if c is None else np.asarray(c)
         out = []
         for i in np.argsort(-(c * self.coef)):
             name = self.names[i]
@@ -401,7 +401,7 @@ class ErrorModel:
 
 def _checked_support(support, where: str) -> dict:
     """A saved `support_of` dict, or a ValueError naming the bad key: per kind ("train",
-    "infer") lists of GPU ids, precision classes 0-3, runtimes and families, and the counts
+    "infer") lists of GPU ids, precision classes 0-3, runtimes and attention kinds, and the counts
     (>= 1; the smallest GPU count and GEMM may be null)."""
     if not isinstance(support, dict) or not set(support) <= {"train", "infer"}:
         raise ValueError(f"{where} must map 'train' / 'infer' to what they span, got "
@@ -411,7 +411,7 @@ def _checked_support(support, where: str) -> dict:
     for kind, s in support.items():
         if not isinstance(s, dict):
             raise ValueError(f"{where}.{kind} must be an object")
-        for key in ("gpus", "runtimes", "families"):
+        for key in ("gpus", "runtimes", "attention"):
             if not (isinstance(s.get(key), list) and all(isinstance(x, str) for x in s[key])):
                 raise ValueError(f"{where}.{kind}.{key} must be a list of names, got "
                                  f"{s.get(key)!r}")

@@ -47,7 +47,7 @@ from ..presets import (
     system_gpu,
 )
 from ..validation._data import TRAIN_TIME_METRICS
-from ._error_model import COVARIATES, QUANTITY_KINDS, Descriptor, ErrorModel
+from ._error_model import COVARIATES, QUANTITY_KINDS, Descriptor, ErrorModel, covariates
 from ._parameterisation import Parameterisation
 from ._results import Fit
 
@@ -463,8 +463,10 @@ def descriptor_errors(model: ErrorModel, descriptors: list[Descriptor],
     """Each configuration's model error as a normal sd (its log half-width / z) and what
     widens it ("; "-joined reasons, or its quantity when nothing does)."""
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    error = np.array([model.for_descriptor(d, level) / z for d in descriptors])
-    why = ["; ".join(model.reasons(d)) or d.quantity for d in descriptors]
+    C = np.array([covariates(d, model.support) for d in descriptors]).reshape(
+        len(descriptors), len(COVARIATES))
+    error = model.log_half_width(C, level) / z  # one matrix product for every row
+    why = ["; ".join(model.reasons(d, c=c)) or d.quantity for d, c in zip(descriptors, C)]
     return error, why
 
 
