@@ -266,7 +266,7 @@ def main(argv=None) -> int:
     t_fit = time.perf_counter() - t0
     print(f"fit: loss {fit.loss:.6g} in {t_fit:.1f} s", file=sys.stderr)
     ins = summaries(fit.predictions)
-    cvs, cv_preds, t_cv, coverage = {}, {}, {}, None
+    cvs, cv_preds, t_cv, parameter_sd = {}, {}, {}, None
     if not args.no_cv:
         for kind in CV_KINDS:
             t1 = time.perf_counter()
@@ -283,7 +283,7 @@ def main(argv=None) -> int:
                                         for k, s in cvs.items()}
         from diffperf.internal import use_cross_validated_error
         use_cross_validated_error(fit, cv_preds["source"], "source")
-        coverage = _parameter_sd(fit, cv_preds["source"])
+        parameter_sd = _parameter_sd(fit, cv_preds["source"])
     fit.metadata["fit_wall_seconds"] = round(t_fit, 1)
     fit.metadata["settings"] = SETTINGS
     fit.save(args.out)
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
             print(measure_held_out(fit, path, read_benchmark_files([path]), args.out,
                                    validated=result["rows"]), file=sys.stderr)
     fit.save(args.out)  # with the held-out rows' residuals in the error model
-    if coverage is not None:
+    if parameter_sd is not None:
         print(f"wrote {_write_residuals(fit.error_records)}", file=sys.stderr)
     print(f"wrote {args.out}", file=sys.stderr)
     report = Path(args.report)
@@ -328,8 +328,8 @@ def main(argv=None) -> int:
     for heading, title, key, note in SECTIONS:
         lines += [f"## {heading}", ""] if heading else []
         lines += ([note, ""] if note else []) + [_table(title, ins, cvs, key), ""]
-    if coverage is not None:
-        lines += _interval_lines(fit, coverage)
+    if parameter_sd is not None:
+        lines += _interval_lines(fit, parameter_sd)
     lines += _implausible_lines(fit)
     lines += _holdout_lines(holdout)
     lines += _infer_holdout_lines(infer_holdout)
