@@ -12,58 +12,7 @@ calibration scripts, with no stability promise.
 import importlib
 from typing import TYPE_CHECKING
 
-from .feasibility import REASONS, explain
-from .inference import (
-    HBM_GENERATIONS,
-    InferenceMemory,
-    InferenceReport,
-    boundedness,
-    dram_scaling,
-    experts_touched,
-    infer,
-    inference_memory,
-    kv_cache_bytes_per_gpu,
-    max_batch,
-    weight_bytes_per_gpu,
-)
-from .presets import (
-    default_efficiency,
-    efficiency_from_json,
-    gpu,
-    gpu_names,
-    model,
-    model_names,
-    runtime,
-    runtime_names,
-    system,
-    system_names,
-)
-from .specs import (
-    Accelerator,
-    Efficiency,
-    InferencePlan,
-    Network,
-    Runtime,
-    System,
-    TrainingPlan,
-    Transformer,
-    matmul_efficiency,
-    precision_code,
-    transformer_from_hf_config,
-)
-from .training import (
-    TrainingDetail,
-    TrainingMemory,
-    TrainingReport,
-    activation_bytes_per_layer,
-    model_flops_per_step,
-    predict_training,
-    train_step,
-    training_detail,
-    training_memory,
-)
-
-if TYPE_CHECKING:  # imported on first use, by `__getattr__` below
+if TYPE_CHECKING:  # every public name is imported on first use, by `__getattr__` below
     from .explore import (
         Grid,
         default_training_grid,
@@ -73,16 +22,86 @@ if TYPE_CHECKING:  # imported on first use, by `__getattr__` below
         search_inference,
         search_training,
     )
+    from .feasibility import REASONS, explain
+    from .inference import (
+        HBM_GENERATIONS,
+        InferenceMemory,
+        InferenceReport,
+        boundedness,
+        dram_scaling,
+        experts_touched,
+        infer,
+        inference_memory,
+        kv_cache_bytes_per_gpu,
+        max_batch,
+        weight_bytes_per_gpu,
+    )
     from .plots import roofline_plot
+    from .presets import (
+        default_efficiency,
+        efficiency_from_json,
+        gpu,
+        gpu_names,
+        model,
+        model_names,
+        runtime,
+        runtime_names,
+        system,
+        system_names,
+    )
+    from .specs import (
+        Accelerator,
+        Efficiency,
+        InferencePlan,
+        Network,
+        Runtime,
+        System,
+        TrainingPlan,
+        Transformer,
+        matmul_efficiency,
+        precision_code,
+        transformer_from_hf_config,
+    )
+    from .training import (
+        TrainingDetail,
+        TrainingMemory,
+        TrainingReport,
+        activation_bytes_per_layer,
+        model_flops_per_step,
+        predict_training,
+        train_step,
+        training_detail,
+        training_memory,
+    )
 
 __version__ = "0.1.0"
 
-#: Public names imported on first use (`diffperf.search_training`, `from diffperf import Grid`):
-#: the sweeps, searches and plots load modules (and through them pandas, the calibration, the
-#: validation) that one prediction does not need; `import diffperf` stays about 0.3 s shorter.
-_LAZY = {"Grid": "explore", "default_training_grid": "explore", "evaluate_all": "explore",
-         "pareto_front": "explore", "run_sweep": "explore", "search_inference": "explore",
-         "search_training": "explore", "roofline_plot": "plots"}
+#: Public name -> the subpackage that defines it. Every name is imported on first use
+#: (`diffperf.Transformer`, `from diffperf import Grid`): `import diffperf` loads no JAX, so
+#: the command line's client (`diffperf.cli.main`) can hand a command to a running
+#: `diffperf daemon` in a tenth of a second; one prediction imports what it needs.
+_LAZY = {
+    **dict.fromkeys(("Grid", "default_training_grid", "evaluate_all", "pareto_front",
+                     "run_sweep", "search_inference", "search_training"), "explore"),
+    **dict.fromkeys(("REASONS", "explain"), "feasibility"),
+    **dict.fromkeys(("HBM_GENERATIONS", "InferenceMemory", "InferenceReport", "boundedness",
+                     "dram_scaling", "experts_touched", "infer", "inference_memory",
+                     "kv_cache_bytes_per_gpu", "max_batch", "weight_bytes_per_gpu"),
+                    "inference"),
+    "roofline_plot": "plots",
+    **dict.fromkeys(("default_efficiency", "efficiency_from_json", "gpu", "gpu_names", "model",
+                     "model_names", "runtime", "runtime_names", "system", "system_names"),
+                    "presets"),
+    **dict.fromkeys(("Accelerator", "Efficiency", "InferencePlan", "Network", "Runtime",
+                     "System", "TrainingPlan", "Transformer", "matmul_efficiency",
+                     "precision_code", "transformer_from_hf_config"), "specs"),
+    **dict.fromkeys(("TrainingDetail", "TrainingMemory", "TrainingReport",
+                     "activation_bytes_per_layer", "model_flops_per_step", "predict_training",
+                     "train_step", "training_detail", "training_memory"), "training"),
+}
+#: Subpackages reachable as attributes (`diffperf.specs`) without importing them first.
+_SUBPACKAGES = ("calibrate", "cli", "costs", "design", "explore", "feasibility", "inference",
+                "internal", "plots", "presets", "serving", "specs", "training", "validation")
 
 
 def __getattr__(name: str):
@@ -90,6 +109,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value  # once: later look-ups do not come here
         return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
