@@ -68,6 +68,9 @@ def _restore_float_width():
 # reconfigure JAX for the rest of the session and write to the home directory);
 # tests/test_compile_cache.py turns it on in subprocesses.
 os.environ.setdefault("DIFFPERF_COMPILATION_CACHE", "0")
+# Commands the tests run in subprocesses run there, not in a `diffperf daemon` the developer may
+# have running (tests/test_daemon.py starts its own).
+os.environ["DIFFPERF_DAEMON"] = "0"
 
 
 @pytest.fixture(scope="session")

@@ -112,6 +112,7 @@ _add("codesign", "--node --memory-gen --network-gen", TABLE)
 _add("codesign", "--area --power --perimeter --cost", POSITIVE)
 _add("codesign", "--steps --starts", ("-1", "0", "2147483648", "100000000", *INT_JUNK))
 _add("codesign", "--margins", ("-1", "0", "101", "1e30", *FLOAT_JUNK))
+_add("daemon", "--idle-minutes --max-memory-gib", POSITIVE)
 
 #: What each command needs to get to its checks (the models small, so that a value the checks
 #: missed fails the time limit rather than hanging the suite).
@@ -129,6 +130,7 @@ BASE = {
     "attribution": ["attribution"],
     "technology": ["technology"],
     "codesign": ["codesign"],
+    "daemon": ["daemon", "status"],
 }
 
 

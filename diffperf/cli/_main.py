@@ -62,6 +62,7 @@ from ._common import (
     group,
 )
 from ._compile_cache import disable_compilation_cache, enable_compilation_cache
+from ._daemon import add_daemon_parser
 from ._design import add_design_parsers
 from ._detail import detail_summary, print_detail
 from ._infer import add_infer_parser
@@ -787,6 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_parser(sub)
     add_calibrate_parser(sub)
     add_design_parsers(sub)
+    add_daemon_parser(sub)
     parser.set_defaults(func=run_quickstart)
     return parser
 
