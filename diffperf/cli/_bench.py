@@ -324,6 +324,10 @@ CLI_COMMANDS = {
     "validate (8 rows)": ["-m", "diffperf.cli", "validate", "--data", "{train}", "--data",
                           "{infer}"],
 }
+#: `bench cli`'s commands also timed through a running `diffperf daemon` (a fresh client each).
+DAEMON_COMMANDS = ("train", "infer", "validate (8 rows)")
+DAEMON_START = ["-m", "diffperf.cli", "daemon", "start"]
+DAEMON_STOP = ["-m", "diffperf.cli", "daemon", "stop", "--all"]
 #: Rows of each shipped calibration CSV that `bench cli` validates.
 CLI_ROWS = 4
 
@@ -356,36 +360,63 @@ def _timed_run(args: list[str], env: dict, cwd: str | None = None) -> tuple[floa
 def cli_benchmark(repeats: int = 5, against: str | None = None, log=print) -> dict:
     """Wall time of the commands in `CLI_COMMANDS`, each in a fresh Python process with a warm
     compilation cache (a temporary directory, filled by one untimed run of each command):
-    median, min and max of `repeats` runs. With `against` (a source tree, e.g. a `git worktree`
-    of another commit), its runs alternate with this installation's, in the same directories
-    and caches of their own: the two sets of figures are comparable on a busy machine."""
+    median, min and max of `repeats` runs; and of the same commands answered by a
+    `diffperf daemon` (`DAEMON_COMMANDS`: a fresh client process, the daemon started once in a
+    private temporary directory and stopped at the end). With `against` (a source tree, e.g. a
+    `git worktree` of another commit), its runs alternate with this installation's, in the same
+    directories and caches of their own: the two sets of figures are comparable on a busy
+    machine (a tree without the daemon has no daemon rows)."""
     say = log or (lambda *a: None)
     if against and not (Path(against) / "diffperf" / "__init__.py").is_file():
         raise ValueError(f"--against {against}: not a source tree (no diffperf/__init__.py)")
     trees = {"this": None} | ({"against": str(against)} if against else {})
+    has_daemon = {name: (Path(tree or Path(__file__).resolve().parents[2])
+                         / "diffperf" / "cli" / "_daemon.py").is_file()
+                  for name, tree in trees.items()}
     with tempfile.TemporaryDirectory(prefix="diffperf-bench-cli-") as tmp:
         files = {"train": _few_rows(BENCHMARKS / "train_calibration.csv", f"{tmp}/train.csv"),
                  "infer": _few_rows(BENCHMARKS / "infer_calibration.csv", f"{tmp}/infer.csv")}
-        envs = {}
+        envs, daemon_envs = {}, {}
         for name, tree in trees.items():
             env = dict(os.environ)
             env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the command line's own cache
             env["DIFFPERF_COMPILATION_CACHE"] = f"{tmp}/cache-{name}"
             if tree:
                 env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
-            envs[name] = env
+            # A daemon of the caller's must not answer the fresh-process runs; the daemon runs
+            # use one of their own, in a private directory.
+            daemon_envs[name] = {**env, "XDG_RUNTIME_DIR": f"{tmp}/run-{name}"}
+            daemon_envs[name].pop("DIFFPERF_DAEMON", None)
+            os.makedirs(daemon_envs[name]["XDG_RUNTIME_DIR"], mode=0o700)
+            envs[name] = {**env, "DIFFPERF_DAEMON": "0"}
         commands = {k: [a.format(**files) for a in v] for k, v in CLI_COMMANDS.items()}
+        commands |= {f"{k} (daemon)": commands[k] for k in DAEMON_COMMANDS}
         runs: dict[str, dict[str, list[tuple[float, float]]]] = {
-            n: {k: [] for k in commands} for n in trees}
+            n: {k: [] for k in commands if has_daemon[n] or "(daemon)" not in k} for n in trees}
+
+        def env_of(name: str, label: str) -> dict:
+            return daemon_envs[name] if "(daemon)" in label else envs[name]
+
         # Run in the temporary directory: `python -m` / `-c` put the working directory first
         # on sys.path, and from a source checkout its `diffperf/` would shadow `against`.
-        for name in trees:  # fill the caches
-            for args in commands.values():
-                _timed_run(args, envs[name], tmp)
-        for _ in range(repeats):
-            for label, args in commands.items():
-                for name in trees:
-                    runs[name][label].append(_timed_run(args, envs[name], tmp))
+        try:
+            for name in trees:  # fill the caches, then start the daemons
+                for label in runs[name]:
+                    if "(daemon)" not in label:
+                        _timed_run(commands[label], envs[name], tmp)
+                if has_daemon[name]:
+                    _timed_run(DAEMON_START, daemon_envs[name], tmp)
+            for _ in range(repeats):
+                for label, args in commands.items():
+                    for name in trees:
+                        if label in runs[name]:
+                            runs[name][label].append(
+                                _timed_run(args, env_of(name, label), tmp))
+        finally:
+            for name in trees:
+                if has_daemon[name]:
+                    subprocess.run([sys.executable, *DAEMON_STOP], env=daemon_envs[name],
+                                   cwd=tmp, capture_output=True)
     result: dict = {"repeats": repeats, "rows_per_csv": CLI_ROWS, "against": against}
     for name in trees:
         result[name] = {}
@@ -394,10 +425,12 @@ def cli_benchmark(repeats: int = 5, against: str | None = None, log=print) -> di
             result[name][label] = {"median_s": float(np.median(wall)), "min_s": min(wall),
                                    "max_s": max(wall), "runs_s": wall,
                                    "cpu_median_s": float(np.median(cpu))}
-    say(f"fresh process, warm compilation cache; wall time median (min-max) of {repeats} runs, "
-        f"[CPU time median]" + (f"; alternating with {against}" if against else ""))
+    say(f"warm compilation cache; a fresh process per command, or a fresh client of a running "
+        f"daemon (daemon); wall time median (min-max) of {repeats} runs, [CPU time median of "
+        f"the command's process]" + (f"; alternating with {against}" if against else ""))
     for label in commands:
-        cells = [f"{r['median_s']:5.2f} s ({r['min_s']:.2f}-{r['max_s']:.2f}) "
-                 f"[{r['cpu_median_s']:.2f}]" for r in (result[n][label] for n in trees)]
-        say(f"  {label:20s} " + ("   against: ".join(cells)))
+        cells = [(f"{r['median_s']:5.2f} s ({r['min_s']:.2f}-{r['max_s']:.2f}) "
+                  f"[{r['cpu_median_s']:.2f}]") if r else "-"
+                 for r in (result[n].get(label) for n in trees)]
+        say(f"  {label:29s} " + ("   against: ".join(cells)))
     return result
