@@ -11,6 +11,8 @@
 import matplotlib
 
 matplotlib.use("Agg")
+import equinox as eqx
+import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -123,6 +125,82 @@ ax.set_title("DeepSeek-V3, 256 GB200, PP 4 x VP 4, fp8, GBS 2048")
 ax.legend(fontsize=8, ncol=2, loc="upper right")
 fig.tight_layout()
 fig.savefig("figures/08_moe_layout.png", dpi=110)
+
+# %% [markdown]
+# ## Where a fine-grained MoE step's time goes, against a dense model of the same active size
+# Qwen3-30B-A3B (128 experts of width 768, 8 routed per token) on 8 B200 with NVIDIA's recipe
+# (EP 8, micro-batch 1, global batch 512, fp8; the held-out Megatron-Bridge 25.09 row), and a
+# dense model with the same attention, layers and active parameters: one MLP of width
+# 8 x 768 = 6,144 in place of the experts. The two do the same FLOPs per token; every term
+# below is a sum of the step's own per-operation records (`dp.training_detail`: forward,
+# backward and recomputation of each operation, times layers and micro-batches) and report
+# terms (`dp.train_step`).
+
+# %%
+from diffperf.validation import train_specs
+
+row = rows["mbridge25.09-b200-qwen3-30b-a3b-8g-fp8"]
+moe_model, b200, moe_plan = train_specs(row)
+b200_eff = resolve_efficiency(dp.default_efficiency(), "b200")
+dense_model = eqx.tree_at(lambda m: (m.num_experts, m.experts_per_token, m.ffn_hidden), moe_model,
+                          (jnp.float32(1), jnp.float32(1),
+                           moe_model.experts_per_token * moe_model.ffn_hidden))
+dense_plan = eqx.tree_at(lambda p: p.ep, moe_plan, jnp.float32(1))
+GROUPS = {"attention (QKV, flash, output)": ("qkv", "attention_flash", "out_proj"),
+          "element-wise (norms, residuals, RoPE, activation)": ("elementwise",),
+          "MLP / expert GEMMs": ("mlp_up", "mlp_down", "shared_up", "shared_down",
+                                 "dense_up", "dense_down"),
+          "router": ("router",),
+          "token permutation": ("moe_permute",),
+          "fp8 casts of routed tokens": ("moe_quantize",)}
+terms, steps = {}, {}
+for name, m, p in (("Qwen3-30B-A3B (MoE)", moe_model, moe_plan),
+                   ("dense, same active size", dense_model, dense_plan)):
+    report, detail = dp.train_step(m, b200, p, b200_eff), dp.training_detail(m, b200, p, b200_eff)
+    per_step = float(detail.layers) * float(detail.micro_batches)
+    op = {k: per_step * float(detail.forward[k].time + detail.backward[k].time
+                              + detail.recompute[k].time) for k in detail.forward}
+    col = {g: sum(op.get(k, 0.0) for k in keys) for g, keys in GROUPS.items()}
+    col["LM head, loss, embedding"] = float(detail.micro_batches) * sum(
+        float(v.time) for v in detail.head.values())
+    col["exposed all-to-all"] = float(report.ep_comm_time)
+    col["DP, optimizer, bubble, other"] = float(report.step_time) - sum(col.values())
+    terms[name], steps[name] = col, report
+breakdown = pd.DataFrame(terms)
+breakdown.loc["step time"] = breakdown.sum()
+moe_tokens_per_gpu = float(steps["Qwen3-30B-A3B (MoE)"].tokens_per_s_per_gpu)
+print(f"measured {row.measured['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, predicted "
+      f"{moe_tokens_per_gpu:,.0f} (MoE), "
+      f"{float(steps['dense, same active size'].tokens_per_s_per_gpu):,.0f} (dense)")
+breakdown.round(3)
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 3.6))
+parts = breakdown.drop(index="step time")
+left = np.zeros(parts.shape[1])
+for term, values in parts.iterrows():
+    ax.barh(list(parts.columns), values.to_numpy(), left=left, label=term)
+    left += values.to_numpy()
+measured_step = (float(moe_plan.global_batch) * float(moe_model.seq_len)
+                 / (row.measured["tokens_per_s_per_gpu"]
+                    * float(steps["Qwen3-30B-A3B (MoE)"].num_gpus)))
+ax.plot([measured_step] * 2, [-0.4, 0.4], "k-", lw=2, label="measured MoE step")
+ax.set_xlabel("step time (s)")
+ax.set_title("Qwen3-30B-A3B vs a dense model of the same active size (8 B200, fp8)")
+ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+fig.tight_layout()
+fig.savefig("figures/08_moe_vs_dense.png", dpi=110)
+
+# %% [markdown]
+# **Where the MoE step goes.** For the same FLOPs per token the model predicts the MoE step at
+# 2.1x the dense one (11.8 s against 5.5 s). Attention, element-wise kernels and the LM head
+# are the same 4.1 s in both. What the experts add: their GEMMs take 3.5 s where the dense
+# MLP's take 1.5 s (one launch per local expert, 16 per GEMM per pass, and the fp8 k loop's
+# fixed cost at widths 768 and 2,048); the exposed EP all-to-all 2.6 s (this recipe does not
+# overlap it); the token permutation 1.0 s and the fp8 casts of the routed tokens 0.5 s
+# (memory-bound, proportional to tokens x top-k x hidden); the router 0.08 s. The measured
+# step, 14.5 s (18,066 tokens/s per GPU), is 2.7 s longer still: the model predicts this run
+# 23 % too fast, the part of fine-grained MoE it does not yet explain (issue 37).
 
 # %% [markdown]
 # **Finding.** On the 36 runs the fit never saw, the MoE training rate is predicted with a
