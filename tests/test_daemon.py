@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from diffperf.cli import _daemon_client as client
+from diffperf.cli._daemon_server import runs_locally
 
 
 def _run(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
@@ -22,11 +25,15 @@ def _run(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def _commands_served(env: dict, cwd: Path) -> int:
+def _status(env: dict, cwd: Path) -> dict:
     out = _run(["daemon", "status", "--json"], env, cwd)
     rows = [r for r in json.loads(out.stdout) if r["matches_this_environment"]]
     assert len(rows) == 1, out.stdout
-    return rows[0]["commands"]
+    return rows[0]
+
+
+def _commands_served(env: dict, cwd: Path) -> int:
+    return _status(env, cwd)["commands"]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +87,61 @@ def test_more_commands_match_and_files_land_in_the_callers_directory(daemon):
 
 
 @pytest.mark.slow
+def test_spec_files_are_read_again_where_the_path_names_another_file(daemon):
+    """Two model files of the same relative name, size and modification time in two
+    directories: each command reads its own (the loader's cache keys on the absolute path,
+    inode and change time)."""
+    env, local_env, work = daemon
+    exported = _run(["presets", "export", "llama2-7b"], local_env, work)
+    text = exported.stdout
+    assert '"layers": 32' in text
+    (work / "a").mkdir()
+    (work / "b").mkdir()
+    (work / "a" / "m.json").write_text(text)
+    (work / "b" / "m.json").write_text(text.replace('"layers": 32', '"layers": 16'))
+    stamp = (work / "a" / "m.json").stat()
+    os.utime(work / "b" / "m.json", ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    args = ["infer", "--model", "m.json", "--json"]
+    there = [_run(args, env, work / d) for d in ("a", "b")]
+    here = [_run(args, local_env, work / d) for d in ("a", "b")]
+    assert [t.stdout for t in there] == [h.stdout for h in here]
+    assert there[0].stdout != there[1].stdout
+
+
+@pytest.mark.slow
+def test_a_busy_daemon_hands_the_command_back_and_a_hang_up_stops_its_command(daemon):
+    env, local_env, work = daemon
+    before = _commands_served(env, work)
+    long = subprocess.Popen([sys.executable, "-m", "diffperf.cli", "search", "train", "--model",
+                             "llama2-70b", "--gpus", "256", "--out", "long.csv"], env=env,
+                            cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _status(env, work)["busy"]:
+            assert time.monotonic() < deadline and long.poll() is None
+            time.sleep(0.2)
+        here, there = _run(["train", "--json"], local_env, work), _run(["train", "--json"],
+                                                                       env, work)
+        assert (there.returncode, there.stdout) == (here.returncode, here.stdout)
+    finally:
+        long.send_signal(signal.SIGINT)
+        long.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while _status(env, work)["busy"]:  # the search stops when its client hangs up
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert not (work / "long.csv").exists()
+    assert _commands_served(env, work) == before  # neither command counted as served
+    # a command from a directory deleted afterwards leaves the daemon as it was
+    gone = work / "gone"
+    gone.mkdir()
+    assert _run(["train", "--json"], env, gone).returncode == 0
+    gone.rmdir()
+    assert _run(["train", "--json"], env, work).returncode == 0
+    assert _commands_served(env, work) == before + 2
+
+
+@pytest.mark.slow
 def test_other_jax_settings_or_daemon_off_run_in_the_calling_process(daemon):
     env, local_env, work = daemon
     before = _commands_served(env, work)
@@ -100,15 +162,26 @@ def test_commands_that_change_the_process_always_run_locally(monkeypatch):
     assert client.runs_locally(["train"])
 
 
-def test_the_fingerprint_follows_the_jax_settings(monkeypatch):
+def test_the_fingerprint_follows_the_settings(monkeypatch, tmp_path):
     monkeypatch.delenv("JAX_ENABLE_X64", raising=False)
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
     base = client.fingerprint()
     assert client.fingerprint() == base
-    monkeypatch.setenv("JAX_ENABLE_X64", "1")
-    assert client.fingerprint() != base
+    for key, value in (("JAX_ENABLE_X64", "1"), ("PYTHONWARNINGS", "error"),
+                       ("DIFFPERF_COMPILATION_CACHE", str(tmp_path))):
+        with monkeypatch.context() as m:
+            m.setenv(key, value)
+            assert client.fingerprint() != base, key
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")  # JAX sets it on import: not a setting
-    monkeypatch.delenv("JAX_ENABLE_X64")
     assert client.fingerprint() == base
+
+
+def test_the_daemon_parses_before_it_runs_a_command_that_must_stay_local():
+    """Abbreviated options are what argparse makes of them: `--distrib` is `--distributed`."""
+    assert runs_locally(["search", "train", "--distrib"])
+    assert runs_locally(["calibrate", "--out", "fit.json", "--quiet"])
+    assert not runs_locally(["search", "train"])
+    assert not runs_locally(["train", "--no-such-option"])  # runs, and prints argparse's error
 
 
 def test_no_connection_to_a_shared_directory_or_a_dead_socket(tmp_path):

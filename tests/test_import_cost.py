@@ -32,6 +32,15 @@ def test_import_diffperf_and_the_command_line_load_no_heavy_dependency(tmp_path)
                    "diffperf.cli.build_parser().parse_args(['train'])", tmp_path) == []
 
 
+def test_import_diffperf_and_its_command_line_entry_load_no_jax(tmp_path):
+    """The entry point hands a command to a running daemon before anything imports JAX
+    (`diffperf.cli.main`, docs/cli.md#daemon)."""
+    body = ("import sys\nimport diffperf\nimport diffperf.cli\n"
+            "assert 'jax' not in sys.modules and 'equinox' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith(('jax', 'equinox')))")
+    assert _loaded(body, tmp_path) == []
+
+
 def test_the_lazy_public_names_stay_importable():
     """`diffperf/__init__.py` imports the sweeps, searches and plots on first use; they are
     still names of the package, listed by dir() and __all__."""

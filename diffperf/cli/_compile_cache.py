@@ -24,26 +24,14 @@ from pathlib import Path
 import jax
 
 from .._stored_programs import set_directory
+from ._cache_path import cache_directory
 
 #: Subdirectory of the programs stored with their arguments' structure (`diffperf._stored_programs`:
 #: a later run skips tracing them too).
 PROGRAMS = "programs"
-#: Values of `DIFFPERF_COMPILATION_CACHE` that turn the cache off.
-OFF = ("0", "off", "false", "no", "")
 #: Programs that compile faster than this are not written, s. 0: the many small programs add
 #: up (at 0.5 s `infer` and `train --interval` gained nothing); a full cache is about 1 MB.
 MIN_COMPILE_SECONDS = 0.0
-
-
-def cache_directory() -> Path | None:
-    """The directory the command line caches compiled programs in, or None when turned off."""
-    setting = os.environ.get("DIFFPERF_COMPILATION_CACHE")
-    if setting is not None and setting.strip().lower() in OFF:
-        return None
-    if setting:
-        return Path(setting).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "diffperf" / "jax"
 
 
 def enable_compilation_cache() -> Path | None:

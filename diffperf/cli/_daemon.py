@@ -3,19 +3,21 @@ and the compiled programs loaded, so that each later `diffperf` command answers 
 a second instead of 1.5-2 s (docs/speed.md). The client is `diffperf.cli._daemon_client`, the
 daemon process `diffperf.cli._daemon_server`.
 
-The daemon runs one command at a time, exactly as the calling process would have: in the
-caller's working directory and environment, with its stdout and stderr sent back, warnings
-shown as in a fresh process, and the exit status returned. It listens on a Unix socket in a
-directory private to the user, whose name carries the fingerprint of the code and the JAX
-settings it loaded (a changed package or environment does not match it, and runs locally). It
-exits after `--idle-minutes` without a command, when its resident memory passes
-`--max-memory-gib` (checked after each command), or on `diffperf daemon stop`.
+The daemon runs one command at a time, as the calling process would have: in the caller's
+working directory and environment, with its stdout and stderr sent back, Python warnings shown
+again for each command, and the exit status returned; a command that arrives while it is busy
+runs in the calling process. It listens on a Unix socket in a directory private to the user,
+whose name carries the fingerprint of the code, the installed dependencies and the settings it
+loaded (anything else does not match it, and runs locally). It exits after `--idle-minutes`
+without a command, when its resident memory passes `--max-memory-gib` (checked after each
+command), or on `diffperf daemon stop`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 import sys
 import time
@@ -36,6 +38,8 @@ IDLE_MINUTES = 30.0
 #: Resident memory above which the daemon exits after a command (compiled programs of many
 #: different models accumulate), GiB.
 MAX_MEMORY_GIB = 4.0
+#: Largest values of the options (a year; 1 TiB).
+LIMITS = {"--idle-minutes": 525_600.0, "--max-memory-gib": 1024.0}
 #: Seconds `daemon start` waits for the daemon to load and warm up before giving up.
 START_TIMEOUT_S = 300.0
 #: What the daemon process runs (diffperf/cli/_daemon_server.py).
@@ -66,8 +70,9 @@ def add_daemon_parser(sub) -> None:
 def cmd_daemon(args) -> int:
     for option, value in (("--idle-minutes", args.idle_minutes),
                           ("--max-memory-gib", args.max_memory_gib)):
-        if not (math.isfinite(value) and value > 0):
-            raise CliError(f"{option} must be a finite number > 0, got {value:g}")
+        if not (math.isfinite(value) and 0 < value <= LIMITS[option]):
+            raise CliError(f"{option} must be a number in (0, {LIMITS[option]:g}], got "
+                           f"{value:g}")
     if args.action == "start":
         return _start(args.idle_minutes * 60.0, args.max_memory_gib * 2**30)
     if args.action == "stop":
@@ -104,6 +109,20 @@ def _control(path: Path, action: str) -> dict | None:
         return None
 
 
+def _answers(path: Path) -> bool:
+    """True if something accepts connections at the socket `path` (a dead daemon's socket
+    refuses them)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(2.0)
+        conn.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        conn.close()
+    return True
+
+
 def _start(idle_s: float, max_rss: float) -> int:
     directory = _private_directory()
     digest = fingerprint()
@@ -112,13 +131,18 @@ def _start(idle_s: float, max_rss: float) -> int:
         print(f"a diffperf daemon already runs for this code and environment "
               f"(pid {info['pid']}, socket {path})")
         return 0
-    path.unlink(missing_ok=True)  # a socket left by a daemon that died
+    if path.exists():
+        if _answers(path):
+            raise CliError(f"a process listens at {path} but does not answer as a diffperf "
+                           "daemon; stop it (its pid is in `fuser` / `ss -xlp`) or remove the "
+                           "socket")
+        path.unlink(missing_ok=True)  # a socket left by a daemon that died
     log = directory / f"daemon-{digest}.log"
     with open(log, "ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-c", SERVER, str(path), digest, repr(idle_s), repr(max_rss)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-            close_fds=True)
+            close_fds=True, cwd=directory)
     print(f"starting a diffperf daemon (pid {process.pid}): loading JAX and warming up ...",
           file=sys.stderr, flush=True)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -145,9 +169,12 @@ def _sockets() -> list[Path]:
 
 def _stop(every: bool) -> int:
     paths = _sockets() if every else [socket_path()]
-    stopped = [p for p in paths if _control(p, "stop") is not None]
+    answers = {p: _control(p, "stop") for p in paths}
+    stopped = [p for p, info in answers.items() if info is not None]
     for p in stopped:
-        print(f"stopped the daemon at {p}")
+        busy = answers[p].get("busy")  # type: ignore[union-attr]
+        print(f"stopped the daemon at {p}" + (" (it exits when its running command ends)"
+                                              if busy else ""))
     if not stopped:
         print("no diffperf daemon was running" + ("" if every else
               " for this code and environment (--all: every one of this user's)"))
@@ -166,7 +193,8 @@ def _status(as_json: bool) -> int:
     elif not rows:
         print("no diffperf daemon is running")
     for r in rows if not as_json else []:
-        print(f"pid {r['pid']}: {r['commands']} commands, {r['rss_mib']:.0f} MiB, up "
+        print(f"pid {r['pid']}: commands served {r['commands']}"
+              + (" (running one now)" if r.get("busy") else "") + f", {r['rss_mib']:.0f} MiB, up "
               f"{r['uptime_s']:.0f} s, idle {r['idle_s']:.0f} s, "
               + ("used by commands from this environment" if r["matches_this_environment"]
                  else "another code version or JAX setting") + f" ({r['socket']})")

@@ -811,8 +811,16 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
-        # The reader of our output went away (`diffperf train | head`): stop quietly.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # The reader of our output went away (`diffperf train | head`): stop quietly, with
+        # stdout on /dev/null so that the interpreter's final flush does not fail (not in a
+        # daemon, whose stdout is the client's stream and has no file descriptor).
+        try:
+            fd = sys.stdout.fileno()
+        except (OSError, ValueError):
+            return 0
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
         return 0
     except OSError as e:  # unreadable / unwritable files named by the user
         print(f"error: {_os_error_message(e, args)}", file=sys.stderr)

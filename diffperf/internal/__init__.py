@@ -24,15 +24,13 @@ from ..calibrate._uncertainty import (
     residual_sds as residual_sds,
 )
 from ..cli import _bench as bench
+from ..cli._cache_path import cache_directory as cache_directory
 from ..cli._calibrate import (
     add_calibrate_parser as add_calibrate_parser,
     run_calibrate as run_calibrate,
 )
 from ..cli._checks import check_writable as check_writable
-from ..cli._compile_cache import (
-    cache_directory as cache_directory,
-    disable_compilation_cache as disable_compilation_cache,
-)
+from ..cli._compile_cache import disable_compilation_cache as disable_compilation_cache
 from ..cli._infer import (
     add_infer_parser as add_infer_parser,
     bench_inference as bench_inference,

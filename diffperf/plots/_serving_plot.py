@@ -53,4 +53,5 @@ def serving_front_plot(result: dict, path: str | Path, title: str):
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
+    plt.close(fig)  # saved; pyplot keeps no reference (the figure stays usable)
     return fig

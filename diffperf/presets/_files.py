@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -191,12 +192,16 @@ def _hardware(path: str) -> Hardware:
 
 
 def _stamp(path: str):
-    """What changes when the file does (so an edited file is read again)."""
+    """What changes when the file does, so that an edited file is read again: its absolute
+    path (a relative one names another file in another working directory, as in a
+    `diffperf daemon`), device, inode, size and modification and change times (a copy with
+    the original's modification time, `cp -p`, still has its own inode and change time)."""
     try:
         st = Path(path).stat()
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size
+    return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+            st.st_ctime_ns)
 
 
 @functools.lru_cache(maxsize=256)
