@@ -234,8 +234,10 @@ class _Daemon:
         err = _FrameStream(conn, b"e", bool(tty[1]))
         saved_env = dict(os.environ)
         done = threading.Event()
+        wake_read, wake_write = os.pipe()  # ends the watcher's wait when the command ends
         self.hung_up.clear()
-        watcher = threading.Thread(target=_watch, args=(conn, done, self.hung_up), daemon=True)
+        watcher = threading.Thread(target=_watch, args=(conn, wake_read, done, self.hung_up),
+                                   daemon=True)
         code: int | None = None
         try:
             os.environ.clear()
@@ -254,8 +256,11 @@ class _Daemon:
             code = None  # the client hung up while the command ran
         finally:
             done.set()
+            os.write(wake_write, b"x")
             if watcher.is_alive():
                 watcher.join()
+            os.close(wake_read)
+            os.close(wake_write)
             os.environ.clear()
             os.environ.update(saved_env)
             os.chdir(self.home)
@@ -263,12 +268,15 @@ class _Daemon:
             _frame(conn, b"x", str(code).encode())
 
 
-def _watch(conn: socket.socket, done: threading.Event, hung_up: threading.Event) -> None:
+def _watch(conn: socket.socket, wake: int, done: threading.Event,
+           hung_up: threading.Event) -> None:
     """Interrupt the main thread's command if its client hangs up (the client sends nothing
-    after its request, so a readable connection is a closed one)."""
+    after its request, so a readable connection is a closed one); return when the pipe `wake`
+    becomes readable (the command ended)."""
+    watched = [conn, wake]
     while not done.is_set():
-        readable, _, _ = select.select([conn], [], [], POLL_S)
-        if readable and not done.is_set():
+        readable, _, _ = select.select(watched, [], [])
+        if conn in readable and not done.is_set():
             try:
                 closed = conn.recv(1, socket.MSG_PEEK) == b""
             except OSError:
@@ -277,6 +285,7 @@ def _watch(conn: socket.socket, done: threading.Event, hung_up: threading.Event)
                 hung_up.set()
                 _thread.interrupt_main()
                 return
+            watched = [wake]  # it sent more than its request: no longer watched
 
 
 def _run(argv: list[str], out: _FrameStream, err: _FrameStream) -> int | None:
