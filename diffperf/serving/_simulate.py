@@ -31,6 +31,14 @@ its first and last terms. `fast_forward=False` runs every iteration.
 
 Simulation steps: one per iteration with prompt tokens, one per fast-forwarded stretch, one
 per idle gap; at most about 4 N + (prompt tokens) / budget for N requests (`step_bound`).
+
+**Closed loop.** A request issued when another finishes arrives at that step's end clock, and
+is admissible from the next step on (clock minus arrival exactly 0). Its arrival is written at
+the start of the next step from the clock that step carries, not at the end of the step that
+computed the clock: there XLA could recompute the clock inside the scatter's fusion, and that
+copy could round differently (by a fraction of an ulp in the low word), so that the request
+arrived just after the clock and its admission slipped by an iteration, depending on how the
+program was compiled (vmapped batch size, surrounding code).
 """
 
 from __future__ import annotations
@@ -187,10 +195,18 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
     def gather(a, idx):
         return a[jnp.clip(idx, 0, n - 1)]
 
+    def issue(arrival, arrival_lo, start, stop, hi, lo):
+        """Closed loop: requests `start` to `stop - 1` (at most `slots`) arrive at (hi, lo)."""
+        at = jnp.where(start + window < stop, start + window, n)
+        return arrival.at[at].set(hi, mode="drop"), arrival_lo.at[at].set(lo, mode="drop")
+
     def step(state):
-        (t, t_lo, p, q, done, kv_used, kv_peak, issued, n_done, steps, iters, busy, tok_sum,
-         slot_req, slot_gen, arrival, arrival_lo, admit, first, finish) = state
+        (t, t_lo, p, q, done, kv_used, kv_peak, issue_from, issued, n_done, steps, iters, busy,
+         tok_sum, slot_req, slot_gen, arrival, arrival_lo, admit, first, finish) = state
         active = n_done < n
+        # 0. closed loop: the requests the last step's finishes issued arrive at its end, the
+        # clock now, written from the clock this step reads (module docstring, "Closed loop")
+        arrival, arrival_lo = issue(arrival, arrival_lo, issue_from, issued, t, t_lo)
 
         def since(idx, hi=t, lo=t_lo):  # clock minus the arrival of request idx, s
             return (hi - gather(arrival, idx)) + (lo - gather(arrival_lo, idx))
@@ -295,29 +311,28 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
                                     held(engine, in_slot, slot_gen, out_slot), 0.0))
         slot_req = jnp.where(ends, -1, slot_req)
         f = jnp.sum(ends).astype(jnp.int32)
-        issue_at = jnp.where(closed & (window < f), issued + window, n)
-        arrival = arrival.at[issue_at].set(t_new, mode="drop")
-        arrival_lo = arrival_lo.at[issue_at].set(t_lo_new, mode="drop")
+        issue_from = issued  # their arrivals are written at the next step's start
         issued = jnp.where(closed, jnp.minimum(issued + f, n), issued)
         iters = iters + jnp.where(go, k, 0.0)
         busy = busy + jnp.where(go, span, 0.0)
         tok_sum = tok_sum + jnp.where(go, k * tokens, 0.0)
-        return (t_new, t_lo_new, p, new_q, done, kv_used, kv_peak, issued, n_done + f,
-                steps + active.astype(jnp.int32), iters, busy, tok_sum, slot_req, slot_gen,
-                arrival, arrival_lo, admit, first, finish)
+        return (t_new, t_lo_new, p, new_q, done, kv_used, kv_peak, issue_from, issued,
+                n_done + f, steps + active.astype(jnp.int32), iters, busy, tok_sum, slot_req,
+                slot_gen, arrival, arrival_lo, admit, first, finish)
 
     int0 = jnp.zeros((), jnp.int32)
     f0 = jnp.zeros((), fin(0).dtype)
     issued0 = jnp.where(closed, jnp.minimum(fin(concurrency), fin(n)), fin(n)).astype(jnp.int32)
-    state = (f0, f0, int0, int0, f0, f0, f0, issued0, int0, int0, f0, f0, f0,
+    state = (f0, f0, int0, int0, f0, f0, f0, issued0, issued0, int0, int0, f0, f0, f0,
              jnp.full((slots,), -1, jnp.int32), jnp.zeros((slots,), fin(0).dtype),
              arrival0, lo0, zeros, zeros, zeros)
     if differentiable:
         state = jax.lax.fori_loop(0, max_steps, lambda i, s: step(s), state)
     else:
-        state = jax.lax.while_loop(lambda s: (s[8] < n) & (s[9] < max_steps), step, state)
-    (_, _, _, _, _, _, kv_peak, _, n_done, steps, iters, busy, tok_sum, _, _, arrival,
-     arrival_lo, admit, first, finish) = state
+        state = jax.lax.while_loop(lambda s: (s[9] < n) & (s[10] < max_steps), step, state)
+    (t, t_lo, _, _, _, _, kv_peak, issue_from, issued, n_done, steps, iters, busy, tok_sum, _,
+     _, arrival, arrival_lo, admit, first, finish) = state
+    arrival, arrival_lo = issue(arrival, arrival_lo, issue_from, issued, t, t_lo)
     arrival = arrival + arrival_lo
     return Schedule(arrival=arrival, admit=arrival + admit, first_token=arrival + first,
                     finish=arrival + finish, queue=admit, ttft=first, e2e=finish,
