@@ -39,6 +39,14 @@ computed the clock: there XLA could recompute the clock inside the scatter's fus
 copy could round differently (by a fraction of an ulp in the low word), so that the request
 arrived just after the clock and its admission slipped by an iteration, depending on how the
 program was compiled (vmapped batch size, surrounding code).
+
+**Loop.** The `lax.while_loop` tests its condition (requests left, steps below `max_steps`)
+once per `STEP_BLOCK` steps, run as a fixed-length inner loop: a step taken when the condition
+is false changes nothing (every update is masked by it), so the results are those of testing
+after every step. Vmapped over deployments, a while loop's condition is per deployment and
+each test merges the new state into the old with a select, which copies the per-request
+arrays (N entries each, per deployment); with a block of steps that copy is paid once per
+block instead of once per step.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ from ..inference._iteration import IterationCost, iteration_base, keys_read, tim
 from ..specs._engine import Engine
 
 _BIG = 1e30  # "never" (a time or a count); finite so that no NaN is ever produced
+#: Simulation steps between two tests of the loop's condition (module docstring, "Loop").
+STEP_BLOCK = 16
 
 
 class Requests(eqx.Module):
@@ -203,7 +213,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
     def step(state):
         (t, t_lo, p, q, done, kv_used, kv_peak, issue_from, issued, n_done, steps, iters, busy,
          tok_sum, slot_req, slot_gen, arrival, arrival_lo, admit, first, finish) = state
-        active = n_done < n
+        active = (n_done < n) & (steps < max_steps)  # else the step changes nothing
         # 0. closed loop: the requests the last step's finishes issued arrive at its end, the
         # clock now, written from the clock this step reads (module docstring, "Closed loop")
         arrival, arrival_lo = issue(arrival, arrival_lo, issue_from, issued, t, t_lo)
@@ -329,7 +339,9 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
     if differentiable:
         state = jax.lax.fori_loop(0, max_steps, lambda i, s: step(s), state)
     else:
-        state = jax.lax.while_loop(lambda s: (s[9] < n) & (s[10] < max_steps), step, state)
+        state = jax.lax.while_loop(lambda s: (s[9] < n) & (s[10] < max_steps),
+                                   lambda s: jax.lax.fori_loop(0, STEP_BLOCK,
+                                                               lambda i, s: step(s), s), state)
     (t, t_lo, _, _, _, _, kv_peak, issue_from, issued, n_done, steps, iters, busy, tok_sum, _,
      _, arrival, arrival_lo, admit, first, finish) = state
     arrival, arrival_lo = issue(arrival, arrival_lo, issue_from, issued, t, t_lo)
