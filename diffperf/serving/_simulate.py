@@ -62,6 +62,8 @@ from ..specs._engine import Engine
 _BIG = 1e30  # "never" (a time or a count); finite so that no NaN is ever produced
 #: Simulation steps between two tests of the loop's condition (module docstring, "Loop").
 STEP_BLOCK = 16
+#: Most request slots whose prefix sums are taken as a matmul (`_prefix_sum`); above, cumsum.
+PREFIX_MATMUL_SLOTS = 128
 
 
 class Requests(eqx.Module):
@@ -157,6 +159,28 @@ def _affine_root(t0, delta, gap) -> jax.Array:
     return jnp.maximum(jnp.ceil(root), 1.0)
 
 
+def _prefix_sum(x) -> jax.Array:
+    """Inclusive prefix sums of `x` along its last axis (the request slots). Up to
+    `PREFIX_MATMUL_SLOTS` slots as the product with a triangular matrix of ones: one small
+    matmul where XLA's CPU cumsum (a reduce-window) costs several times more, and a step takes
+    three; above, where the matmul's O(slots^2) work dominates, `jnp.cumsum`. The terms summed
+    here are whole token counts (or 0 / 1), so every order of summation gives the same sums
+    (exact below 2^24 in float32); after a `_BIG` term every sum exceeds any KV capacity,
+    whatever the order."""
+    k = x.shape[-1]
+    if k > PREFIX_MATMUL_SLOTS:
+        return jnp.cumsum(x, axis=-1)
+    upper = (jnp.arange(k)[:, None] <= jnp.arange(k)[None, :]).astype(x.dtype)
+    return jnp.matmul(x, upper, precision=jax.lax.Precision.HIGHEST)
+
+
+def _leading(mask) -> jax.Array:
+    """How many entries at the start of the boolean vector `mask` are true before the first
+    false one (int32; sum(cumprod(mask)) without a scan)."""
+    k = mask.shape[-1]
+    return jnp.min(jnp.where(mask, k, jnp.arange(k, dtype=jnp.int32)))
+
+
 def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Requests,
              slots: int, max_steps: int, concurrency=0.0, fast_forward: bool = True,
              differentiable: bool = False, prefilled: bool = False) -> Schedule:
@@ -228,11 +252,10 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         arr_w = jnp.where(valid, gather(arrival, idx), _BIG)
         res_w = jnp.where(valid, gather(admit_need, idx), _BIG)
         ok = (fin(window) < free) & valid & (arr_w < _BIG) & (since(idx) >= 0) & (
-            kv_used + jnp.cumsum(res_w) <= kv_capacity)
-        take = jnp.cumprod(ok.astype(jnp.int32))
-        m = jnp.where(active, jnp.sum(take), 0).astype(jnp.int32)
+            kv_used + _prefix_sum(res_w) <= kv_capacity)
+        m = jnp.where(active, _leading(ok), 0)
         is_free = (~running) & usable
-        rank = jnp.cumsum(is_free).astype(jnp.int32) - 1
+        rank = _prefix_sum(fin(is_free)).astype(jnp.int32) - 1
         newly = is_free & (rank < m)
         slot_req = jnp.where(newly, p + rank, slot_req)
         slot_gen = jnp.where(newly, 1.0 if prefilled else 0.0, slot_gen)
@@ -260,11 +283,11 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         prompt = gather(s_in, idx2)
         before_done = jnp.where(window == 0, done, 0.0)
         rem = jnp.where(pending, prompt - before_done, 0.0)
-        cum = jnp.cumsum(rem)
+        cum = _prefix_sum(rem)
         chunk = jnp.where(engine.chunked_prefill > 0, jnp.clip(b - (cum - rem), 0.0, rem),
                           jnp.where(cum <= b, rem, 0.0))
         completes = pending & (rem > 0) & (chunk >= rem)
-        n_c = jnp.sum(jnp.cumprod(completes.astype(jnp.int32))).astype(jnp.int32)
+        n_c = _leading(completes)
         pre_tokens = jnp.sum(chunk)
         pairs = jnp.sum(chunk * (before_done + 0.5 * chunk))
         has_prefill = (pre_tokens > 0).astype(t.dtype)
