@@ -108,16 +108,16 @@ def test_valid_reports_are_finite_and_invalid_ones_refused(step, gpt3, eff, labe
         _assert_refused(r, label)
 
 
-def test_an_invalid_plan_that_computes_nan_is_refused(eff):
+def test_an_invalid_plan_that_computes_nan_is_refused(step, eff):
     """Issue 41 item 5: a 30-layer model, pp = 32, dp = 2, global batch 2, ZeRO-3, embedding
     and loss counted as pipeline slots on GB200 is reason 5 (its step time is NaN: 0 / 0 in the
     data-parallel window; by the documented rule a refused plan's numbers are not a
     prediction)."""
     from diffperf.specs._training_plan import TrainingPlan
-    model = eqx.tree_at(lambda t: t.layers, dp.model("gpt-1.7b"), 30.0)
+    model = eqx.tree_at(lambda t: t.layers, dp.model("gpt-1.7b"), jnp.float32(30.0))
     plan = eqx.tree_at(lambda t: t.pp, TrainingPlan(dp=2, global_batch=2, zero=3,
-                                                    account_embedding_loss=1), 32.0)
-    r = jax.device_get(jax.jit(dp.train_step)(model, dp.system("gb200-nvl72"), plan, eff))
+                                                    account_embedding_loss=1), jnp.float32(32.0))
+    r = jax.device_get(step(model, dp.system("gb200-nvl72"), plan, eff))
     assert int(r.reason) == 5
     _assert_refused(r, "30 layers, pp 32")
 
@@ -225,11 +225,10 @@ def test_embedding_and_loss_slots_count_in_the_pipeline_split():
     assert int(empty_end.reason) == 5  # 32 slots for 32 stages: the end stages hold no layer
 
 
-def test_an_infinite_count_is_reason_11_under_jit(gpt3, dgx_a100, eff):
+def test_an_infinite_count_is_reason_11_under_jit(step, gpt3, dgx_a100, eff):
     """Issue 41 item 5: a traced count of +inf passed `x >= 1` and `x == round(x)` and got
     reasons 1 / 4 / 5 / 10 from the checks after it; it is not a whole number (reason 11)."""
     from diffperf.feasibility import TRAINING_COUNTS, TRAINING_COUNTS_OR_ZERO
-    step = jax.jit(dp.train_step)
     plan = dp.TrainingPlan(**OK)
     for field in TRAINING_COUNTS + TRAINING_COUNTS_OR_ZERO:
         bad = eqx.tree_at(lambda p, f=field: getattr(p, f), plan, jnp.float32(np.inf))
