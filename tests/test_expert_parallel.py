@@ -12,6 +12,7 @@ import dataclasses
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from toy_moe import EFF, H100, MOE, STEP, E, F, H, K, L, V  # noqa: F401
@@ -146,7 +147,8 @@ def test_layer_communication_is_reported_by_parallelism():
     """The layers' exposed communication splits into its TP reductions, CP K / V exchanges and
     EP all-to-alls: each appears exactly when its degree exceeds 1, and the parts add up to the
     step with the other terms."""
-    dense = eqx.tree_at(lambda m: (m.num_experts, m.experts_per_token), MOE, (1.0, 1.0))
+    one = jnp.float32(1.0)  # array leaves: STEP's compiled program serves the dense model too
+    dense = eqx.tree_at(lambda m: (m.num_experts, m.experts_per_token), MOE, (one, one))
     for model, kw, present in (
             (MOE, {"tp": 2, "cp": 2, "dp": 4, "ep": 4}, ("tp", "cp", "ep")),
             (MOE, {"tp": 1, "dp": 16, "ep": 4}, ("ep",)),

@@ -19,6 +19,7 @@ What is asserted, and why it is guaranteed:
 from __future__ import annotations
 
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
@@ -280,7 +281,7 @@ def test_zero3_gathers_and_reduces_one_layer_at_a_time(step, dgx_a100):
     got = float(step(model, fast, plan, eff).dp_comm_time)
     assert got == pytest.approx(want, rel=2e-3), (got, want)
     # DeepSpeed-style ZeRO-3: one ring per weight matrix (q/k/v, out, and 3 SwiGLU matrices).
-    per_matrix = eqx.tree_at(lambda p: p.zero3_per_matrix, plan, 1.0)
+    per_matrix = eqx.tree_at(lambda p: p.zero3_per_matrix, plan, jnp.float32(1.0))
     got_m = float(step(model, fast, per_matrix, eff).dp_comm_time)
     assert got_m == pytest.approx(5 * want, rel=2e-3), (got_m, 5 * want)
 
