@@ -6,6 +6,7 @@ Every expected value is written out here from the papers' formulas, never taken 
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -323,7 +324,7 @@ def test_parallel_block_halves_tp_communication(step, gpt22b, dgx_a100, eff, rec
     asynchronous backward reduction hides a non-linear share)."""
     import equinox as eqx
     import jax.numpy as jnp
-    par = eqx.tree_at(lambda m: m.parallel_attention, gpt22b, jnp.asarray(1.0))
+    par = eqx.tree_at(lambda m: m.parallel_attention, gpt22b, jnp.float32(1.0))
     plan = dp.TrainingPlan(tp=8, pp=1, dp=1, micro_batch=1, global_batch=4,
                            recompute=recompute, sequence_parallel=sp, overlap_tp_backward=0)
     a, b = step(gpt22b, dgx_a100, plan, eff), step(par, dgx_a100, plan, eff)
@@ -359,12 +360,12 @@ def test_async_backward_tp_reduction_hides_behind_weight_gradients(step, gpt3, d
         plan = dp.TrainingPlan(tp=8, pp=1, dp=1, global_batch=1, sequence_parallel=sp,
                                overlap_tp=0, overlap_tp_backward=0)
         inline = float(step(gpt3, dgx_a100, plan, eff).tp_comm_time)
-        hidden = float(step(gpt3, dgx_a100, eqx_set(plan, "overlap_tp_backward", 1.0),
+        hidden = float(step(gpt3, dgx_a100, eqx_set(plan, "overlap_tp_backward", jnp.float32(1.0)),
                             eff).tp_comm_time)
         assert hidden == pytest.approx(kept * inline, rel=0.01), (sp, hidden / inline)
         # compute is untouched
         a = step(gpt3, dgx_a100, plan, eff)
-        b = step(gpt3, dgx_a100, eqx_set(plan, "overlap_tp_backward", 1.0), eff)
+        b = step(gpt3, dgx_a100, eqx_set(plan, "overlap_tp_backward", jnp.float32(1.0)), eff)
         assert float(a.compute_time) == pytest.approx(float(b.compute_time), rel=1e-9)
 
 
