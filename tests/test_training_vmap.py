@@ -56,6 +56,7 @@ def test_plans_are_valid(batch, step):
         assert int(step(m, s, p, e).reason) in (0, 10)
 
 
+@pytest.mark.slow  # the fast set's vmap == loop check: test_feature_table (every feature, mixed)
 def test_vmap_equals_python_loop(batch, step):
     models, systems, plans, effs = batch
     batched = jax.device_get(eqx.filter_jit(jax.vmap(dp.train_step))(
