@@ -110,28 +110,36 @@ def test_spec_files_are_read_again_where_the_path_names_another_file(daemon):
 
 @pytest.mark.slow
 def test_a_busy_daemon_hands_the_command_back_and_a_hang_up_stops_its_command(daemon):
+    """A command blocked reading a FIFO keeps the daemon busy for as long as the test needs:
+    meanwhile another command runs in its caller; the blocked command's client is then
+    interrupted, and when the FIFO delivers, the daemon drops the command (it would otherwise
+    open the file again and block for ever) and serves the next one."""
     env, local_env, work = daemon
     before = _commands_served(env, work)
-    long = subprocess.Popen([sys.executable, "-m", "diffperf.cli", "search", "train", "--model",
-                             "llama2-70b", "--gpus", "256", "--out", "long.csv"], env=env,
-                            cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reference = _run(["train", "--json"], local_env, work)
+    fifo = work / "blocked.json"
+    os.mkfifo(fifo)
+    blocked = subprocess.Popen([sys.executable, "-m", "diffperf.cli", "train", "--model",
+                                fifo.name, "--json"], env=env, cwd=work,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while not _status(env, work)["busy"]:
-            assert time.monotonic() < deadline and long.poll() is None
+            assert time.monotonic() < deadline and blocked.poll() is None
             time.sleep(0.2)
-        here, there = _run(["train", "--json"], local_env, work), _run(["train", "--json"],
-                                                                       env, work)
-        assert (there.returncode, there.stdout) == (here.returncode, here.stdout)
+        there = _run(["train", "--json"], env, work)  # the daemon is busy: runs here
+        assert (there.returncode, there.stdout) == (reference.returncode, reference.stdout)
+        assert _status(env, work)["busy"] and _commands_served(env, work) == before
     finally:
-        long.send_signal(signal.SIGINT)
-        long.wait(timeout=60)
+        blocked.send_signal(signal.SIGINT)
+        blocked.wait(timeout=60)
+    with open(fifo, "w") as f:  # the daemon reads: its pending interrupt fires
+        f.write("{}")
     deadline = time.monotonic() + 60
-    while _status(env, work)["busy"]:  # the search stops when its client hangs up
-        assert time.monotonic() < deadline
+    while _status(env, work)["busy"]:
+        assert time.monotonic() < deadline, "the hung-up command was not interrupted"
         time.sleep(0.2)
-    assert not (work / "long.csv").exists()
-    assert _commands_served(env, work) == before  # neither command counted as served
+    assert _commands_served(env, work) == before
     # a command from a directory deleted afterwards leaves the daemon as it was
     gone = work / "gone"
     gone.mkdir()

@@ -370,8 +370,9 @@ def cli_benchmark(repeats: int = 5, against: str | None = None, log=print) -> di
     if against and not (Path(against) / "diffperf" / "__init__.py").is_file():
         raise ValueError(f"--against {against}: not a source tree (no diffperf/__init__.py)")
     trees = {"this": None} | ({"against": str(against)} if against else {})
-    has_daemon = {name: (Path(tree or Path(__file__).resolve().parents[2])
-                         / "diffperf" / "cli" / "_daemon.py").is_file()
+    has_daemon = {name: any(k in CLI_COMMANDS for k in DAEMON_COMMANDS)
+                  and (Path(tree or Path(__file__).resolve().parents[2])
+                       / "diffperf" / "cli" / "_daemon.py").is_file()
                   for name, tree in trees.items()}
     with tempfile.TemporaryDirectory(prefix="diffperf-bench-cli-") as tmp:
         files = {"train": _few_rows(BENCHMARKS / "train_calibration.csv", f"{tmp}/train.csv"),
@@ -390,7 +391,7 @@ def cli_benchmark(repeats: int = 5, against: str | None = None, log=print) -> di
             os.makedirs(daemon_envs[name]["XDG_RUNTIME_DIR"], mode=0o700)
             envs[name] = {**env, "DIFFPERF_DAEMON": "0"}
         commands = {k: [a.format(**files) for a in v] for k, v in CLI_COMMANDS.items()}
-        commands |= {f"{k} (daemon)": commands[k] for k in DAEMON_COMMANDS}
+        commands |= {f"{k} (daemon)": commands[k] for k in DAEMON_COMMANDS if k in commands}
         runs: dict[str, dict[str, list[tuple[float, float]]]] = {
             n: {k: [] for k in commands if has_daemon[n] or "(daemon)" not in k} for n in trees}
 
