@@ -5,6 +5,7 @@ socket)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -133,10 +134,21 @@ def test_a_busy_daemon_hands_the_command_back_and_a_hang_up_stops_its_command(da
     finally:
         blocked.send_signal(signal.SIGINT)
         blocked.wait(timeout=60)
-    with open(fifo, "w") as f:  # the daemon reads: its pending interrupt fires
-        f.write("{}")
     deadline = time.monotonic() + 60
+    while not _status(env, work)["interrupting"]:  # the daemon saw the hang-up
+        assert time.monotonic() < deadline, "the daemon did not see its client hang up"
+        time.sleep(0.2)
     while _status(env, work)["busy"]:
+        # Give the blocked read something: its pending interrupt fires when the read returns
+        # (the reader may close the pipe before the write ends).
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # no reader (yet): ENXIO
+        except OSError:
+            pass
+        else:
+            with contextlib.suppress(OSError):
+                os.write(fd, b"{}")
+            os.close(fd)
         assert time.monotonic() < deadline, "the hung-up command was not interrupted"
         time.sleep(0.2)
     assert _commands_served(env, work) == before

@@ -158,6 +158,7 @@ class _Daemon:
                 with self.lock:
                     busy = self.busy
                 info = {"pid": os.getpid(), "commands": self.served, "busy": busy,
+                        "interrupting": busy and self.hung_up.is_set(),
                         "rss_mib": _resident_bytes() / 2**20,
                         "uptime_s": time.time() - self.started, "idle_s": time.time() - self.last}
                 try:
