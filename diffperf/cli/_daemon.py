@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -109,20 +108,6 @@ def _control(path: Path, action: str) -> dict | None:
         return None
 
 
-def _answers(path: Path) -> bool:
-    """True if something accepts connections at the socket `path` (a dead daemon's socket
-    refuses them)."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.settimeout(2.0)
-        conn.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        conn.close()
-    return True
-
-
 def _start(idle_s: float, max_rss: float) -> int:
     directory = _private_directory()
     digest = fingerprint()
@@ -132,7 +117,8 @@ def _start(idle_s: float, max_rss: float) -> int:
               f"(pid {info['pid']}, socket {path})")
         return 0
     if path.exists():
-        if _answers(path):
+        if (conn := connect(path)) is not None:  # something listens but is no daemon
+            conn.close()
             raise CliError(f"a process listens at {path} but does not answer as a diffperf "
                            "daemon; stop it (its pid is in `fuser` / `ss -xlp`) or remove the "
                            "socket")

@@ -35,7 +35,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from . import _main
-from ._daemon_client import HEADER, LOCAL_COMMANDS, MAX_REQUEST_BYTES, fingerprint
+from ._daemon_client import HEADER, LOCAL_COMMANDS, MAX_REQUEST_BYTES, fingerprint, read_exact
 
 #: Commands run once at start-up so that their programs are loaded before the first request
 #: (output discarded).
@@ -92,13 +92,13 @@ def _resident_bytes() -> float:
 def _receive(conn: socket.socket) -> dict | None:
     """The connection's request (a JSON object), or None if it is malformed or too slow."""
     try:
-        head = conn.recv(4, socket.MSG_WAITALL)
-        if len(head) < 4:
+        head = read_exact(conn, 4)
+        if head is None:
             return None
         (n,) = struct.unpack(">I", head)
-        if n > MAX_REQUEST_BYTES:
+        body = read_exact(conn, n) if n <= MAX_REQUEST_BYTES else None
+        if body is None:
             return None
-        body = conn.recv(n, socket.MSG_WAITALL)
         message = json.loads(body.decode())
     except (OSError, ValueError):
         return None
