@@ -214,6 +214,7 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
     fin = lambda x: jnp.asarray(x, jnp.result_type(float))
     s_in, s_out = fin(requests.input_len), fin(requests.output_len)
     closed = fin(concurrency) > 0
+    open_loop = isinstance(concurrency, (int, float)) and concurrency == 0
     order = jnp.arange(n, dtype=jnp.int32)
     arrival0 = jnp.where(closed, jnp.where(fin(order) < concurrency, 0.0, _BIG),
                          fin(requests.arrival))
@@ -240,7 +241,8 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         active = (n_done < n) & (steps < max_steps)  # else the step changes nothing
         # 0. closed loop: the requests the last step's finishes issued arrive at its end, the
         # clock now, written from the clock this step reads (module docstring, "Closed loop")
-        arrival, arrival_lo = issue(arrival, arrival_lo, issue_from, issued, t, t_lo)
+        if not open_loop:  # (a static open loop skips the two scatters: 11 % of a step)
+            arrival, arrival_lo = issue(arrival, arrival_lo, issue_from, issued, t, t_lo)
 
         def since(idx, hi=t, lo=t_lo):  # clock minus the arrival of request idx, s
             return (hi - gather(arrival, idx)) + (lo - gather(arrival_lo, idx))
@@ -289,7 +291,9 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         completes = pending & (rem > 0) & (chunk >= rem)
         n_c = _leading(completes)
         pre_tokens = jnp.sum(chunk)
-        pairs = jnp.sum(chunk * (before_done + 0.5 * chunk))
+        # sum(chunk (before_done + chunk / 2)); only slot 0 has tokens before (`done`). Written
+        # so, XLA:CPU's reduction fusion runs 16 % faster a step than the fused multiply-add
+        pairs = 0.5 * jnp.sum(chunk * chunk) + chunk[0] * done
         has_prefill = (pre_tokens > 0).astype(t.dtype)
         in_slot = gather(s_in, slot_req)
         ctx = jnp.where(running, in_slot + slot_gen, 0.0)
