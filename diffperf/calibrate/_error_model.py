@@ -128,8 +128,8 @@ class Descriptor:
     #: Serving traffic: "offline" (every request at once), "closed" (fixed concurrency),
     #: "online" (arrivals at a rate or from a trace); "" for other quantities.
     load: str = ""
-    #: The measured deployment ran attention data-parallel (DeepSeek-style serving), which the
-    #: simulator represents as tensor-parallel attention (only published rows have it).
+    #: The measured deployment ran attention data-parallel (DeepSeek-style serving,
+    #: `InferencePlan.attention_dp`): no calibrated run did (only published serving rows).
     attention_dp: bool = False
 
     @property
@@ -302,7 +302,7 @@ def _reason_text(name: str, d: Descriptor, support: dict) -> str:
         "nodes": f"{d.nodes:.0f} nodes",
         "serve_offline": "all requests at once (offline throughput)",
         "serve_closed_loop": "a fixed number of clients (closed loop)",
-        "attention_dp": "attention data parallelism (simulated as tensor-parallel attention)",
+        "attention_dp": "attention data parallelism (no calibrated run used it)",
     }[name]
 
 

@@ -69,6 +69,15 @@ def add_per_head_decode(parser) -> None:
                              "(TensorRT-LLM masked MHA) instead of a grouped GQA kernel")
 
 
+def add_attention_dp(parser) -> None:
+    """`--attention-dp`: attention data-parallel over the tp GPUs (`InferencePlan.attention_dp`)."""
+    parser.add_argument("--attention-dp", action="store_true",
+                        help="attention data parallelism over the tp GPUs (TensorRT-LLM "
+                             "enable_attention_dp, SGLang --enable-dp-attention): each GPU "
+                             "serves its own sequences with the whole attention block and KV "
+                             "cache; only the routed experts are split (use --ep = --tp)")
+
+
 def add_prefill_tokens(parser) -> None:
     """The `--prefill-tokens` option (shared by `infer` and `search infer`)."""
     parser.add_argument("--prefill-tokens", type=int, default=0,
@@ -117,7 +126,9 @@ def add_infer_parser(subparsers) -> argparse.ArgumentParser:
                     help="expert-parallel degree of a MoE model's experts within the tp GPUs "
                          "(divides tp; TensorRT-LLM's moe_ep_size, with moe_tp_size = tp / ep; "
                          "default 1: every expert split over all tp GPUs)")
-    pl.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    add_attention_dp(pl)
+    pl.add_argument("--batch", type=int, default=1,
+                    help="concurrent sequences (default 1; with --attention-dp over all ranks)")
     pl.add_argument("--input", type=int, default=128, help="prompt tokens (default 128)")
     pl.add_argument("--output", type=int, default=128, help="generated tokens (default 128)")
     add_precision_arguments(pl)
@@ -194,7 +205,8 @@ def _specs(args, choice: RuntimeChoice):
                          flash_attention=0 if args.no_flash else 1,
                          grouped_decode_attention=0 if args.per_head_decode else 1,
                          gemm_peak_fraction=args.gemm_peak_fraction,
-                         prefill_tokens=args.prefill_tokens)
+                         prefill_tokens=args.prefill_tokens,
+                         attention_dp=1 if args.attention_dp else 0)
     plan = with_plan_fields(plan, unflagged)
     return mdl, sys_, plan, _load_efficiency(args.efficiency, args.gpu)
 
@@ -248,7 +260,8 @@ def _caveats(mdl, args, s: dict, choice: RuntimeChoice) -> list[str]:
 def _print(args, s: dict, table, capacity: float, choice: RuntimeChoice) -> None:
     m = s["memory_gb"]
     what_if = tag(args.set)
-    ep = f", ep={args.ep}" if args.ep != 1 else ""
+    ep = ((f", ep={args.ep}" if args.ep != 1 else "")
+          + (", attention DP" if getattr(args, "attention_dp", False) else ""))
     print(f"{args.model} on {s['num_gpus']} x {args.gpu}{what_if} (tp={args.tp}, pp={args.pp}"
           f"{ep}), batch {args.batch}, {args.input} in / {args.output} out, "
           f"{precisions_text(args)}")

@@ -29,7 +29,7 @@ from ._common import (
     add_output_arguments,
     group,
 )
-from ._infer import add_precision_arguments, precisions_of
+from ._infer import add_attention_dp, add_precision_arguments, precisions_of
 from ._runtime import add_runtime_argument, resolve_runtime
 
 #: The engine preset that goes with each software-runtime preset (and the default pair).
@@ -65,6 +65,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     pl.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
     pl.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (default 1)")
     pl.add_argument("--ep", type=int, default=1, help="expert parallel degree within tp")
+    add_attention_dp(pl)
     pl.add_argument("--replicas", type=int, default=1,
                     help="engine replicas; requests go round robin (default 1)")
     pl.add_argument("--disaggregated", default=None, metavar="xPyD",
@@ -248,7 +249,13 @@ def run_serve(args) -> int:
         weights, act, kv = precisions_of(args)
         plan = InferencePlan(tp=args.tp, pp=args.pp, ep=args.ep, weight_precision=weights,
                              activation_precision=act, kv_precision=kv,
+                             attention_dp=1 if args.attention_dp else 0,
                              gemm_peak_fraction=args.gemm_peak_fraction)
+        if args.attention_dp and (args.slo or args.disaggregated):
+            raise ValueError("--attention-dp: not supported with "
+                             f"{'--slo' if args.slo else '--disaggregated'} yet (the sizing "
+                             "search and the xPyD pools split traffic per replica, not per "
+                             "attention rank)")
         eff = _load_efficiency(None, args.gpu)
         traffic = _traffic(args)
         price, power = _price(args), _power(args)
@@ -300,7 +307,10 @@ def run_serve(args) -> int:
     load = (f"trace {args.trace}" if args.trace else
             f"closed loop, {args.concurrency} clients" if args.concurrency else
             f"{'all at once' if args.rate is None else f'{args.rate:g} req/s Poisson'}")
-    print(f"{where} (tp={args.tp}, pp={args.pp}), engine {engine_name} "
+    parallel = (f"tp={args.tp}, pp={args.pp}" + (f", ep={args.ep}" if args.ep != 1 else "")
+                + (f", attention DP: {args.tp} ranks, max_num_seqs each" if args.attention_dp
+                   else ""))
+    print(f"{where} ({parallel}), engine {engine_name} "
           f"(max_num_seqs {out['engine']['max_num_seqs']:g}, budget "
           f"{out['engine']['max_num_batched_tokens']:g} tokens), runtime {choice.name}")
     if not args.trace:

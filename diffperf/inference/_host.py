@@ -56,9 +56,13 @@ def graph_kernel_time(eff: Efficiency, runtime: Runtime) -> jax.Array:
 
 
 def collectives_per_layer(model: Transformer, plan: InferencePlan) -> jax.Array:
-    """Collective calls one layer issues per pass: its tensor-parallel all-reduces
-    (`model.tp_reductions_per_pass`) when tp > 1, count."""
-    return jnp.where(plan.tp > 1, model.tp_reductions_per_pass, 0.0)
+    """Collective calls one layer issues per pass when tp > 1, count: its tensor-parallel
+    all-reduces (`model.tp_reductions_per_pass`), or with attention data parallelism the
+    gather and scatter of a MoE layer's tokens (one collective pair, counted as one, in the
+    share of the layers that have experts)."""
+    moe = jnp.where(model.num_experts > 1, 1.0 - model.dense_fraction, 0.0)
+    calls = jnp.where(plan.attention_dp > 0, moe, model.tp_reductions_per_pass)
+    return jnp.where(plan.tp > 1, calls, 0.0)
 
 
 def host_issue_time(model: Transformer, plan: InferencePlan, runtime: Runtime,

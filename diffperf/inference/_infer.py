@@ -95,6 +95,8 @@ class _Dims(eqx.Module):
     """Local (per-GPU) sizes shared by both phases (internal)."""
 
     tp: jax.Array
+    atp: jax.Array  # tensor-parallel degree of attention and all but the routed experts
+    dp: jax.Array  # attention data-parallel ranks (InferencePlan.attention_dp: tp, else 1)
     ep: jax.Array  # expert-parallel degree within the tp GPUs (InferencePlan.ep)
     h: jax.Array
     d: jax.Array
@@ -108,7 +110,7 @@ class _Dims(eqx.Module):
     group: jax.Array  # query heads per cached head group (MLA: all heads share the latent)
     rope: jax.Array  # elements per token that get RoPE: (a + g) d, or MLA's (a + 1) d_r
     latents: jax.Array  # MLA's query + KV latent (+ RoPE key) widths per token (0 without)
-    f: jax.Array  # MLP width per GPU (an expert's: its mean share of each GPU)
+    f: jax.Array  # MLP width per GPU and token (an expert's: its mean share of each GPU)
     f_expert: jax.Array  # width of one expert on the GPUs that hold it, ffn_hidden * ep / tp
     f_dense: jax.Array  # width per GPU of a MoE model's dense-MLP layers
     f_shared: jax.Array  # width per GPU of the shared expert of its MoE layers (0 = none)
@@ -132,24 +134,30 @@ def expert_parallel_degree(model: Transformer, plan: InferencePlan) -> jax.Array
 
 
 def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
+    """Per-GPU sizes. With attention data parallelism everything but the routed experts is
+    sized for one GPU (`atp` = 1); an expert's width stays ffn_hidden * ep / tp."""
     ab = bytes_per_element(plan.activation_precision)
     mla = model.mla
-    heads = model.heads / plan.tp
-    kv = jnp.maximum(model.kv_heads / plan.tp, 1.0)  # replicated when tp > kv_heads
+    atp = plan.attention_tp
+    heads = model.heads / atp
+    kv = jnp.maximum(model.kv_heads / atp, 1.0)  # replicated when tp > kv_heads
     latent = model.kv_lora_rank + model.rope_head_dim
     mix = lambda standard, latent_attention: (1.0 - mla) * standard + mla * latent_attention
     ep = expert_parallel_degree(model, plan)
     return _Dims(
-        tp=plan.tp, ep=ep, h=model.hidden, d=model.head_dim, heads=heads,
-        kv=jnp.maximum(model.attention_kv_heads / plan.tp, 1.0), qk=model.qk_dim, v=model.v_dim,
-        cache=model.kv_cache_width(plan.tp), dec_k=mix(model.head_dim, latent),
+        tp=plan.tp, atp=atp, dp=plan.attention_ranks, ep=ep, h=model.hidden, d=model.head_dim,
+        heads=heads, kv=jnp.maximum(model.attention_kv_heads / atp, 1.0), qk=model.qk_dim,
+        v=model.v_dim, cache=model.kv_cache_width(atp), dec_k=mix(model.head_dim, latent),
         dec_v=mix(model.head_dim, model.kv_lora_rank), group=mix(heads / kv, heads),
         rope=mix((heads + kv) * model.head_dim, (heads + 1.0) * model.rope_head_dim),
-        latents=mla * (model.q_lora_rank + latent), f=model.ffn_hidden / plan.tp,
-        f_expert=model.ffn_hidden * ep / plan.tp,
-        f_dense=model.dense_width / plan.tp, dense=model.dense_fraction,
-        f_shared=model.shared_ffn_hidden / plan.tp, shared_gemm=model.shared_width / plan.tp,
-        vocab=model.vocab / plan.tp, math=plan.math_precision,
+        latents=mla * (model.q_lora_rank + latent), f=model.ffn_hidden / atp,
+        # the routed experts are split over all tp GPUs; a dense model's MLP is replicated
+        # with attention DP (no experts to split), as the other dense layers are
+        f_expert=jnp.where(model.num_experts > 1, model.ffn_hidden * ep / plan.tp,
+                           model.ffn_hidden / atp),
+        f_dense=model.dense_width / atp, dense=model.dense_fraction,
+        f_shared=model.shared_ffn_hidden / atp, shared_gemm=model.shared_width / atp,
+        vocab=model.vocab / atp, math=plan.math_precision,
         head_math=jnp.minimum(plan.math_precision, 1.0),
         wb=bytes_per_element(plan.weight_precision), ab=ab, sb=jnp.maximum(ab, 2.0),
         kb=bytes_per_element(plan.kv_precision), moe=model.num_experts > 1,
@@ -205,11 +213,13 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     MoE model's dense-MLP layers (share `x.dense`) run `dense_mlp_*` instead of the router,
     the experts and the shared expert (`shared_mlp_*`, every token, not dispatched). The
     experts are those of the busiest expert-parallel GPU (`busiest_gpu_experts`), each at the
-    mean tokens per picked expert."""
+    mean tokens per picked expert. With attention data parallelism (`x.dp` ranks) the experts
+    see the tokens of all ranks, `tokens` x dp."""
     k_top = model.experts_per_token
-    touched = experts_touched(model, tokens)
-    per_expert = tokens * k_top / touched
-    local = busiest_gpu_experts(model, tokens, x.ep)
+    routed = tokens * jnp.where(x.moe, x.dp, 1.0)
+    touched = experts_touched(model, routed)
+    per_expert = routed * k_top / touched
+    local = busiest_gpu_experts(model, routed, x.ep)
     acc = system.accelerator
     g = lambda m, n, k, groups=1.0: split_k_gemm_cost(acc, eff, m, n, k, x.math, x.wb, x.ab,
                                                       groups, x.peak_fraction)
@@ -223,7 +233,7 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
         return (network_cost(jnp.zeros(()), 0.0) if model.known_absent(field)
                 else share * g(m, n, k))
     proj = [(pr.is_output, pr.share * g(tokens, pr.n, pr.k))
-            for pr in projections(model, x.tp)]
+            for pr in projections(model, x.atp)]
     add = lambda costs: functools.reduce(lambda a, b: jax.tree.map(jnp.add, a, b), costs)
     return {
         # MLA's four input projections as one op (same rows, so the same boundedness)
@@ -321,8 +331,16 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
     per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens,
                                             runtime.elementwise_kernels)
     msg = tokens * x.h * x.sb
-    per_layer["tp_allreduce"] = model.tp_reductions_per_pass * network_cost(
+    tensor_parallel = model.tp_reductions_per_pass * network_cost(
         coll.all_reduce(net, eff, msg, plan.tp), msg)
+    # attention DP: each MoE layer all-gathers every rank's tokens to the experts and
+    # reduce-scatters their outputs back, an all-reduce's traffic of the gathered tokens
+    gathered = msg * x.dp
+    moe_layers = jnp.where(x.moe, 1.0 - x.dense, 0.0)
+    data_parallel = moe_layers * network_cost(coll.all_reduce(net, eff, gathered, plan.tp),
+                                              gathered)
+    per_layer["tp_allreduce"] = jax.tree.map(
+        lambda d, t: jnp.where(plan.attention_dp > 0, d, t), data_parallel, tensor_parallel)
     ops.update({k: layers * v for k, v in per_layer.items()})
     ops["pp_send_recv"] = (plan.pp - 1.0) * network_cost(
         coll.send_recv(net, eff, msg, plan.tp), msg)
@@ -330,7 +348,7 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
     ops["lm_head"] = split_k_gemm_cost(acc, eff, b, x.vocab, x.h, x.head_math,
                                        bytes_per_element(x.head_math), x.sb)
     logits = b * model.vocab * 4.0  # fp32 logits gathered over the TP group
-    ops["logits_gather"] = network_cost(coll.all_gather(net, eff, logits, plan.tp), logits)
+    ops["logits_gather"] = network_cost(coll.all_gather(net, eff, logits, x.atp), logits)
     ops["final"] = compute_cost(acc, eff, 5.0 * b * x.h + 5.0 * b * x.vocab,
                                 b * x.h * 2.0 * x.sb + b * x.vocab * 4.0 * 2.0,
                                 acc.vector_flops * eff.vector, HEAD_KERNELS - 1.0)
@@ -352,6 +370,7 @@ def inference_ops(model: Transformer, system: System, plan: InferencePlan,
     """
     eff = resolve_efficiency(efficiency)
     runtime = Runtime() if runtime is None else runtime
+    plan = rank_plan(plan)
     x = _dims(model, plan)
     b = plan.batch
     prefill = _pass_ops(model, plan, system, eff, x, b * plan.input_len,
@@ -374,6 +393,13 @@ def inference_ops(model: Transformer, system: System, plan: InferencePlan,
     if not per_step_fallback:
         decode = jax.tree.map(lambda c: jnp.where(plan.output_len > 1, c, 0.0), decode)
     return {"prefill": prefill, "decode": decode}
+
+
+def rank_plan(plan: InferencePlan) -> InferencePlan:
+    """The plan one attention data-parallel rank runs: `batch` / `attention_ranks` sequences
+    (the plan itself without attention data parallelism). The operation costs, memory and
+    CUDA graphs of a plan are those of its rank; its throughput counts every rank."""
+    return eqx.tree_at(lambda p: p.batch, plan, plan.batch / plan.attention_ranks)
 
 
 def phase_graphs(plan: InferencePlan, runtime: Runtime) -> dict[str, jax.Array]:
@@ -434,8 +460,9 @@ def weight_bytes_per_gpu(model: Transformer, plan: InferencePlan) -> jax.Array:
     MLA's down-projections, router and norms replicated) plus the embedding and LM head shards,
     B."""
     x = _dims(model, plan)
-    attn = sum(pr.share * pr.n * pr.k for pr in projections(model, plan.tp))
-    mlp = model.mlp_matrices * x.h * ((1.0 - x.dense) * (model.num_experts * x.f + x.f_shared)
+    attn = sum(pr.share * pr.n * pr.k for pr in projections(model, x.atp))
+    experts = model.num_experts / x.ep * x.f_expert  # E / ep experts of width f_expert
+    mlp = model.mlp_matrices * x.h * ((1.0 - x.dense) * (experts + x.f_shared)
                                       + x.dense * x.f_dense)
     replicated = (jnp.where(x.moe, (1.0 - x.dense) * x.h * model.num_experts, 0.0) + 4.0 * x.h
                   + model.mla * (model.q_lora_rank + model.kv_lora_rank))  # MLA latent norms
@@ -454,7 +481,7 @@ def kv_cache_bytes_per_gpu(model: Transformer, plan: InferencePlan, batch=None) 
     (kv_lora_rank + rope_head_dim) per token and layer on every GPU instead of 2 kv_heads_local
     head_dim; sliding-window layers hold at most the window, B."""
     x = _dims(model, plan)
-    b = plan.batch if batch is None else batch
+    b = rank_plan(plan).batch if batch is None else batch
     context = model.cached_tokens(plan.input_len + plan.output_len)
     return model.layers / plan.pp * x.cache * x.kb * context * b
 
@@ -494,7 +521,7 @@ def inference_memory(model: Transformer, plan: InferencePlan,
     eff = resolve_efficiency(efficiency)
     w = weight_bytes_per_gpu(model, plan)
     kv = kv_cache_bytes_per_gpu(model, plan)
-    act = _activation_bytes(model, plan)
+    act = _activation_bytes(model, rank_plan(plan))
     return InferenceMemory(weights=w, kv_cache=kv, activations=act,
                            workspace=eff.memory_reserve + 0.0 * w,
                            total=w + kv + act + eff.memory_reserve)
@@ -517,22 +544,24 @@ def max_batch(model: Transformer, system: System, plan: InferencePlan,
     whole = jnp.floor(free / (kv + logits + s * per_token + scores))
     chunked = jnp.floor((free - cap * (per_token + scores / s)) / (kv + logits))
     b = jnp.where((cap > 0) & (chunked * s >= cap), jnp.maximum(chunked, whole), whole)
-    return jnp.maximum(b, 0.0)
+    return jnp.maximum(b, 0.0) * plan.attention_ranks  # every rank holds its own sequences
 
 
 def inference_reason(model: Transformer, plan: InferencePlan, system: System,
                      memory_total) -> jax.Array:
     """Reason code of an inference plan (0 feasible; codes of `diffperf.feasibility.REASONS`:
     1 tp does not divide heads, 2 tp vs kv_heads, 3 tp (tp / ep for the experts) does not divide
-    ffn_hidden, 5 pp exceeds layers, 8 ep does not divide the experts or tp, 9 no tensor cores
+    ffn_hidden (with attention data parallelism only the experts are split), 5 pp exceeds
+    layers, 8 ep does not divide the experts or tp, 9 no tensor cores
     for the GEMM precision, 10 does not fit in HBM; 11, reported first: a count that is not a
     whole number >= 1)."""
     ep_ok = divides(plan.ep, plan.tp)
+    atp = plan.attention_tp
     checks = [
-        (1, divides(plan.tp, model.heads)),
-        (2, divides(plan.tp, model.kv_heads) | divides(model.kv_heads, plan.tp)),
-        (3, tp_divides_mlps(plan.tp, model, jnp.where(
-            ep_ok, plan.tp / expert_parallel_degree(model, plan), plan.tp))),
+        (1, divides(atp, model.heads)),
+        (2, divides(atp, model.kv_heads) | divides(model.kv_heads, atp)),
+        (3, tp_divides_mlps(atp, model, jnp.where(model.num_experts > 1, jnp.where(
+            ep_ok, plan.tp / expert_parallel_degree(model, plan), plan.tp), atp))),
         (5, plan.pp <= model.layers),
         (8, divides(plan.ep, model.num_experts) & ep_ok),
         (9, system.accelerator.peak_flops(plan.math_precision) > 0),
@@ -588,11 +617,12 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
     runtime = Runtime() if runtime is None else runtime
     ops = inference_ops(model, system, plan, eff, per_step_fallback=True, runtime=runtime)
     steps = plan.output_len - 1.0
-    graphs = phase_graphs(plan, runtime)
+    rank = rank_plan(plan)
+    graphs = phase_graphs(rank, runtime)
     prefill = _breakdown(ops["prefill"], lambda gpu: host_wait(
-        model, plan, runtime, gpu, 1.0, graphs["prefill"], eff.host_overhead))
+        model, rank, runtime, gpu, 1.0, graphs["prefill"], eff.host_overhead))
     decode = _breakdown(ops["decode"], lambda gpu: host_wait(
-        model, plan, runtime, gpu, jnp.maximum(steps, 1.0), graphs["decode"],
+        model, rank, runtime, gpu, jnp.maximum(steps, 1.0), graphs["decode"],
         eff.host_overhead))
     tpot = decode.total / jnp.maximum(steps, 1.0)  # one hypothetical step when output_len = 1
     decode = jax.tree.map(lambda t: jnp.where(steps > 0, t, 0.0), decode)

@@ -70,7 +70,11 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
     - `replicas`: alike engine replicas; requests go round robin, so each replica serves every
       R-th request (a closed loop's clients are split evenly); the simulated replica stands
       for all. The last N mod R requests of the stream are left out, so that the replica
-      serves exactly 1 / R of it.
+      serves exactly 1 / R of it. With `plan.attention_dp` each of a replica's tp attention
+      ranks schedules its own requests (TensorRT-LLM's and SGLang's attention-DP schedulers,
+      `max_num_seqs` per rank): the stream is split over replicas x tp ranks, and the
+      simulated rank's iterations cost what one rank's share of the synchronised MoE layers
+      costs (`diffperf.inference.iteration_cost`, all ranks assumed equally loaded).
     - `price_per_hour`: USD per GPU-hour (0: no cost reported); `power`: (idle, max) W per GPU.
     - `ttft_target`, `tpot_target`: per-request targets of the report's goodput, s.
 
@@ -86,7 +90,8 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
     if budget < s_max:
         raise ValueError(f"Engine.max_num_batched_tokens ({budget:g}) must be at least "
                          f"max_num_seqs ({s_max})")
-    arrival, inp, out, concurrency = _stream(traffic, replicas)
+    ranks = int(round(float(plan.attention_ranks)))  # schedulers per replica
+    arrival, inp, out, concurrency = _stream(traffic, replicas * ranks)
     typical = eqx_replace(plan, batch=1.0, input_len=float(np.round(np.mean(inp))),
                           output_len=float(np.round(np.mean(out))))
     check = infer(model, system, eqx_replace(typical, batch=1.0), eff, runtime)
@@ -98,7 +103,7 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
     res = np.asarray(reservation(engine, inp, out))
     if res.max() > float(kv):
         i = int(np.argmax(res))
-        raise ValueError(f"request {i * replicas} needs {res[i]:g} KV-cache tokens "
+        raise ValueError(f"request {i * replicas * ranks} needs {res[i]:g} KV-cache tokens "
                          f"({inp[i]:g} in + {out[i]:g} out), more than a replica holds "
                          f"({float(kv):g} tokens): it can never be admitted")
     if float(np.asarray(engine.chunked_prefill)) == 0 and inp.max() > budget:
@@ -115,8 +120,11 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
     if not bool(schedule.completed):
         raise RuntimeError(f"the simulation did not finish within {steps} steps "
                            "(a bug: please report it with the command)")
-    return report(schedule, inp, out, kv, replicas, plan.num_gpus, price_per_hour,
-                  power[0], power[1], ttft_target, tpot_target)
+    summary = report(schedule, inp, out, kv, replicas * ranks, plan.num_gpus / ranks,
+                     price_per_hour, power[0], power[1], ttft_target, tpot_target)
+    # a replica of attention-DP ranks: its replicas count and KV cache are those of all ranks
+    return eqx.tree_at(lambda r: (r.replicas, r.kv_capacity), summary,
+                       (summary.replicas / ranks, summary.kv_capacity * ranks))
 
 
 _simulate_jit = jax.jit(simulate, static_argnums=(4, 5, 7))

@@ -68,6 +68,17 @@ class InferencePlan(eqx.Module):
       batch's prompts at once. It bounds the prefill activations in `diffperf.inference_memory`
       (and so `max_batch`); the time model keeps one pass over all prompt tokens (the FLOPs
       and bytes are the same; the smaller GEMMs of a chunk are not costed).
+    - `attention_dp`: 1 to run attention data-parallel over the `tp` GPUs of a stage
+      (TensorRT-LLM's `enable_attention_dp`, SGLang's `--enable-dp-attention`; "DEP" with
+      `ep = tp`): each GPU serves its own share of the sequences (batch / tp) with the whole
+      attention block (every head, unsplit projections, its own KV cache: no KV head is
+      replicated, which matters for MLA's single latent head), the LM head, dense-MLP layers and
+      shared experts replicated; only the routed experts are split, `ep` groups of E / ep
+      experts, each over tp / ep GPUs. Each MoE layer gathers the tokens of all tp GPUs to the
+      experts and returns their outputs (an all-gather and a reduce-scatter of the gathered
+      tokens: one all-reduce's traffic, TensorRT-LLM's attention-DP MoE communication), so the
+      experts of a GPU see tp times its own tokens and no attention all-reduce remains. 0
+      (default): attention tensor-parallel.
     """
 
     tp: jax.Array = _F(default=1)
@@ -87,6 +98,7 @@ class InferencePlan(eqx.Module):
     gemm_peak_fraction: jax.Array = _F(default=1)
     ep: jax.Array = _F(default=1)  # after the others, so positional arguments keep their meaning
     prefill_tokens: jax.Array = _F(default=0)
+    attention_dp: jax.Array = _F(default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "ep", "batch", "input_len", "output_len"):
@@ -95,6 +107,7 @@ class InferencePlan(eqx.Module):
         for name in ("weight_precision", "activation_precision", "kv_precision"):
             check_choice("InferencePlan", name, getattr(self, name), PRECISIONS)
         check_choice("InferencePlan", "flash_attention", self.flash_attention, {0: "off", 1: "on"})
+        check_choice("InferencePlan", "attention_dp", self.attention_dp, {0: "off", 1: "on"})
         check_choice("InferencePlan", "grouped_decode_attention", self.grouped_decode_attention,
                      {0: "off", 1: "on"})
         check_fraction("InferencePlan", "gemm_peak_fraction", self.gemm_peak_fraction,
@@ -104,6 +117,17 @@ class InferencePlan(eqx.Module):
     def num_gpus(self) -> jax.Array:
         """GPUs in the job, tp * pp."""
         return self.tp * self.pp
+
+    @property
+    def attention_ranks(self) -> jax.Array:
+        """Data-parallel attention ranks per stage: tp with `attention_dp`, else 1."""
+        return jnp.where(self.attention_dp > 0, self.tp, 1.0)
+
+    @property
+    def attention_tp(self) -> jax.Array:
+        """Tensor-parallel degree of the attention block (and of everything but the routed
+        experts): 1 with `attention_dp`, else tp."""
+        return jnp.where(self.attention_dp > 0, 1.0, self.tp)
 
     @property
     def math_precision(self) -> jax.Array:

@@ -9,10 +9,10 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   empty `ep`, `ep = tp` when it divides the experts: trtllm-bench `--ep` = `--tp` in those
   commands), `precision` for weights and GEMMs, `kv_precision` (empty: the row's precision,
   except an fp4 row whose KV is stored in fp8: NVFP4 checkpoints keep an FP8 KV cache).
-  Attention data parallelism inside one `tp` group is NOT representable (the plan's attention
-  stays tensor-parallel); such rows are predicted as tensor-parallel attention and flagged.
+  `attention_dp` 1 -> `InferencePlan.attention_dp` (each of the tp GPUs an attention rank
+  with its own scheduler and KV cache, the experts split over them).
 - replicas: `num_gpus / (tp * pp)` where that is a whole number > 1 (requests go round robin,
-  `serve`'s convention).
+  `serve`'s convention); with attention DP the stream is split over replicas x tp ranks.
 - engine preset (`ENGINE_RULES`): TensorRT-LLM 0.14 behind Triton -> `trtllm-0.14-triton`;
   trtllm-bench / trtllm-serve 0.17+ -> `trtllm` (trtllm-bench picks max_batch_size /
   max_num_tokens by its own heuristics, not printed in any row: the preset's 2048 / 8192 are
@@ -296,15 +296,16 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
         raise SkipRow("gpus not a multiple of tp*pp", f"{num_gpus:g} GPUs, tp*pp {tp * pp:g}")
     v = _model_values(rec, rt_name)
     ep = _num(rec, "ep")
-    if rec.get("attention_dp") == "1":
-        notes.append("attention DP modelled as tensor-parallel attention")
+    attention_dp = 1.0 if rec.get("attention_dp") == "1" else 0.0
+    if attention_dp:
         if ep is None and v["num_experts"] > 1 and v["num_experts"] % tp == 0:
             ep = tp
     ep = 1.0 if ep is None or v["num_experts"] <= 1 else ep
     mi, mo, dist, spread = _lengths(rec)
     model = row_model(v, math.ceil(mi * (1 + spread) + mo * (1 + spread)) + 1)
     fields: dict[str, Any] = dict(tp=tp, pp=pp, ep=ep, batch=1.0, input_len=float(round(mi)),
-                                  output_len=float(round(mo)), weight_precision=precision,
+                                  output_len=float(round(mo)), attention_dp=attention_dp,
+                                  weight_precision=precision,
                                   activation_precision=precision, kv_precision=kv)
     plan = InferencePlan(**fields)
     eng = engine_preset(eng_name)
@@ -387,9 +388,14 @@ class _Prepared:
     concurrency: int
 
 
+def schedulers(case: ServingCase) -> int:
+    """Schedulers the row's stream is split over: replicas x attention-DP ranks."""
+    return case.replicas * int(round(float(case.plan.attention_ranks)))
+
+
 def _stream(case: ServingCase):
     arrival, inp, out = traffic_requests(case.traffic)
-    r = case.replicas
+    r = schedulers(case)
     conc = case.traffic.concurrency
     if conc:
         conc = max(1, math.ceil(conc / r))
@@ -463,7 +469,7 @@ def _summary(p: _Prepared, arrival, first, finish) -> dict:
     dec = out > 1
     tpot = (finish - first)[dec] / (out[dec] - 1)
     duration = max(finish.max() - arrival.min(), 1e-12)
-    r = p.case.replicas
+    r = schedulers(p.case)
     tok_s = r * out.sum() / duration
     return {"ttft_mean": ttft.mean(), "ttft_p50": np.percentile(ttft, 50),
             "ttft_p99": np.percentile(ttft, 99),
@@ -471,7 +477,7 @@ def _summary(p: _Prepared, arrival, first, finish) -> dict:
             "tpot_mean": tpot.mean() if tpot.size else 0.0,
             "tpot_p50": np.percentile(tpot, 50) if tpot.size else 0.0,
             "e2e_mean": (finish - arrival).mean(), "output_tok_s": tok_s,
-            "output_tok_s_per_gpu": tok_s / (r * float(p.case.plan.num_gpus)),
+            "output_tok_s_per_gpu": tok_s / (p.case.replicas * float(p.case.plan.num_gpus)),
             "total_tok_s": r * (out.sum() + inp.sum()) / duration,
             "request_rate": r * n / duration}
 
