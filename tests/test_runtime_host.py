@@ -259,3 +259,42 @@ def test_work_outside_the_layers_binds_where_the_layers_are_short():
     s = float(EFF.host_overhead)
     assert extra(8, 1) == pytest.approx(s * 140 * 19e-6, rel=0.05)
     assert extra(1, 8) == pytest.approx(s * 35 * 19e-6, rel=0.05)
+
+
+# --------------------------------------------------------------------- MoE layers' host work
+MOE = dp.Transformer(layers=48, hidden=2048, heads=32, kv_heads=4, ffn_hidden=768,
+                     vocab=151936, seq_len=4096, num_experts=128, experts_per_token=8)
+
+
+def test_moe_forward_ops_by_hand():
+    """n = ops_per_layer + (moe_ops_per_layer + E / ep moe_ops_per_expert) in a MoE model
+    whose every layer has experts: 40 + (60 + 128 / 8 x 5) = 180; a dense model ignores the
+    MoE fields; H = n t_op + n b t_bwd (no recompute, b = 1; the all-to-alls' calls cost
+    t_coll = 0 here)."""
+    from diffperf.training._host import forward_ops_per_layer
+    rt = Runtime(host_op_time=10e-6, host_backward_op_time=10e-6, ops_per_layer=40.0,
+                 moe_ops_per_layer=60.0, moe_ops_per_expert=5.0)
+    plan = dp.TrainingPlan(ep=8, dp=8, global_batch=64)
+    assert float(forward_ops_per_layer(MOE, plan, rt)) == pytest.approx(180.0)
+    assert float(forward_ops_per_layer(SMALL, dp.TrainingPlan(global_batch=8), rt)) == 40.0
+    # forward + backward ops at 10 us, plus 2 passes x 2 all-to-alls at t_coll = 0
+    assert float(host_time_per_layer(MOE, plan, rt)) == pytest.approx(2 * 180 * 10e-6)
+
+
+def test_moe_layer_sync_never_hides_more():
+    """A MoE layer whose forward syncs with the host (`moe_layer_sync`) splits the layer's
+    forward and backward into separate segments: the GPU's wait is never shorter than with
+    the host running ahead, and strictly longer when the forward is host-bound while the
+    backward's longer GPU time would have hidden the excess; a dense model is unaffected."""
+    zero = jnp.asarray(0.0)
+    layer = LayerTimes(forward=jnp.asarray(1e-3), backward=jnp.asarray(2e-3), recompute=zero,
+                       tp_comm=zero, cp_comm=zero, ep_comm=zero, hidden=zero)
+    plan = dp.TrainingPlan(ep=8, dp=8, global_batch=64)
+    wait = lambda model, sync: float(micro_batch_host_wait(  # noqa: E731
+        model, plan, layer, 0.0, Runtime(host_op_time=10e-6, host_backward_op_time=2e-6,
+                                         ops_per_layer=150.0, moe_layer_sync=sync)))
+    # per layer: forward host 1.5 ms against 1 ms of GPU (0.5 ms exposed); backward host
+    # 0.3 ms against 2 ms; pooled 1.8 ms against 3 ms hides it all
+    assert wait(MOE, 1.0) == pytest.approx(48 * 0.5e-3, rel=0.05)
+    assert wait(MOE, 0.0) < 0.02 * wait(MOE, 1.0)  # the smooth clip's tail only
+    assert wait(SMALL, 1.0) == pytest.approx(wait(SMALL, 0.0))

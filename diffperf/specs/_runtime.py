@@ -58,6 +58,16 @@ class Runtime(eqx.Module):
       timers call `torch.cuda.synchronize()`), so the host cannot run ahead across them; 0 if
       it runs ahead through the step; in [0, 1] (`micro_batch_host_wait` in
       diffperf/training/_host.py).
+    - `moe_ops_per_layer`: framework operators a MoE layer's forward issues on top of
+      `ops_per_layer` (router, token dispatcher, permutation, combine, the grouped GEMMs'
+      fixed calls; training), count; in the share of the layers that have experts.
+    - `moe_ops_per_expert`: more forward operators per local expert of a MoE layer (the
+      grouped linear layers' per-expert splits, casts and GEMM calls), count.
+    - `moe_layer_sync`: 1 if every MoE layer's forward waits on the host for a device value
+      (Megatron-Core's dropless all-to-all dispatcher copies the tokens per expert to the host
+      before the all-to-all): the host cannot run ahead from a layer's forward into its
+      backward, so the forward and backward passes of the layers are separate segments, as
+      with `pass_sync`; in [0, 1].
 
     The default (every host time 0, no graphs, fused element-wise kernels) is the runtime of
     the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM 0.x tables without
@@ -81,12 +91,17 @@ class Runtime(eqx.Module):
     micro_batch_ops: jax.Array = _F(default=0.0)
     input_ops: jax.Array = _F(default=0.0)
     pass_sync: jax.Array = _F(default=0.0)
+    moe_ops_per_layer: jax.Array = _F(default=0.0)
+    moe_ops_per_expert: jax.Array = _F(default=0.0)
+    moe_layer_sync: jax.Array = _F(default=0.0)
 
     def __check_init__(self):
         for name in ("host_op_time", "host_backward_op_time", "host_collective_time",
                      "ops_per_layer", "backward_ops_per_op", "graph_node_time",
                      "graph_max_tokens", "host_step_time", "elementwise_kernels",
-                     "micro_batch_ops", "input_ops"):
+                     "micro_batch_ops", "input_ops", "moe_ops_per_layer",
+                     "moe_ops_per_expert"):
             check_nonnegative("Runtime", name, getattr(self, name))
-        for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync"):
+        for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync",
+                     "moe_layer_sync"):
             check_fraction("Runtime", name, getattr(self, name))

@@ -12,18 +12,22 @@ with G the layer's GPU time (compute and exposed communication, s) and H its hos
 
     H = (1 - graph) s (n (1 + f) t_op + n b t_bwd + c t_coll)
 
-n = `Runtime.ops_per_layer` forward operators, f the recomputed share of the layer (its
-forward operators run again), b backward operators per forward operator, c the layer's
-collective calls, t the `Runtime` host times, s = `Efficiency.host_overhead` (the calibrated
-host speed, 1 by default) and graph = `Runtime.train_graph`. A layer thus
-takes about max(G, H); with every host time 0 (the default runtime) the wait is exactly 0.
+n = `forward_ops_per_layer` forward operators (`Runtime.ops_per_layer`, plus in a MoE layer
+`moe_ops_per_layer` and `moe_ops_per_expert` per local expert), f the recomputed share of the
+layer (its forward operators run again), b backward operators per forward operator, c the
+layer's collective calls, t the `Runtime` host times, s = `Efficiency.host_overhead` (the
+calibrated host speed, 1 by default) and graph = `Runtime.train_graph`. A layer thus takes about
+max(G, H); with every host time 0 (the default runtime) the wait is exactly 0.
 
 Outside the layers, each micro-batch issues `Runtime.micro_batch_ops` more operators (embedding,
 LM head, loss, the engine's wrappers) and `input_ops` to prepare its inputs, each at t_op. Where
 the host runs ahead through the step (`Runtime.pass_sync` = 0) they are one more segment
 against the LM head's GPU time. Where the framework synchronises the device around every pass
 (`pass_sync` = 1: Megatron's timers), the segments are the passes themselves, and the input
-preparation is host time with an idle GPU (`micro_batch_host_wait`).
+preparation is host time with an idle GPU (`micro_batch_host_wait`). Where every MoE layer's
+forward waits on the host for a device value (`Runtime.moe_layer_sync`, Megatron-Core's dropless
+token dispatcher), the host cannot carry the forward's slack into the backward either: the
+layers' forward and backward passes are separate segments, as with `pass_sync`.
 """
 
 from __future__ import annotations
@@ -55,11 +59,21 @@ def collectives_per_layer(model: Transformer, plan: TrainingPlan) -> jax.Array:
     return passes * (tp + cp + ep)
 
 
+def forward_ops_per_layer(model: Transformer, plan: TrainingPlan, runtime: Runtime) -> jax.Array:
+    """n: framework operators of one layer's forward, mean over the layers, count:
+    `ops_per_layer` + r (`moe_ops_per_layer` + E / ep `moe_ops_per_expert`), r the share of
+    the layers with experts (0 for a dense model), E / ep the local experts."""
+    moe = jnp.where(model.num_experts > 1, 1.0 - model.dense_fraction, 0.0)
+    local = model.num_experts / jnp.maximum(plan.ep, 1.0)
+    return runtime.ops_per_layer + moe * (runtime.moe_ops_per_layer
+                                          + local * runtime.moe_ops_per_expert)
+
+
 def host_time_per_layer(model: Transformer, plan: TrainingPlan, runtime: Runtime,
                         host_overhead=1.0) -> jax.Array:
     """H: host time to issue one layer's work for one micro-batch, s (module docstring);
     `host_overhead` = s, the factor on every host time."""
-    n = runtime.ops_per_layer
+    n = forward_ops_per_layer(model, plan, runtime)
     full = plan.recomputed_fraction(model.layers)
     ops = (n * (1.0 + full) * runtime.host_op_time
            + n * runtime.backward_ops_per_op * runtime.host_backward_op_time)
@@ -86,7 +100,9 @@ def micro_batch_host_wait(model: Transformer, plan: TrainingPlan, layer: LayerTi
 
     - host running ahead (`pass_sync` = 0): each layer is a segment (`host_wait`), and the
       work outside the layers another against the head:
-      w_0 = L x(H, G) + x(H_mb + H_in, head).
+      w_0 = L x(H, G) + x(H_mb + H_in, head); in a MoE model whose layers' forward syncs
+      (`moe_layer_sync` = y), L [(1 - y) x(H, G) + y (x(H_lf, G_lf) + x(H_lb, G_lb))] for
+      the layers, with the one layer's shares of H_f, H_b, G_f, G_b below.
     - a device synchronisation at each pass boundary and around the input preparation
       (`pass_sync` = 1; Megatron's timers call `torch.cuda.synchronize()` in `start` and
       `stop`, and time `batch-generator`, `forward-compute` and `backward-compute` once per
@@ -108,13 +124,22 @@ def micro_batch_host_wait(model: Transformer, plan: TrainingPlan, layer: LayerTi
     pass_sync = 0 it is L `host_wait`, the layers' wait alone."""
     layers = plan.end_stage_layers(model.layers)
     scale = (1.0 - runtime.train_graph) * host_overhead
-    n, b = runtime.ops_per_layer, runtime.backward_ops_per_op
+    n, b = forward_ops_per_layer(model, plan, runtime), runtime.backward_ops_per_op
     f = plan.recomputed_fraction(model.layers)
     passes = 2.0 + f
     calls = collectives_per_layer(model, plan) * runtime.host_collective_time
     outside = scale * runtime.micro_batch_ops * runtime.host_op_time
     inputs = scale * runtime.input_ops * runtime.host_op_time
-    free = (layers * host_wait(model, plan, layer, runtime, host_overhead)
+    # the layers' passes as separate segments when a MoE layer's forward syncs (moe_layer_sync)
+    h_layer_f = scale * (n * runtime.host_op_time + calls / passes)
+    h_layer_b = scale * (n * f * runtime.host_op_time + n * b * runtime.host_backward_op_time
+                         + calls * (1.0 + f) / passes)
+    split = (exposed_after_overlap(h_layer_f, layer.forward + layer.comm / passes)
+             + exposed_after_overlap(h_layer_b, layer.backward + layer.recompute
+                                     + layer.comm * (1.0 + f) / passes))
+    pooled = host_wait(model, plan, layer, runtime, host_overhead)
+    sync = runtime.moe_layer_sync * jnp.where(model.num_experts > 1, 1.0, 0.0)
+    free = (layers * ((1.0 - sync) * pooled + sync * split)
             + exposed_after_overlap(outside + inputs, head))
     h_fwd = scale * layers * (n * runtime.host_op_time + calls / passes) + outside
     h_bwd = scale * layers * (n * f * runtime.host_op_time
