@@ -36,10 +36,11 @@ def test_holdout_rows_are_valid_not_in_the_fit_and_no_worse_than_measured():
     assert all("does not fit in HBM" in w["warning"] for w in result["warnings"])
     s = result["summary"]["tokens_per_s_per_gpu"]
     assert s["n"] == 36
-    assert s["mape"] <= 29.0  # 27.3 % (README); 33.2 before issue 37's fp8 k loop, routed
-    # token casts and all-to-all SMs; 39.0 before per-expert launches and the all-to-all fraction
+    assert s["mape"] <= 24.0  # 22.0 % (README); 27.3 before the dropless runtime's host work
+    # (`megatron-core-dropless`); 33.2 before issue 37's fp8 k loop, routed token casts and
+    # all-to-all SMs; 39.0 before per-expert launches and the all-to-all fraction
     apes = np.array([r["ape"] for r in result["rows"]])
-    assert np.median(apes) <= 17.0  # 15.0 %
+    assert np.median(apes) <= 16.5  # 14.5 %
     # NVIDIA's tuned Megatron Core runs of DeepSeek-V3 and Qwen3-235B: 12.0 %
     mcore = [r["ape"] for r in result["rows"] if r["id"].startswith("mcore26-")]
     assert len(mcore) == 9 and np.mean(mcore) <= 14.0

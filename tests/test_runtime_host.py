@@ -298,3 +298,21 @@ def test_moe_layer_sync_never_hides_more():
     assert wait(MOE, 1.0) == pytest.approx(48 * 0.5e-3, rel=0.05)
     assert wait(MOE, 0.0) < 0.02 * wait(MOE, 1.0)  # the smooth clip's tail only
     assert wait(SMALL, 1.0) == pytest.approx(wait(SMALL, 0.0))
+
+
+def test_dropless_runtime_binds_small_micro_batches_only():
+    """`megatron-core-dropless` (counted host work of a Megatron-Core MoE layer, the forward's
+    host wait): Qwen3-30B-A3B on 8 B200 at micro-batch 1 becomes host-bound (the published
+    25.11 run took 2x its 25.09 twin's time: Megatron-Bridge issue 1998), while micro-batch 4
+    keeps the layers GPU-bound and the default runtime never binds."""
+    qwen = dp.model("qwen3-30b-a3b")
+    b200 = dp.system("dgx-b200")
+    eff = dp.default_efficiency("b200")
+    plan = lambda mb: dp.TrainingPlan(ep=8, dp=8, global_batch=512, micro_batch=mb,  # noqa: E731
+                                      precision="fp8", recompute="none")
+    step = lambda mb, rt: dp.train_step(qwen, b200, plan(mb), eff, runtime(rt))  # noqa: E731
+    slow, base = step(1, "megatron-core-dropless"), step(1, "megatron-core")
+    assert float(base.host_time) == 0.0
+    assert float(slow.step_time) > 1.5 * float(base.step_time)
+    big, big_base = step(4, "megatron-core-dropless"), step(4, "megatron-core")
+    assert float(big.step_time) < 1.15 * float(big_base.step_time)
