@@ -48,9 +48,10 @@ summary.round(2)
 
 # %% [markdown]
 # The model is too fast on most runs: what fine-grained MoE layers cost beyond their GEMMs,
-# all-to-alls, token permutations and per-expert GEMM launches (router and auxiliary-loss
-# kernels, the dispatcher's host synchronisation, quantising the dispatched tokens) is not
-# modelled. The prediction intervals know it: the error model widens them by how far a run is
+# all-to-alls, token permutations, per-expert GEMM launches, the fp8 casts of the dispatched
+# tokens and (for the runs whose recipes route dropless, `megatron-core-dropless`) the host's
+# issue time is not modelled: auxiliary-loss kernels, DeepEP / HybridEP, partial CUDA graphs.
+# The prediction intervals know it: the error model widens them by how far a run is
 # beyond the calibrated expert count (and by an unseen GPU or MLA attention), fitted on these
 # runs among its residuals, so most of the measurements fall inside.
 
@@ -203,11 +204,60 @@ fig.savefig("figures/08_moe_vs_dense.png", dpi=110)
 # 23 % too fast, the part of fine-grained MoE it does not yet explain (issue 37).
 
 # %% [markdown]
+# ## The same run, dropless: when the host binds
+#
+# Megatron-Bridge 25.11 ran the same configuration dropless (25.09 dropped tokens to capacity
+# and captured CUDA graphs), and measured half the rate. The dropless all-to-all dispatcher
+# waits on the host for each MoE layer's tokens per expert, and nothing captures the MoE layers
+# in a graph, so every operator the layer's Python issues costs host time the GPU may wait for.
+# The `megatron-core-dropless` runtime carries that host work (operators counted in
+# Megatron-Core 0.15 and Transformer Engine 2.9, at the 19 us per operator fitted on the vTrain
+# runs; docs/runtime.md). Per layer and micro-batch, the host needs longer than the GPU at
+# micro-batch 1, not at 4:
+
+# %%
+from diffperf.presets import runtime
+from diffperf.training._host import forward_ops_per_layer, host_time_per_layer
+
+dropless = runtime("megatron-core-dropless")
+row11 = rows["mbridge25.11-b200-qwen3-30b-a3b-8g-fp8-mx"]
+m11, sys11, plan11 = train_specs(row11)
+lines = []
+for mb in (1, 2, 4, 8):
+    p = eqx.tree_at(lambda q: q.micro_batch, plan11, jnp.float32(mb))
+    base, host = dp.train_step(m11, sys11, p, b200_eff), dp.train_step(m11, sys11, p, b200_eff,
+                                                                      dropless)
+    detail = dp.training_detail(m11, sys11, p, b200_eff)
+    gpu_layer = float(base.compute_time) / (float(detail.layers) * float(detail.micro_batches))
+    lines.append({"micro_batch": mb,
+                  "host ops / layer (fwd)": float(forward_ops_per_layer(m11, p, dropless)),
+                  "host ms / layer": 1e3 * float(host_time_per_layer(m11, p, dropless)),
+                  "GPU ms / layer": 1e3 * gpu_layer,
+                  "step s (host hidden)": float(base.step_time),
+                  "step s (dropless host)": float(host.step_time),
+                  "host wait s": float(host.host_time)})
+host_table = pd.DataFrame(lines).set_index("micro_batch")
+print(f"measured (25.11, micro-batch 1): {row11.measured['tokens_per_s_per_gpu']:,.0f} tokens/s "
+      f"per GPU, {float(plan11.global_batch) * float(m11.seq_len) / (row11.measured['tokens_per_s_per_gpu'] * 8):.1f} s per step")
+host_table.round(2)
+
+# %% [markdown]
+# **The host binds at small micro-batches.** A Qwen3-30B-A3B layer issues 198 forward
+# operators (attention and norms 55; router, dispatcher, permutation and combine 95; three per
+# local expert for its 16 experts), 9.5 ms of host time per layer and micro-batch with the
+# backward and the all-to-all calls, while the B200 computes the layer in about 3.0 ms at
+# micro-batch 1. The predicted step goes from 11.8 s to 30.3 s; NVIDIA measured 28.2 s (9,299
+# tokens/s per GPU), half the rate of the same configuration in 25.09. At micro-batch 4 the
+# GPU's work per layer (9.5 ms) matches the host's and the wait all but vanishes: the same
+# runtime moves the 25.11 GB200 / GB300 rows (micro-batch 1-8) by at most 6 %.
+
+# %% [markdown]
 # **Finding.** On the 36 runs the fit never saw, the MoE training rate is predicted with a
-# MAPE of 27.3 % (DeepSeek-V3 10 %, Qwen3-235B 19 %, Qwen3-30B-A3B 50 %, gpt-oss 66 %), too
-# fast on 25; 30 of the 36 measurements (83 %) lie inside their 90 % interval: all 13 of
-# DeepSeek-V3, 10 of 12 of Qwen3-235B, 5 of 7 of Qwen3-30B-A3B and 2 of 4 of gpt-oss, whose
-# misses are larger than their expert count and width explain. For DeepSeek-V3 on
+# MAPE of 22.0 % (DeepSeek-V3 10 %, Qwen3-235B 16 %, Qwen3-30B-A3B 30 %, gpt-oss 65 %), too
+# fast on 24 (27.3 % and 25 before the dropless runtime's host work); 33 of the 36
+# measurements (92 %) lie inside their 90 % interval: all 13 of DeepSeek-V3, 11 of 12 of
+# Qwen3-235B, 6 of 7 of Qwen3-30B-A3B and 3 of 4 of gpt-oss, whose misses are larger than
+# their expert count and width explain. For DeepSeek-V3 on
 # 256 GB200 the expert layout moves the step by little once it fits (EP 8 needs 209 GB per
 # GPU): from EP 16 to EP 64 the step goes from 8.47 to 8.23 s, per-expert GEMM launches cost
 # 0.24 s (3 %) at 16 experts per GPU and 0.05 s at 4, and the exposed all-to-all, 1.4-1.5 s
