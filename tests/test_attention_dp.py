@@ -137,3 +137,15 @@ def test_vmap_over_attention_dp_equals_loop():
     loop = [float(dp.infer(m, h200, eqx.tree_at(lambda p: p.attention_dp, plan,
                                                  jnp.asarray(a))).tpot) for a in flags]
     np.testing.assert_allclose(batched, loop, rtol=1e-5)
+
+
+def test_search_and_disaggregated_refuse_attention_dp():
+    """Not supported yet: a clear one-line error naming the field, not a wrong answer."""
+    from diffperf.serving import serve_disaggregated, slo_search
+    m = dp.model("llama3-8b")
+    plan = _plan(tp=2, attention_dp=1)
+    traffic = Traffic(rate=4.0, num_requests=20, input_len=128, output_len=16, seed=0)
+    with pytest.raises(ValueError, match="attention_dp"):
+        slo_search(m, H100, plan, Engine(), traffic, {"ttft_p90": 1.0})
+    with pytest.raises(ValueError, match="prefill_plan.attention_dp"):
+        serve_disaggregated(m, H100, plan, _plan(tp=2), Engine(), Engine(), traffic, 1, 1)

@@ -87,6 +87,10 @@ def serve_disaggregated(model, system, prefill_plan, decode_plan, prefill_engine
     """Predict xPyD serving of `traffic` (module docstring). Returns `{"report":
     ServingReport of the whole deployment, "kv_transfer_s": mean transfer time, "prefill_busy",
     "decode_busy": each pool's busy share, "requests": requests simulated}`."""
+    for name, pl in (("prefill_plan", prefill_plan), ("decode_plan", decode_plan)):
+        if float(np.max(np.asarray(pl.attention_dp))) > 0:
+            raise ValueError(f"{name}.attention_dp: not supported in disaggregated serving yet "
+                             "(its pools split traffic per replica, not per attention rank)")
     eff = resolve_efficiency(efficiency)
     runtime = Runtime() if runtime is None else runtime
     x, y = prefill_replicas, decode_replicas

@@ -79,6 +79,9 @@ def slo_search(model, system, plan, engine: Engine, traffic: Traffic, slo: dict,
     the precisions and ep. Returns a JSON-ready dict: `candidates` (each with tp,
     max_num_seqs, replicas, num_gpus, its metrics in ms and tokens/s, `meets`), `best` (or
     None) and `front` (the candidates no other beats on both TTFT p90 and tokens/s per GPU)."""
+    if float(np.max(np.asarray(plan.attention_dp))) > 0:
+        raise ValueError("plan.attention_dp: not supported by the SLO search yet (it splits "
+                         "traffic per replica, not per attention rank)")
     if math.isinf(traffic.rate) and traffic.concurrency == 0:
         raise ValueError("--slo needs a finite --rate or a --concurrency: with every request "
                          "sent at once the latencies grow with the request count")
