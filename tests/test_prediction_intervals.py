@@ -185,7 +185,9 @@ def test_infer_cli_prints_ttft_and_e2e_intervals(capsys, batch, output, e2e_quan
         # quantity and configuration).
         par = prediction_interval(lambda e, f=field: getattr(infer(model, system, plan, e), f),
                                   None, 0.9, "h100-sxm5-80gb", "infer", model_error=False)
-        d = spec_descriptor(model, system, plan, q, "h100-sxm5-80gb", "trtllm")
+        # the default runtime: the calibration set's own (TensorRT-LLM 0.x), never "unseen"
+        d = spec_descriptor(model, system, plan, q, "h100-sxm5-80gb", "megatron-core")
+        assert not any("runtime" in r for r in em.reasons(d))
         expected = math.hypot(Z90 * par.log_sd, em.for_descriptor(d))
         assert math.log(iv["high"] / value) == pytest.approx(expected, rel=1e-4), field
     assert "ms (90% interval" in s["ttft_interval_s"]["text"]

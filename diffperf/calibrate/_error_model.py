@@ -172,7 +172,8 @@ def descriptor(values: dict, quantity: str, runtime: str | None = None,
     built from specs): `gpu` (or `gpu_preset`), `precision`, the model columns, `num_gpus`,
     `gpus_per_node`, `tp`, `pp`, `micro_batch`, `seq_len`, `cp`. `runtime`: the training
     runtime preset (default: the row's `runtime`, else Megatron-Core) or the serving engine
-    (inference quantities: its family, TensorRT-LLM when not given). `load`: a served
+    (inference quantities: its family; when not given, the default runtime's, `megatron`: the
+    calibration set's TensorRT-LLM 0.x, as its rows are described). `load`: a served
     quantity's traffic ("offline", "closed", "online"); a row's `attention_dp` column is
     read."""
     if load not in ("", "offline", "closed", "online"):
@@ -188,7 +189,10 @@ def descriptor(values: dict, quantity: str, runtime: str | None = None,
     if kind == "train":
         rt = str(runtime or values.get("runtime") or DEFAULT_RUNTIME)
     else:
-        rt = engine_family(runtime or values.get("engine_preset") or values.get("runtime"))
+        # without an engine or runtime: the default runtime, whose inference side is the
+        # calibration set's TensorRT-LLM 0.x (family "megatron", as the calibrated rows have)
+        rt = engine_family(runtime or values.get("engine_preset") or values.get("runtime")
+                           or DEFAULT_RUNTIME)
     hidden = _num(values, "hidden", 1.0)
     ffn = _num(values, "ffn_hidden", hidden)
     experts = max(_num(values, "num_experts", 1.0), 1.0)

@@ -377,8 +377,7 @@ def run_infer(args) -> int:
             summary[f"{field}_interval_s"] = interval_summary(
                 lambda e, f=field: getattr(infer(mdl, sys_, plan, e, runtime), f),
                 args.efficiency, args.gpu, "infer",
-                spec_descriptor(mdl, sys_, plan, quantity, args.gpu,
-                                "trtllm" if choice.is_default else choice.name),
+                spec_descriptor(mdl, sys_, plan, quantity, args.gpu, choice.name),
                 unit, scale, what_if_hardware=bool(args.set))
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}; try more GPUs "
