@@ -23,6 +23,7 @@ from ..inference._boundedness import boundedness
 from ..inference._infer import infer
 from ..plots._roofline_plot import roofline_plot
 from ..presets import (
+    DEFAULT_RUNTIME,
     check_precision_names,
     default_efficiency,
     default_precision,
@@ -377,7 +378,8 @@ def run_infer(args) -> int:
             summary[f"{field}_interval_s"] = interval_summary(
                 lambda e, f=field: getattr(infer(mdl, sys_, plan, e, runtime), f),
                 args.efficiency, args.gpu, "infer",
-                spec_descriptor(mdl, sys_, plan, quantity, args.gpu, choice.name),
+                spec_descriptor(mdl, sys_, plan, quantity, args.gpu,
+                                DEFAULT_RUNTIME if choice.is_default else choice.name),
                 unit, scale, what_if_hardware=bool(args.set))
     if reason == 10:
         print(f"warning: {explain(10, float(rep.memory.total), capacity)}; try more GPUs "
