@@ -130,23 +130,22 @@ def micro_batch_host_wait(model: Transformer, plan: TrainingPlan, layer: LayerTi
     calls = collectives_per_layer(model, plan) * runtime.host_collective_time
     outside = scale * runtime.micro_batch_ops * runtime.host_op_time
     inputs = scale * runtime.input_ops * runtime.host_op_time
-    # the layers' passes as separate segments when a MoE layer's forward syncs (moe_layer_sync)
+    # one layer's forward and backward pass: host time and GPU time, s
     h_layer_f = scale * (n * runtime.host_op_time + calls / passes)
     h_layer_b = scale * (n * f * runtime.host_op_time + n * b * runtime.host_backward_op_time
                          + calls * (1.0 + f) / passes)
-    split = (exposed_after_overlap(h_layer_f, layer.forward + layer.comm / passes)
-             + exposed_after_overlap(h_layer_b, layer.backward + layer.recompute
-                                     + layer.comm * (1.0 + f) / passes))
+    g_layer_f = layer.forward + layer.comm / passes
+    g_layer_b = layer.backward + layer.recompute + layer.comm * (1.0 + f) / passes
+    # the layers' passes as separate segments when a MoE layer's forward syncs (moe_layer_sync)
+    split = (exposed_after_overlap(h_layer_f, g_layer_f)
+             + exposed_after_overlap(h_layer_b, g_layer_b))
     pooled = host_wait(model, plan, layer, runtime, host_overhead)
     sync = runtime.moe_layer_sync * jnp.where(model.num_experts > 1, 1.0, 0.0)
     free = (layers * ((1.0 - sync) * pooled + sync * split)
             + exposed_after_overlap(outside + inputs, head))
-    h_fwd = scale * layers * (n * runtime.host_op_time + calls / passes) + outside
-    h_bwd = scale * layers * (n * f * runtime.host_op_time
-                              + n * b * runtime.host_backward_op_time
-                              + calls * (1.0 + f) / passes)
-    g_fwd = layers * (layer.forward + layer.comm / passes) + head / 3.0
-    g_bwd = (layers * (layer.backward + layer.recompute + layer.comm * (1.0 + f) / passes)
-             + 2.0 * head / 3.0)
+    h_fwd = layers * h_layer_f + outside
+    h_bwd = layers * h_layer_b
+    g_fwd = layers * g_layer_f + head / 3.0
+    g_bwd = layers * g_layer_b + 2.0 * head / 3.0
     synced = exposed_after_overlap(h_fwd, g_fwd) + exposed_after_overlap(h_bwd, g_bwd) + inputs
     return (1.0 - runtime.pass_sync) * free + runtime.pass_sync * synced
