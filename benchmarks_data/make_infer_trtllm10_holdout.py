@@ -52,6 +52,8 @@ import json
 import math
 from pathlib import Path
 
+from diffperf.serving import kv_cache_requests, trtllm_bench_limits
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "infer_trtllm10_holdout.csv"
 SOURCE = ("github NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @00f37686 "
@@ -105,38 +107,32 @@ MEMORY_FRACTION = 0.95  # --kv_cache_free_gpu_mem_fraction 0.95
 MAX_REQUESTS = 4096  # trtllm-bench's cap on the batch
 
 
-def _kv_requests(m: dict, params: float, total_mib: float, tp: int, precision: str,
-                 isl: int, osl: int) -> float:
-    """trtllm-bench's `kv_cache_max_requests` (see the module docstring), with `total_mib` the
-    GPU's NVML total memory."""
-    gib = 1024.0 ** 3
-    total = total_mib / 1024.0 * tp
-    engine = params * BYTES[precision] / gib
-    head_dim = m.get("head_dim") or m["hidden"] / m["heads"]
-    per_token = 2 * m["layers"] * max(tp, m["kv_heads"]) * head_dim * KV_BYTES / gib
-    return MEMORY_FRACTION * (total - engine) / (per_token * (isl + osl))
+def _limits_args(m: dict, params: float, total_mib: float, tp: int, precision: str,
+                 isl: int, osl: int) -> dict:
+    """The arguments of trtllm-bench's sizing (`diffperf.serving.trtllm_bench_limits`, whose
+    docstring has the formulas) for one row, with `total_mib` the GPU's NVML total memory."""
+    return dict(params=params, layers=m["layers"], kv_heads=m["kv_heads"],
+                head_size=m.get("head_dim") or m["hidden"] / m["heads"], tp=tp, pp=1,
+                weight_bytes=BYTES[precision], kv_bytes=KV_BYTES,
+                device_bytes=total_mib * 1024.0 ** 2, isl=isl, osl=osl,
+                kv_fraction=MEMORY_FRACTION)
 
 
 def concurrency(m: dict, params: float, total_mib: float, tp: int, precision: str,
                 isl: int, osl: int) -> int:
     """Requests in flight: trtllm-bench's KV-cache estimate, at most 4,096."""
-    requests = _kv_requests(m, params, total_mib, tp, precision, isl, osl)
+    requests = kv_cache_requests(**_limits_args(m, params, total_mib, tp, precision, isl, osl))
     return int(math.floor(min(requests, MAX_REQUESTS)))
 
 
 def max_num_tokens(m: dict, params: float, total_mib: float, tp: int, precision: str,
                    isl: int, osl: int) -> int:
     """The most tokens one forward pass takes, as trtllm-bench sets it (`finetune_setting`):
-    the requests' prompt and output tokens per output step, min(requests, 4096) x (1 + ISL /
-    OSL), at most 32,768, rounded up to a multiple of 256 (at least 2,048) below 4,096 tokens,
-    of 512 below 8,192, else of 1,024. It caps each prefill pass (chunked prefill)."""
-    requests = min(_kv_requests(m, params, total_mib, tp, precision, isl, osl), MAX_REQUESTS)
-    raw = min(requests * (1 + isl / osl), 32768)
-    if raw < 4096:
-        return max(2048, 256 * math.ceil(raw / 256))
-    if raw < 8192:
-        return 512 * math.ceil(raw / 512)
-    return 1024 * math.ceil(raw / 1024)
+    min(requests, 4096) x (1 + ISL / OSL), at most 32,768, rounded up (at least 2,048). It caps
+    each prefill pass (chunked prefill), so the prompt guard of the non-chunked PyTorch path is
+    left out."""
+    args = _limits_args(m, params, total_mib, tp, precision, isl, osl)
+    return trtllm_bench_limits(**args, max_isl=isl, chunked_prefill=True)[1]
 
 
 def rows() -> list[dict]:

@@ -33,3 +33,7 @@ from ._traffic import (
     read_trace as read_trace,
     requests as requests,
 )
+from ._trtllm_bench import (
+    kv_cache_requests as kv_cache_requests,
+    trtllm_bench_limits as trtllm_bench_limits,
+)

@@ -14,9 +14,14 @@ predictions: nothing is fitted, every choice below is fixed in advance.
 - replicas: `num_gpus / (tp * pp)` where that is a whole number > 1 (requests go round robin,
   `serve`'s convention); with attention DP the stream is split over replicas x tp ranks.
 - engine preset (`ENGINE_RULES`): TensorRT-LLM 0.14 behind Triton -> `trtllm-0.14-triton`;
-  trtllm-bench / trtllm-serve 0.17+ -> `trtllm` (trtllm-bench picks max_batch_size /
-  max_num_tokens by its own heuristics, not printed in any row: the preset's 2048 / 8192 are
-  kept; its `kv_cache_free_gpu_mem_fraction` 0.95, which the notes state, replaces 0.9);
+  trtllm-bench / trtllm-serve 0.17+ -> `trtllm`. trtllm-bench picks max_batch_size /
+  max_num_tokens by its own heuristics, printed in no row: for the PyTorch backend (0.19+)
+  they are computed as the tool does (`diffperf.serving.trtllm_bench_limits`: sized from the
+  KV cache, the budget raised to the longest prompt + the batch without chunked prefill); for
+  the 0.17 TensorRT engines the preset's 2048 / 8192 are kept (the engine build uses the same
+  sizing, but how its C++ scheduler, which stops at the first context that does not fit,
+  then ran prompts as long as the budget next to generating requests is not settled); the
+  `kv_cache_free_gpu_mem_fraction` 0.95 the notes state replaces 0.9;
   vLLM -> `vllm` (`vllm-a100` on an A100, vLLM's own A100 branch); SGLang -> `sglang`;
   LMDeploy TurboMind v0.1 -> `trtllm-0.14-triton`: TurboMind is a C++ engine with persistent
   (in-flight) batching that runs running decodes with new whole prompts (no chunked prefill in
@@ -79,6 +84,7 @@ from ..presets import (
 from ..serving import Requests, Traffic, requests as traffic_requests, reservation, simulate
 from ..serving._serve import _cost_and_capacity, eqx_replace
 from ..serving._simulate import held
+from ..serving._trtllm_bench import WEIGHT_BYTES, trtllm_bench_limits
 from ..specs._engine import Engine
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
@@ -272,6 +278,27 @@ def _model_values(rec: dict, runtime_name: str) -> dict:
     return v
 
 
+def _trtllm_bench_row_limits(v: dict, model: Transformer, sys_, tp: float, pp: float,
+                             precision: str, kv: str, mean_in: float, mean_out: float,
+                             longest: float, notes: str) -> tuple[int, int]:
+    """(max_batch_size, max_num_tokens) of a trtllm-bench row that prints neither: trtllm-bench's
+    own sizing from the KV cache (`diffperf.serving.trtllm_bench_limits`), with the Hugging
+    Face config's fields as it reads them (a config without `head_dim`, as MLA models have,
+    gives hidden / heads) and the KV fraction the notes state (0.95; else the tool's 0.90)."""
+    head_size = v["hidden"] / v["heads"]
+    if v.get("kv_lora_rank", 0.0) <= 0 and v.get("head_dim", 0.0) > 0:
+        head_size = v["head_dim"]
+    try:
+        return trtllm_bench_limits(
+            params=float(model.num_params()), layers=v["layers"], kv_heads=v["kv_heads"],
+            head_size=head_size, tp=tp, pp=pp, weight_bytes=WEIGHT_BYTES.get(precision, 2.0),
+            kv_bytes=1.0 if kv == "fp8" else 2.0,
+            device_bytes=float(sys_.accelerator.hbm_capacity), isl=mean_in, osl=mean_out,
+            max_isl=longest, kv_fraction=0.95 if "0.95" in notes else 0.90)
+    except ValueError as e:
+        raise SkipRow("request never admitted", str(e)) from None
+
+
 def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> ServingCase:
     """The `ServingCase` of one CSV row (a dict of strings); raises `SkipRow` with the reason
     for a row the model cannot represent (`prepare` makes the checks that need the cost
@@ -321,10 +348,17 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
     if "trtllm-bench" in rec["benchmark_tool"] and "0.95" in rec["notes"]:
         overrides["kv_memory_fraction"] = 0.95
     longest = mi * (1 + spread)
-    if (eng_name == "trtllm" and "max_num_batched_tokens" not in overrides
-            and longest > float(eng.max_num_batched_tokens)):
-        # the run finished, so the engine took the whole prompt: trtllm-bench sizes
-        # max_num_tokens from the dataset; trtllm-serve rows are taken the same way
+    row_budget = "max_num_batched_tokens" in overrides
+    if ("trtllm-bench" in rec["benchmark_tool"] and rule == "TRT-LLM PyTorch backend"
+            and not {"max_num_seqs", "max_num_batched_tokens"} & overrides.keys()):
+        bs, tokens = _trtllm_bench_row_limits(v, model, sys_, tp, pp, precision, kv, mi, mo,
+                                              longest, rec["notes"])
+        overrides["max_num_seqs"], overrides["max_num_batched_tokens"] = bs, tokens
+        notes.append(f"trtllm-bench limits: max_batch_size {bs}, max_num_tokens {tokens}")
+    budget = overrides.get("max_num_batched_tokens", float(eng.max_num_batched_tokens))
+    if eng_name == "trtllm" and not row_budget and longest > budget:
+        # the run finished, so the engine took the whole prompt (a TensorRT engine built by
+        # trtllm-bench without chunked context; trtllm-serve rows are taken the same way)
         budget = 2.0 ** math.ceil(math.log2(longest))
         overrides["max_num_batched_tokens"] = budget
         notes.append(f"max_num_tokens raised to {budget:g} (prompt of {longest:g} tokens)")
