@@ -83,7 +83,8 @@ def families(C: np.ndarray) -> np.ndarray:
 
 
 #: Novelty covariates (slopes held >= 0), each with the words of its reason.
-NOVELTY = ("gpu_unseen", "precision_unseen", "runtime_unseen", "attention_unseen",
+NOVELTY = ("gpu_unseen", "precision_unseen", "serve_gpu_unseen", "serve_precision_unseen",
+           "runtime_unseen", "attention_unseen",
            "experts_beyond", "gpus_beyond", "gpus_below", "pp_beyond", "kernel_below")
 #: Regime covariates (slopes of either sign).
 REGIME = ("moe", "narrow_experts", "host_issuing", "small_kernel", "nodes", "serve_offline",
@@ -260,8 +261,13 @@ def covariates(d: Descriptor, support: dict) -> np.ndarray:
     if s is None:
         s = {"gpus": [], "precisions": [], "runtimes": [], "attention": [], "max_experts": 1.0,
              "max_gpus": 1.0, "min_gpus": 1.0, "max_pp": 1.0, "min_kernel": None}
-    c["gpu_unseen"] = float(d.gpu not in s["gpus"])
-    c["precision_unseen"] = float(d.precision not in s["precisions"])
+    # an unseen GPU or precision has its own slope for the serving simulator: with one shared
+    # slope the simulator's errors there (scheduler and engine effects on top of the cost
+    # model) set the static predictions' widths, and when they shrank a static FP4 interval
+    # no longer widened for its precision (calibration/EXPERIMENTS.md, 2026-11-28)
+    serve = "serve_" if d.quantity.startswith("serve") else ""
+    c[f"{serve}gpu_unseen"] = float(d.gpu not in s["gpus"])
+    c[f"{serve}precision_unseen"] = float(d.precision not in s["precisions"])
     c["runtime_unseen"] = float(d.runtime not in s["runtimes"])
     c["attention_unseen"] = float(sum(f not in s["attention"] for f in d.attention))
     c["experts_beyond"] = _beyond(d.num_experts, s["max_experts"])
@@ -289,6 +295,9 @@ def _reason_text(name: str, d: Descriptor, support: dict) -> str:
         "gpu_unseen": f"no calibrated {what} run on {d.gpu}",
         "precision_unseen": f"no calibrated {what} run at {PRECISION_NAMES[d.precision]} "
                             f"GEMM precision",
+        "serve_gpu_unseen": f"no calibrated {what} run on {d.gpu}",
+        "serve_precision_unseen": f"no calibrated {what} run at {PRECISION_NAMES[d.precision]} "
+                                  f"GEMM precision",
         "runtime_unseen": f"runtime {d.runtime} never calibrated for {what}",
         "attention_unseen": f"{' and '.join(d.attention)} attention never calibrated",
         "experts_beyond": f"{d.num_experts:.0f} experts, calibrated runs had at most "
