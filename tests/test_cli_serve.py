@@ -105,3 +105,36 @@ def test_goodput(capsys):
     assert s["slo_attainment"] == 0.0 and s["goodput_rps"] == 0.0
     code, _, err = run(capsys, *BASE, "--goodput", "0,1")
     assert code == 2 and "--goodput" in err
+
+
+@pytest.mark.slow
+def test_trtllm_bench_limits_let_a_budget_long_prompt_run_beside_decodes(capsys):
+    """8,192-token prompts on TensorRT-LLM without chunked prefill: with the preset's 8,192-
+    token budget a prompt never fits next to a decoding request, so requests run one at a
+    time; trtllm-bench's own limits (the budget >= the longest prompt + max_batch_size) batch
+    them. The limits in the report are the function's."""
+    import diffperf as dp
+    from diffperf.serving import trtllm_bench_engine_limits
+
+    args = ("serve", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--precision", "fp4",
+            "--kv-precision", "fp8", "--input", "8192", "--output", "256", "--num-requests",
+            "64", "--json")
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    preset = json.loads(out)
+    code, out, err = run(capsys, *args, "--trtllm-bench-limits")
+    assert code == 0, err
+    sized = json.loads(out)
+    assert "trtllm-bench limits" in err
+    want = trtllm_bench_engine_limits(
+        dp.model("qwen3-30b-a3b"), dp.system("b200").accelerator, tp=1, pp=1,
+        weight_precision="fp4", kv_precision="fp8", isl=8192, osl=256, max_isl=8192,
+        kv_fraction=float(sized["engine"]["kv_memory_fraction"]))
+    assert (sized["engine"]["max_num_seqs"], sized["engine"]["max_num_batched_tokens"]) == want
+    assert want[1] >= 8192 + want[0]
+    assert preset["engine"]["max_num_batched_tokens"] == 8192
+    assert sized["output_tok_s"] > 3 * preset["output_tok_s"]
+    # explicit limits win
+    code, out, err = run(capsys, *args, "--trtllm-bench-limits", "--max-num-seqs", "16")
+    assert code == 0, err
+    assert json.loads(out)["engine"]["max_num_seqs"] == 16

@@ -70,3 +70,24 @@ def test_pytorch_rows_use_it_and_tensorrt_rows_keep_the_preset():
     old = serving_case(rows["trtllm017-h100-llama-3.1-8b-tp1-2048x2048"])
     assert (float(old.engine.max_num_seqs), float(old.engine.max_num_batched_tokens)) == (
         2048.0, 8192.0)
+
+
+def test_engine_limits_read_the_config_as_trtllm_bench_does():
+    """From a `Transformer`: its own head width where it has one (Qwen3: 128), hidden / heads
+    for an MLA model (DeepSeek-V3: 7168 / 128 = 56, trtllm-bench's reading of a config without
+    `head_dim`), and the same numbers as the plain formula."""
+    import diffperf as dp
+    from diffperf.serving import trtllm_bench_engine_limits
+
+    b200 = dp.system("b200").accelerator
+    for name, head in (("qwen3-30b-a3b", 128.0), ("deepseek-v3", 7168 / 128)):
+        m = dp.model(name)
+        got = trtllm_bench_engine_limits(m, b200, tp=8, pp=1, weight_precision="fp4",
+                                         kv_precision="fp8", isl=1024, osl=1024,
+                                         max_isl=1024)
+        want = trtllm_bench_limits(params=float(m.num_params()), layers=float(m.layers),
+                                   kv_heads=float(m.kv_heads), head_size=head, tp=8, pp=1,
+                                   weight_bytes=0.5, kv_bytes=1.0,
+                                   device_bytes=float(b200.hbm_capacity), isl=1024,
+                                   osl=1024, max_isl=1024)
+        assert got == want

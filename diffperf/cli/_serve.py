@@ -11,13 +11,21 @@ import sys
 
 import equinox as eqx
 import jax
+import numpy as np
 
 from .. import presets
 from ..calibrate._error_model import spec_descriptor
 from ..calibrate._uncertainty import error_model_intervals
 from ..plots import serving_front_plot
 from ..presets import system
-from ..serving import Traffic, read_trace, serve, serve_disaggregated
+from ..serving import (
+    Traffic,
+    read_trace,
+    requests as traffic_requests,
+    serve,
+    serve_disaggregated,
+    trtllm_bench_engine_limits,
+)
 from ..serving._search import SLO_METRICS, parse_slo, slo_search
 from ..specs import Engine, InferencePlan
 from ._common import (
@@ -80,6 +88,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--engine", default=None, metavar="NAME",
                    help=f"scheduler preset: {', '.join(presets.engine_names())} (default: the "
                         f"one matching --runtime, else {DEFAULT_ENGINE})")
+    e.add_argument("--trtllm-bench-limits", action="store_true",
+                   help="size max_num_seqs and max_num_batched_tokens as `trtllm-bench "
+                        "throughput` does when not given them: from the requests of the "
+                        "traffic's mean lengths the KV cache holds (--max-num-seqs / "
+                        "--max-num-batched-tokens still win)")
     e.add_argument("--max-num-seqs", type=int, default=None, help="request slots")
     e.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="token budget of one iteration")
@@ -147,6 +160,32 @@ def _engine(args, runtime_name: str) -> tuple[str, Engine]:
              "kv_output_reserve": args.kv_output_reserve}
     fields.update({k: v for k, v in given.items() if v is not None})
     return name, Engine(**fields)
+
+
+def _trtllm_bench_engine(args, mdl, sys_, engine: Engine, traffic, weights: str,
+                         kv: str) -> Engine:
+    """`engine` with trtllm-bench's own max_num_seqs / max_num_batched_tokens
+    (`diffperf.serving.trtllm_bench_engine_limits`) for the traffic's requests: their mean
+    prompt and output lengths and the longest prompt, as trtllm-bench reads its dataset;
+    the KV fraction is the engine's `kv_memory_fraction`. Explicit limits win."""
+    _, inp, out = traffic_requests(traffic)
+    chunked = bool(float(engine.chunked_prefill))
+    bs, tokens = trtllm_bench_engine_limits(
+        mdl, sys_.accelerator, tp=args.tp, pp=args.pp, weight_precision=weights,
+        kv_precision=kv, isl=float(np.mean(inp)), osl=float(np.mean(out)),
+        max_isl=float(np.max(inp)), kv_fraction=float(engine.kv_memory_fraction),
+        chunked_prefill=chunked)
+    fields = {f: getattr(engine, f) for f in ("max_num_seqs", "max_num_batched_tokens",
+                                              "chunked_prefill", "policy", "block_size",
+                                              "kv_memory_fraction", "kv_output_reserve")}
+    if args.max_num_seqs is None:
+        fields["max_num_seqs"] = bs
+    if args.max_num_batched_tokens is None:
+        fields["max_num_batched_tokens"] = max(tokens, bs)
+    print(f"note: trtllm-bench limits: max_batch_size {bs}, max_num_tokens {tokens} (from the "
+          f"KV cache at {float(engine.kv_memory_fraction):g} of the memory left after the "
+          f"weights and the traffic's mean lengths)", file=sys.stderr)
+    return Engine(**fields)
 
 
 def _power(args) -> tuple[float, float]:
@@ -258,6 +297,8 @@ def run_serve(args) -> int:
                              "attention rank)")
         eff = _load_efficiency(None, args.gpu)
         traffic = _traffic(args)
+        if args.trtllm_bench_limits:
+            engine = _trtllm_bench_engine(args, mdl, sys_, engine, traffic, weights, kv)
         price, power = _price(args), _power(args)
         if args.slo:
             return _run_search(args, mdl, sys_, plan, engine, eff, choice, traffic, price,

@@ -35,5 +35,6 @@ from ._traffic import (
 )
 from ._trtllm_bench import (
     kv_cache_requests as kv_cache_requests,
+    trtllm_bench_engine_limits as trtllm_bench_engine_limits,
     trtllm_bench_limits as trtllm_bench_limits,
 )

@@ -102,3 +102,25 @@ def trtllm_bench_limits(*, params: float, layers: float, kv_heads: float, head_s
     if pytorch_backend and not chunked_prefill:
         max_tokens = max(max_tokens, int(math.ceil(max_isl)) + max_bs)
     return max_bs, max_tokens
+
+
+def trtllm_bench_engine_limits(model, accelerator, *, tp: float, pp: float,
+                               weight_precision: str, kv_precision: str, isl: float,
+                               osl: float, max_isl: float, kv_fraction: float = KV_FRACTION,
+                               chunked_prefill: bool = False) -> tuple[int, int]:
+    """`trtllm_bench_limits` for a `Transformer` on an `Accelerator`, with the Hugging Face
+    config's fields as trtllm-bench reads them: the model's parameter count, layers and KV heads,
+    and its head width, or hidden / heads where the config has no `head_dim` (a model whose
+    `head_width` is 0, and every MLA model: so MLA is sized as if it cached full heads).
+    Precisions by name (fp4 / fp8 / else 16 bit)."""
+    hidden, heads = float(model.hidden), float(model.heads)
+    head = float(model.head_width)
+    if float(model.kv_lora_rank) > 0 or head <= 0:
+        head = hidden / heads
+    return trtllm_bench_limits(
+        params=float(model.num_params()), layers=float(model.layers),
+        kv_heads=float(model.kv_heads), head_size=head, tp=tp, pp=pp,
+        weight_bytes=WEIGHT_BYTES.get(weight_precision, 2.0),
+        kv_bytes=WEIGHT_BYTES.get(kv_precision, 2.0),
+        device_bytes=float(accelerator.hbm_capacity), isl=isl, osl=osl, max_isl=max_isl,
+        kv_fraction=kv_fraction, chunked_prefill=chunked_prefill)

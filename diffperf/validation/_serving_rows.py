@@ -84,7 +84,7 @@ from ..presets import (
 from ..serving import Requests, Traffic, requests as traffic_requests, reservation, simulate
 from ..serving._serve import _cost_and_capacity, eqx_replace
 from ..serving._simulate import held
-from ..serving._trtllm_bench import WEIGHT_BYTES, trtllm_bench_limits
+from ..serving._trtllm_bench import trtllm_bench_engine_limits
 from ..specs._engine import Engine
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
@@ -278,23 +278,17 @@ def _model_values(rec: dict, runtime_name: str) -> dict:
     return v
 
 
-def _trtllm_bench_row_limits(v: dict, model: Transformer, sys_, tp: float, pp: float,
-                             precision: str, kv: str, mean_in: float, mean_out: float,
-                             longest: float, notes: str) -> tuple[int, int]:
+def _trtllm_bench_row_limits(model: Transformer, sys_, tp: float, pp: float, precision: str,
+                             kv: str, mean_in: float, mean_out: float, longest: float,
+                             notes: str) -> tuple[int, int]:
     """(max_batch_size, max_num_tokens) of a trtllm-bench row that prints neither: trtllm-bench's
-    own sizing from the KV cache (`diffperf.serving.trtllm_bench_limits`), with the Hugging
-    Face config's fields as it reads them (a config without `head_dim`, as MLA models have,
-    gives hidden / heads) and the KV fraction the notes state (0.95; else the tool's 0.90)."""
-    head_size = v["hidden"] / v["heads"]
-    if v.get("kv_lora_rank", 0.0) <= 0 and v.get("head_dim", 0.0) > 0:
-        head_size = v["head_dim"]
+    own sizing from the KV cache (`diffperf.serving.trtllm_bench_engine_limits`), with the KV
+    fraction the notes state (0.95; else the tool's 0.90)."""
     try:
-        return trtllm_bench_limits(
-            params=float(model.num_params()), layers=v["layers"], kv_heads=v["kv_heads"],
-            head_size=head_size, tp=tp, pp=pp, weight_bytes=WEIGHT_BYTES.get(precision, 2.0),
-            kv_bytes=1.0 if kv == "fp8" else 2.0,
-            device_bytes=float(sys_.accelerator.hbm_capacity), isl=mean_in, osl=mean_out,
-            max_isl=longest, kv_fraction=0.95 if "0.95" in notes else 0.90)
+        return trtllm_bench_engine_limits(
+            model, sys_.accelerator, tp=tp, pp=pp, weight_precision=precision,
+            kv_precision=kv, isl=mean_in, osl=mean_out, max_isl=longest,
+            kv_fraction=0.95 if "0.95" in notes else 0.90)
     except ValueError as e:
         raise SkipRow("request never admitted", str(e)) from None
 
@@ -351,7 +345,7 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
     row_budget = "max_num_batched_tokens" in overrides
     if ("trtllm-bench" in rec["benchmark_tool"] and rule == "TRT-LLM PyTorch backend"
             and not {"max_num_seqs", "max_num_batched_tokens"} & overrides.keys()):
-        bs, tokens = _trtllm_bench_row_limits(v, model, sys_, tp, pp, precision, kv, mi, mo,
+        bs, tokens = _trtllm_bench_row_limits(model, sys_, tp, pp, precision, kv, mi, mo,
                                               longest, rec["notes"])
         overrides["max_num_seqs"], overrides["max_num_batched_tokens"] = bs, tokens
         notes.append(f"trtllm-bench limits: max_batch_size {bs}, max_num_tokens {tokens}")
