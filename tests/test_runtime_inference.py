@@ -117,8 +117,23 @@ def test_host_step_time_is_serial():
     assert float(rep.ttft - base.ttft) == pytest.approx(1e-3, rel=1e-3)
 
 
+def test_host_seq_time_binds_only_beyond_the_gpu_step():
+    """Per-sequence host work runs beside the GPU: at batch 1 with 1 us per sequence it hides
+    behind the decode step (TPOT unchanged); at batch 256 with 1 ms per sequence the host's
+    0.256 s per step exceeds the GPU's, and TPOT is the host's time (the default runtime
+    issues no eager layer, so H = 0 and the wait is the excess over the GPU step)."""
+    small = _with(Runtime(), host_seq_time=1e-6)
+    base, rep = INFER(LLAMA7, A100, BATCH1, EFF), INFER(LLAMA7, A100, BATCH1, EFF, small)
+    assert float(rep.tpot) == pytest.approx(float(base.tpot), rel=1e-3)
+    plan = dp.InferencePlan(tp=1, pp=1, batch=256, input_len=128, output_len=64)
+    big = _with(Runtime(), host_seq_time=1e-3)
+    gpu, rep = INFER(LLAMA7, A100, plan, EFF), INFER(LLAMA7, A100, plan, EFF, big)
+    assert float(gpu.tpot) < 0.256
+    assert 0.256 <= float(rep.tpot) <= 0.256 + float(gpu.tpot)
+
+
 FIELDS = ("host_op_time", "host_collective_time", "ops_per_layer", "host_step_time",
-          "graph_node_time", "elementwise_kernels")
+          "graph_node_time", "elementwise_kernels", "host_seq_time")
 
 
 @pytest.mark.slow
@@ -161,7 +176,7 @@ def test_gradients_wrt_runtime_fields_match_finite_differences():
             return dp.infer(model, system, plan, eff, r).tpot
         grads = jax.grad(tpot)(rt)
         for field in ("host_op_time", "host_collective_time", "ops_per_layer",
-                      "elementwise_kernels", "host_step_time"):
+                      "elementwise_kernels", "host_step_time", "host_seq_time"):
             v = float(getattr(rt, field))
             h = 1e-4 * v if v > 0 else 1e-9
             up = float(tpot(_with64(rt, field, v + h)))

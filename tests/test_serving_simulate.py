@@ -224,3 +224,37 @@ def test_latencies_stay_exact_over_hours():
     np.testing.assert_allclose(np.asarray(got.ttft, float), ref.ttft, atol=1e-6, rtol=0)
     np.testing.assert_allclose(np.asarray(got.e2e, float), ref.e2e, atol=1e-6, rtol=0)
     assert float(got.iterations) == len(ref.iterations)
+
+
+def test_per_sequence_host_work_runs_beside_the_gpu():
+    """`Runtime.host_seq_time`: a decode iteration of n sequences takes max(GPU, n t_seq)
+    (smoothly): hidden at 1 us per sequence, the host's n t_seq at 1 ms; more never faster;
+    the static model (`infer`) charges the same."""
+    import equinox as eqx
+
+    from diffperf.specs import Runtime
+
+    m, sy = presets.model("llama3-8b"), presets.system("h100-sxm5-80gb")
+    plan = InferencePlan(tp=1, input_len=256.0, output_len=64.0)
+    times = []
+    for t in (0.0, 1e-6, 1e-3, 2e-3):
+        rt = eqx.tree_at(lambda r: r.host_seq_time, Runtime(), t)
+        cost = iteration_cost(m, sy, plan, 1024.0, None, rt)
+        times.append(float(iteration_time(cost, 128.0, 128.0, 128.0 * 300.0, 0.0, 0.0)))
+    gpu = times[0]
+    assert gpu < 0.128
+    assert times[1] == pytest.approx(gpu, rel=1e-3)
+    # host-bound: at least the host's 128 x 1 ms, at most that plus the GPU step (the smooth
+    # overlap of `exposed_after_overlap` adds a little near the knee)
+    assert 0.128 <= times[2] <= 0.128 + gpu
+    assert times == sorted(times)
+    # the same per-sequence host time in the static model: a decode iteration of b
+    # sequences at the mean context is infer's TPOT with that runtime
+    rt = eqx.tree_at(lambda r: r.host_seq_time, Runtime(), 2e-4)
+    for b in (8, 256):
+        bplan = InferencePlan(tp=1, batch=b, input_len=256.0, output_len=64.0)
+        r = infer(m, sy, bplan, None, rt)
+        cost = iteration_cost(m, sy, bplan, 8192.0, None, rt)
+        context = float(m.mean_cached_tokens(256.0, 320.0))
+        decode = iteration_time(cost, b, b, b * context, 0.0, 0.0)
+        assert float(decode) == pytest.approx(float(r.tpot), rel=5e-3)

@@ -88,7 +88,7 @@ def boundedness(model: Transformer, system: System, plan: InferencePlan,
                 "compute_s": parts[0], "memory_s": parts[1], "network_s": parts[2],
                 "launch_s": parts[3], "host_s": 0.0, "time_s": time, "share": time / total,
             })
-        if waits[phase] > 0.0:
+        if waits[phase] > 1e-6 * total:  # below: the smooth overlap's residue, no row
             rows.append({
                 "phase": phase, "op": "host_wait", "kind": "host", "kernels": 0.0, "flops": 0.0,
                 "bytes": 0.0, "intensity": np.nan, "machine_balance": balance, "bound": "host",

@@ -23,8 +23,10 @@ operation of every stage, s), L layers, n = `Runtime.ops_per_layer`, c the layer
 collective calls (`model.tp_reductions_per_pass` all-reduces when tp > 1), t the `Runtime`
 host times, s = `Efficiency.host_overhead` (the calibrated host speed, 1 by default) and
 t_step = `Runtime.host_step_time` (scheduler, sampling: CPU work between steps,
-during which the GPU idles). Each pipeline stage has its own host process, issuing its L / pp
-layers while the earlier stages compute, so the first stage binds: x(H / pp, G / pp). x is
+during which the GPU idles). A Python engine's per-request work (`Runtime.host_seq_time` per
+sequence of the pass) joins H: the engine runs it one step ahead, beside the GPU. Each
+pipeline stage has its own host process, issuing its L / pp layers while the earlier stages
+compute, so the first stage binds: x(H / pp, G / pp). x is
 homogeneous of degree one, so over the S decode steps the wait is S t_step + x(S H, S G) / pp
 with S G the decode phase's GPU time (exact when every step takes the same time; the steps'
 attention grows with the context, and the mean step stands for them).
@@ -75,9 +77,11 @@ def host_issue_time(model: Transformer, plan: InferencePlan, runtime: Runtime,
 
 
 def host_wait(model: Transformer, plan: InferencePlan, runtime: Runtime, gpu_time, passes,
-              graph, host_overhead=1.0) -> jax.Array:
+              graph, host_overhead=1.0, seqs=0.0) -> jax.Array:
     """Time the GPU waits for the host over `passes` passes whose GPU time is `gpu_time` in
-    all, s: passes s t_step + x(passes H, gpu_time) / pp (module docstring)."""
-    issue = passes * host_issue_time(model, plan, runtime, graph, host_overhead)
+    all, s: passes s t_step + x(passes (H + s b t_seq), gpu_time) / pp with b = `seqs` the
+    sequences of a pass and t_seq = `Runtime.host_seq_time` (module docstring)."""
+    issue = passes * (host_issue_time(model, plan, runtime, graph, host_overhead)
+                      + host_overhead * seqs * runtime.host_seq_time)
     return (passes * host_overhead * runtime.host_step_time
             + exposed_after_overlap(issue, gpu_time) / plan.pp)

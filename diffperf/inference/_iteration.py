@@ -92,6 +92,7 @@ class IterationCost(eqx.Module):
     graph_max_tokens: jax.Array
     host_issue: jax.Array  # host time to issue one eager pass
     host_step: jax.Array  # host time per iteration outside the layers
+    host_seq: jax.Array  # host time per emitting sequence per iteration, beside the GPU
     pp: jax.Array
     sliding_window: jax.Array  # window of the windowed layers, tokens (0: none)
     windowed_fraction: jax.Array  # share of the layers that attend through it
@@ -137,7 +138,8 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
         replayed=graph_kernel_time(eff, runtime), prefill_graph=runtime.prefill_graph,
         decode_graph=runtime.decode_graph, graph_max_tokens=runtime.graph_max_tokens,
         host_issue=host_issue_time(model, plan, runtime, 0.0, eff.host_overhead),
-        host_step=eff.host_overhead * runtime.host_step_time, pp=plan.pp,
+        host_step=eff.host_overhead * runtime.host_step_time,
+        host_seq=eff.host_overhead * runtime.host_seq_time, pp=plan.pp,
         sliding_window=model.sliding_window, windowed_fraction=model.windowed_fraction)
 
 
@@ -170,8 +172,9 @@ def iteration_time(cost: IterationCost, tokens, emitting, decode_keys, prefill_p
 def iteration_base(cost: IterationCost, tokens, emitting, has_decode, prefill_pairs,
                    has_prefill) -> tuple[jax.Array, jax.Array]:
     """`(gpu, issue)`: the iteration's GPU time without the decoders' key reads, and the host
-    time to issue its pass, s (`iteration_time` = `time_with_keys` of them). Split so that
-    iterations differing only in their keys share the rest."""
+    time to issue its pass (its eager layers, and `Runtime.host_seq_time` per emitting
+    sequence, which CUDA graphs do not remove), s (`iteration_time` = `time_with_keys` of
+    them). Split so that iterations differing only in their keys share the rest."""
     n = jnp.maximum(tokens, 1.0)
     m = jnp.maximum(emitting, 1.0)
     body, body_launch, body_kernels = _on_grid(cost, n, (cost.body, cost.body_launch,
@@ -191,7 +194,7 @@ def iteration_base(cost: IterationCost, tokens, emitting, has_decode, prefill_pa
                + jnp.where(has_prefill > 0, cost.prefill_kernels, 0.0))
     launch = (1.0 - graph) * eager + graph * kernels * cost.replayed
     gpu = body + jnp.where(emits, head, 0.0) + prefill + launch
-    return gpu, (1.0 - graph) * cost.host_issue
+    return gpu, (1.0 - graph) * cost.host_issue + cost.host_seq * jnp.maximum(emitting, 0.0)
 
 
 def _on_grid(cost: IterationCost, at, tables):

@@ -68,6 +68,12 @@ class Runtime(eqx.Module):
       before the all-to-all): the host cannot run ahead from a layer's forward into its
       backward, so the forward and backward passes of the layers are separate segments, as
       with `pass_sync`; in [0, 1].
+    - `host_seq_time`: host time per running sequence per serving step (a Python engine's
+      request bookkeeping, sampler update and response handling: the TensorRT-LLM PyTorch
+      executor's per-request loop in `TorchSampler.update_requests`, vLLM's output
+      processing), s. It runs beside the GPU (the engines look one step ahead), so it binds
+      only when a step's sequences take the host longer than the GPU takes for the step:
+      the host's issue stream of the step grows by (sequences x `host_seq_time`).
 
     The default (every host time 0, no graphs, fused element-wise kernels) is the runtime of
     the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM 0.x tables without
@@ -94,13 +100,14 @@ class Runtime(eqx.Module):
     moe_ops_per_layer: jax.Array = _F(default=0.0)
     moe_ops_per_expert: jax.Array = _F(default=0.0)
     moe_layer_sync: jax.Array = _F(default=0.0)
+    host_seq_time: jax.Array = _F(default=0.0)
 
     def __check_init__(self):
         for name in ("host_op_time", "host_backward_op_time", "host_collective_time",
                      "ops_per_layer", "backward_ops_per_op", "graph_node_time",
                      "graph_max_tokens", "host_step_time", "elementwise_kernels",
                      "micro_batch_ops", "input_ops", "moe_ops_per_layer",
-                     "moe_ops_per_expert"):
+                     "moe_ops_per_expert", "host_seq_time"):
             check_nonnegative("Runtime", name, getattr(self, name))
         for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync",
                      "moe_layer_sync"):
