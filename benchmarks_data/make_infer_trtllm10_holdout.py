@@ -53,6 +53,7 @@ import math
 from pathlib import Path
 
 from diffperf.serving import kv_cache_requests, trtllm_bench_limits
+from diffperf.serving._trtllm_bench import MAX_REQUESTS
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "infer_trtllm10_holdout.csv"
@@ -104,7 +105,6 @@ NVML_TOTAL_MIB = {"h100-sxm5-80gb": 81559, "h200-sxm-141gb": 143771, "b200": 183
                   "gb200": 189471}
 KV_BYTES = 1.0  # fp8 KV cache
 MEMORY_FRACTION = 0.95  # --kv_cache_free_gpu_mem_fraction 0.95
-MAX_REQUESTS = 4096  # trtllm-bench's cap on the batch
 
 
 def _limits_args(m: dict, params: float, total_mib: float, tp: int, precision: str,

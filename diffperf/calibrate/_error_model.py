@@ -86,6 +86,9 @@ def families(C: np.ndarray) -> np.ndarray:
 NOVELTY = ("gpu_unseen", "precision_unseen", "serve_gpu_unseen", "serve_precision_unseen",
            "runtime_unseen", "attention_unseen",
            "experts_beyond", "gpus_beyond", "gpus_below", "pp_beyond", "kernel_below")
+#: The serving simulator's own copies of novelty covariates (`covariates`) -> the covariate
+#: whose reason text they share.
+SERVE_COPIES = {"serve_gpu_unseen": "gpu_unseen", "serve_precision_unseen": "precision_unseen"}
 #: Regime covariates (slopes of either sign).
 REGIME = ("moe", "narrow_experts", "host_issuing", "small_kernel", "nodes", "serve_offline",
           "serve_closed_loop", "attention_dp")
@@ -295,9 +298,6 @@ def _reason_text(name: str, d: Descriptor, support: dict) -> str:
         "gpu_unseen": f"no calibrated {what} run on {d.gpu}",
         "precision_unseen": f"no calibrated {what} run at {PRECISION_NAMES[d.precision]} "
                             f"GEMM precision",
-        "serve_gpu_unseen": f"no calibrated {what} run on {d.gpu}",
-        "serve_precision_unseen": f"no calibrated {what} run at {PRECISION_NAMES[d.precision]} "
-                                  f"GEMM precision",
         "runtime_unseen": f"runtime {d.runtime} never calibrated for {what}",
         "attention_unseen": f"{' and '.join(d.attention)} attention never calibrated",
         "experts_beyond": f"{d.num_experts:.0f} experts, calibrated runs had at most "
@@ -365,7 +365,8 @@ class ErrorModel:
             factor = math.exp(c[i] * self.coef[i])
             if name.startswith("q:") or factor < 1.05 or len(out) >= top:
                 continue
-            out.append(f"{_reason_text(name, d, self.support)} (x{factor:.2f} width)")
+            out.append(f"{_reason_text(SERVE_COPIES.get(name, name), d, self.support)} "
+                       f"(x{factor:.2f} width)")
         return out
 
     def to_json(self) -> dict:

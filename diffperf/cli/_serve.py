@@ -27,6 +27,7 @@ from ..serving import (
     trtllm_bench_engine_limits,
 )
 from ..serving._search import SLO_METRICS, parse_slo, slo_search
+from ..serving._serve import eqx_replace
 from ..specs import Engine, InferencePlan
 from ._common import (
     DEFAULT_INFER_GPU,
@@ -175,17 +176,13 @@ def _trtllm_bench_engine(args, mdl, sys_, engine: Engine, traffic, weights: str,
         kv_precision=kv, isl=float(np.mean(inp)), osl=float(np.mean(out)),
         max_isl=float(np.max(inp)), kv_fraction=float(engine.kv_memory_fraction),
         chunked_prefill=chunked)
-    fields = {f: getattr(engine, f) for f in ("max_num_seqs", "max_num_batched_tokens",
-                                              "chunked_prefill", "policy", "block_size",
-                                              "kv_memory_fraction", "kv_output_reserve")}
-    if args.max_num_seqs is None:
-        fields["max_num_seqs"] = bs
-    if args.max_num_batched_tokens is None:
-        fields["max_num_batched_tokens"] = max(tokens, bs)
+    sized = {"max_num_seqs": bs, "max_num_batched_tokens": tokens}
+    explicit = {"max_num_seqs": args.max_num_seqs,
+                "max_num_batched_tokens": args.max_num_batched_tokens}
     print(f"note: trtllm-bench limits: max_batch_size {bs}, max_num_tokens {tokens} (from the "
           f"KV cache at {float(engine.kv_memory_fraction):g} of the memory left after the "
           f"weights and the traffic's mean lengths)", file=sys.stderr)
-    return Engine(**fields)
+    return eqx_replace(engine, **{k: v for k, v in sized.items() if explicit[k] is None})
 
 
 def _power(args) -> tuple[float, float]:

@@ -194,7 +194,7 @@ def iteration_base(cost: IterationCost, tokens, emitting, has_decode, prefill_pa
                + jnp.where(has_prefill > 0, cost.prefill_kernels, 0.0))
     launch = (1.0 - graph) * eager + graph * kernels * cost.replayed
     gpu = body + jnp.where(emits, head, 0.0) + prefill + launch
-    return gpu, (1.0 - graph) * cost.host_issue + cost.host_seq * jnp.maximum(emitting, 0.0)
+    return gpu, (1.0 - graph) * cost.host_issue + cost.host_seq * emitting
 
 
 def _on_grid(cost: IterationCost, at, tables):

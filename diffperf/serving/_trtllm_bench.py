@@ -46,20 +46,20 @@ WEIGHT_BYTES = {"fp4": 0.5, "fp8": 1.0}
 GIB = 1024.0 ** 3
 
 
-def _round_batch(raw: float) -> int:
-    if raw < 256:
-        return max(64, 32 * math.ceil(raw / 32))
-    if raw < 1024:
-        return 128 * math.ceil(raw / 128)
-    return 256 * math.ceil(raw / 256)
+#: trtllm-bench's caps: requests (before / pp) and tokens of one forward pass.
+MAX_REQUESTS = 4096.0
+MAX_TOKENS = 32768.0
+#: `finetune_setting`'s rounding: (below this raw value, round up to a multiple of this), the
+#: last row for everything above; and the floor of each limit.
+BATCH_STEPS = ((256, 32), (1024, 128), (math.inf, 256))
+TOKEN_STEPS = ((4096, 256), (8192, 512), (math.inf, 1024))
+MIN_BATCH, MIN_TOKENS = 64, 2048
 
 
-def _round_tokens(raw: float) -> int:
-    if raw < 4096:
-        return max(2048, 256 * math.ceil(raw / 256))
-    if raw < 8192:
-        return 512 * math.ceil(raw / 512)
-    return 1024 * math.ceil(raw / 1024)
+def _round_up(raw: float, steps, floor: int) -> int:
+    """`raw` rounded up to the step of the first band it lies below, at least `floor`."""
+    step = next(st for limit, st in steps if raw < limit)
+    return max(floor, step * math.ceil(raw / step))
 
 
 def kv_cache_requests(*, params: float, layers: float, kv_heads: float, head_size: float,
@@ -96,9 +96,10 @@ def trtllm_bench_limits(*, params: float, layers: float, kv_heads: float, head_s
     if r < 1:
         raise ValueError(f"trtllm_bench_limits: the KV cache holds {r:.2f} requests of "
                          f"{isl + osl:g} tokens (trtllm-bench refuses below 1)")
-    raw_bs = min(r, 4096.0) / pp
-    raw_tokens = min(raw_bs * (1.0 + isl / osl), 32768.0)
-    max_bs, max_tokens = _round_batch(raw_bs), _round_tokens(raw_tokens)
+    raw_bs = min(r, MAX_REQUESTS) / pp
+    raw_tokens = min(raw_bs * (1.0 + isl / osl), MAX_TOKENS)
+    max_bs = _round_up(raw_bs, BATCH_STEPS, MIN_BATCH)
+    max_tokens = _round_up(raw_tokens, TOKEN_STEPS, MIN_TOKENS)
     if pytorch_backend and not chunked_prefill:
         max_tokens = max(max_tokens, int(math.ceil(max_isl)) + max_bs)
     return max_bs, max_tokens

@@ -278,21 +278,6 @@ def _model_values(rec: dict, runtime_name: str) -> dict:
     return v
 
 
-def _trtllm_bench_row_limits(model: Transformer, sys_, tp: float, pp: float, precision: str,
-                             kv: str, mean_in: float, mean_out: float, longest: float,
-                             notes: str) -> tuple[int, int]:
-    """(max_batch_size, max_num_tokens) of a trtllm-bench row that prints neither: trtllm-bench's
-    own sizing from the KV cache (`diffperf.serving.trtllm_bench_engine_limits`), with the KV
-    fraction the notes state (0.95; else the tool's 0.90)."""
-    try:
-        return trtllm_bench_engine_limits(
-            model, sys_.accelerator, tp=tp, pp=pp, weight_precision=precision,
-            kv_precision=kv, isl=mean_in, osl=mean_out, max_isl=longest,
-            kv_fraction=0.95 if "0.95" in notes else 0.90)
-    except ValueError as e:
-        raise SkipRow("request never admitted", str(e)) from None
-
-
 def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> ServingCase:
     """The `ServingCase` of one CSV row (a dict of strings); raises `SkipRow` with the reason
     for a row the model cannot represent (`prepare` makes the checks that need the cost
@@ -345,8 +330,14 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
     row_budget = "max_num_batched_tokens" in overrides
     if ("trtllm-bench" in rec["benchmark_tool"] and rule == "TRT-LLM PyTorch backend"
             and not {"max_num_seqs", "max_num_batched_tokens"} & overrides.keys()):
-        bs, tokens = _trtllm_bench_row_limits(model, sys_, tp, pp, precision, kv, mi, mo,
-                                              longest, rec["notes"])
+        # at the KV fraction the engine gets (the notes' 0.95, else the preset's = the tool's)
+        try:
+            bs, tokens = trtllm_bench_engine_limits(
+                model, sys_.accelerator, tp=tp, pp=pp, weight_precision=precision,
+                kv_precision=kv, isl=mi, osl=mo, max_isl=longest,
+                kv_fraction=overrides.get("kv_memory_fraction", float(eng.kv_memory_fraction)))
+        except ValueError as e:
+            raise SkipRow("request never admitted", str(e)) from None
         overrides["max_num_seqs"], overrides["max_num_batched_tokens"] = bs, tokens
         notes.append(f"trtllm-bench limits: max_batch_size {bs}, max_num_tokens {tokens}")
     budget = overrides.get("max_num_batched_tokens", float(eng.max_num_batched_tokens))
