@@ -14,6 +14,8 @@ from diffperf import presets
 from diffperf.inference import infer
 from diffperf.inference._iteration import iteration_cost, iteration_time
 from diffperf.serving import Requests, reference_schedule, simulate, step_bound
+from diffperf.serving._report import binned_percentile
+from diffperf.serving._simulate import GAP_BINS_PER_DECADE
 from diffperf.specs import Engine, InferencePlan
 
 
@@ -93,6 +95,15 @@ def test_jax_scheduler_equals_reference(case, fast_forward):
     assert float(got.kv_peak) == ref.kv_peak
     if fast_forward:  # the stretches collapse iterations into fewer steps
         assert int(got.steps) < len(ref.iterations)
+    # the inter-token gaps: as many, as long in all, and their percentiles within one bin
+    gaps = ref.inter_token_gaps
+    assert len(gaps) == int(np.sum(np.maximum(out - 1, 0)))
+    assert float(jnp.sum(got.gap_count)) == pytest.approx(len(gaps), abs=1e-3)
+    assert float(jnp.sum(got.gap_sum)) == pytest.approx(gaps.sum(), rel=1e-4)
+    width = 10 ** (1 / GAP_BINS_PER_DECADE)
+    for q in (50, 90, 99):
+        ratio = float(binned_percentile(got.gap_count, got.gap_sum, q)) / np.percentile(gaps, q)
+        assert 1 / width <= ratio <= width, (q, ratio)
 
 
 def test_admission_is_head_of_line_and_fcfs():

@@ -227,7 +227,7 @@ def _ms(x) -> float:
 def summary(rep) -> dict:
     """The report as a JSON-ready dict (times in ms, throughput in tokens/s)."""
     lat = lambda v: {k: _ms(getattr(v, k)) for k in ("mean", "p50", "p90", "p99")}
-    return {"ttft_ms": lat(rep.ttft), "tpot_ms": lat(rep.tpot),
+    return {"ttft_ms": lat(rep.ttft), "tpot_ms": lat(rep.tpot), "itl_ms": lat(rep.itl),
             "itl_mean_ms": _ms(rep.itl_mean), "e2e_ms": lat(rep.e2e),
             "queue_ms": lat(rep.queue), "output_tok_s": float(rep.output_tok_s),
             "output_tok_s_per_gpu": float(rep.output_tok_s_per_gpu),
@@ -355,13 +355,12 @@ def run_serve(args) -> int:
         print(f"traffic: {args.num_requests} requests, {load}, input {args.input:g} / output "
               f"{args.output:g} tokens ({args.distribution})")
     print(f"\n{'':16}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}  ms")
-    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "end-to-end"),
-                       ("queue_ms", "queueing")):
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "inter-token"),
+                       ("e2e_ms", "end-to-end"), ("queue_ms", "queueing")):
         v = out[key]
         print(f"{label:16}" + "".join(f"{v[k]:>10.1f}" for k in ("mean", "p50", "p90", "p99")))
-    print(f"\nmean inter-token latency {out['itl_mean_ms']:.1f} ms; output "
-          f"{out['output_tok_s']:,.0f} tokens/s ({out['output_tok_s_per_gpu']:,.0f} per GPU), "
-          f"{out['request_rate']:.2f} requests/s")
+    print(f"\noutput {out['output_tok_s']:,.0f} tokens/s "
+          f"({out['output_tok_s_per_gpu']:,.0f} per GPU), {out['request_rate']:.2f} requests/s")
     print(f"engine busy {100 * out['busy_share']:.0f} % of the time, "
           f"{out['mean_batch_tokens']:.0f} tokens per iteration on average; KV cache "
           f"{out['kv_capacity_tokens']:,.0f} tokens per replica")
@@ -511,7 +510,8 @@ def _run_disaggregated(args, mdl, sys_, plan, engine, engine_name, eff, choice, 
     print(f"{args.model} on {args.gpu}: {x}P{y}D, prefill tp {d['prefill_tp']:g}, decode tp "
           f"{d['decode_tp']:g} ({s['num_gpus']:g} GPUs), engine {engine_name}")
     print(f"\n{'':16}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}  ms")
-    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "end-to-end")):
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "inter-token"),
+                       ("e2e_ms", "end-to-end")):
         v = s[key]
         print(f"{label:16}" + "".join(f"{v[k]:>10.1f}" for k in ("mean", "p50", "p90", "p99")))
     print(f"\noutput {s['output_tok_s']:,.0f} tokens/s ({s['output_tok_s_per_gpu']:,.0f} per "

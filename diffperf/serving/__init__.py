@@ -10,6 +10,7 @@ from ._reference import reference_schedule as reference_schedule
 from ._report import (
     Latency as Latency,
     ServingReport as ServingReport,
+    binned_percentile as binned_percentile,
     masked_percentile as masked_percentile,
     report as report,
 )

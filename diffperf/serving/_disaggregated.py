@@ -36,9 +36,19 @@ from ..specs._engine import Engine
 from ..specs._runtime import Runtime
 from ._report import report
 from ._serve import eqx_replace, stream_arrays
-from ._simulate import Requests, Schedule, reservation, simulate, split_times, step_bound
+from ._simulate import GAP_BINS, Requests, Schedule, reservation, simulate, split_times, step_bound
 
 _f32 = lambda a: jnp.asarray(a, jnp.result_type(float))  # noqa: E731
+
+
+def _gaps(decode, field: str) -> jax.Array:
+    """The decode pool's inter-token gap bins, summed over its replicas (zeros without one).
+    A request's first gap there runs from its admission to the decode pool (the prefilled
+    first token), not from the prefill pool's first token: the KV transfer and the wait for
+    a decode slot are not in the bins (they are in TTFT and TPOT)."""
+    if decode is None:
+        return _f32(np.zeros(GAP_BINS))
+    return _f32(np.asarray(getattr(decode, field)).sum(axis=0))
 
 
 def kv_transfer_time(model, system, prefill_plan, decode_plan, input_len, same_domain
@@ -157,7 +167,8 @@ def serve_disaggregated(model, system, prefill_plan, decode_plan, prefill_engine
                                     * float(dec is None or np.all(np.asarray(dec.completed)))),
                      steps=jnp.asarray(0), iterations=_f32(iterations),
                      busy_time=_f32(0.0), mean_tokens=_f32(tokens / max(iterations, 1.0)),
-                     kv_peak=_f32(0.0 if dec is None else float(np.max(np.asarray(dec.kv_peak)))))
+                     kv_peak=_f32(0.0 if dec is None else float(np.max(np.asarray(dec.kv_peak)))),
+                     gap_count=_gaps(dec, "gap_count"), gap_sum=_gaps(dec, "gap_sum"))
     duration = float(finish[keep].max() - arrival[keep].min())
     def busy(s) -> float:
         return 0.0 if s is None else float(np.mean(np.asarray(s.busy_time))) / duration

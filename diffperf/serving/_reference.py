@@ -109,6 +109,22 @@ class ReferenceResult:
         return float(np.sum(self.finish_time - self.first_token_time)) / gaps
 
     @property
+    def inter_token_gaps(self) -> np.ndarray:
+        """Every inter-token gap of every request, s, in iteration order: from a request's
+        first token (the end of the iteration that completes its prompt) to its next, and so
+        on; a decoder left out of an iteration (prefill-first) has one longer gap."""
+        last: dict[int, float] = {}
+        gaps = []
+        for it in self.iterations:
+            for rid in it.decoders:
+                gaps.append(it.end - last[rid])
+                last[rid] = it.end
+            for rid, _ in it.chunks:
+                if self.first_token_time[rid] == it.end:
+                    last[rid] = it.end
+        return np.asarray(gaps, dtype=np.float64)
+
+    @property
     def output_tokens_per_s(self) -> float:
         """Output throughput, sum(output_len) / (last finish - first arrival), tokens/s."""
         return float(np.sum(self.output_len)) / float(np.max(self.finish_time)

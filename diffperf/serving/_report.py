@@ -25,6 +25,17 @@ def masked_percentile(x, mask, q) -> jax.Array:
     return jnp.where(k > 0, v, 0.0)
 
 
+def binned_percentile(count, total, q) -> jax.Array:
+    """The `q`-th percentile (0-100) of values counted in bins: `count` values per bin
+    summing to `total` (same unit as the values) per bin; the mean of the bin where the
+    cumulative count first reaches q % of all (exact when that bin holds one distinct value,
+    else within the bin's width); 0 when nothing was counted."""
+    cum = jnp.cumsum(count)
+    all_ = cum[-1]
+    b = jnp.argmax(cum >= q / 100.0 * all_ * (1.0 - 1e-6))
+    return jnp.where(all_ > 0, total[b] / jnp.maximum(count[b], 1e-30), 0.0)
+
+
 class Latency(eqx.Module):
     """Mean and percentiles of one latency over the requests, s."""
 
@@ -45,15 +56,18 @@ class ServingReport(eqx.Module):
     """One deployment under one traffic. Times s, throughputs per s, cost USD, energy J.
 
     `ttft`: time to first token; `tpot`: per request (finish - first token) / (output - 1),
-    over the requests with more than one output token; `itl_mean`: the benchmark tools' mean
-    inter-token latency, sum of (finish - first token) / sum of (output - 1); `e2e`:
+    over the requests with more than one output token; `itl`: the inter-token gaps of every
+    request pooled, as `vllm bench serve` and SGLang's `bench_serving` report them: mean sum
+    of (finish - first token) / sum of (output - 1), percentiles from the simulation's gap
+    bins (`Schedule.gap_count`, 12 % wide): a prompt chunk that stalls the decoders makes a
+    few long gaps, which move TPOT's mean and the tail but not the median gap; `e2e`:
     end-to-end latency; `queue`: arrival to admission. `output_tok_s`: output tokens / (last
     finish - first arrival), all replicas; `per_gpu`: divided by every GPU of the deployment.
     """
 
     ttft: Latency
     tpot: Latency
-    itl_mean: jax.Array
+    itl: Latency
     e2e: Latency
     queue: Latency
     output_tok_s: jax.Array
@@ -79,6 +93,11 @@ class ServingReport(eqx.Module):
     ttft_growth: jax.Array  # mean TTFT of the last quarter of the requests (by arrival) minus
     #                         that of the first quarter, s: large when the offered load
     #                         exceeds what the deployment sustains (the backlog grows)
+
+    @property
+    def itl_mean(self) -> jax.Array:
+        """Mean inter-token latency, s (`itl.mean`)."""
+        return self.itl.mean
 
 
 def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpus_per_replica,
@@ -112,7 +131,10 @@ def report(schedule: Schedule, input_len, output_len, kv_capacity, replicas, gpu
     meets = (s.ttft <= ttft_target) & ((tpot <= tpot_target) | ~decoded)
     return ServingReport(
         ttft=_latency(s.ttft, everyone), tpot=_latency(tpot, decoded),
-        itl_mean=itl, e2e=_latency(s.e2e, everyone),
+        itl=Latency(mean=itl, p50=binned_percentile(s.gap_count, s.gap_sum, 50.0),
+                    p90=binned_percentile(s.gap_count, s.gap_sum, 90.0),
+                    p99=binned_percentile(s.gap_count, s.gap_sum, 99.0)),
+        e2e=_latency(s.e2e, everyone),
         queue=_latency(s.queue, everyone), output_tok_s=tok_s,
         output_tok_s_per_gpu=tok_s / gpus,
         total_tok_s=replicas * (tokens + jnp.sum(inp)) / duration,

@@ -36,7 +36,7 @@ from ._simulate import Requests, reservation, simulate, step_bound
 from ._traffic import Traffic, requests
 
 #: Metrics an SLO may bound, s: `ttft_p90` is the 90th percentile of the time to first token.
-SLO_METRICS = tuple(f"{m}_{s}" for m in ("ttft", "tpot", "e2e")
+SLO_METRICS = tuple(f"{m}_{s}" for m in ("ttft", "tpot", "itl", "e2e")
                     for s in ("mean", "p50", "p90", "p99"))
 TP_OPTIONS = (1, 2, 4, 8)
 SEQS = (8, 16, 32, 64, 128, 256)

@@ -32,6 +32,18 @@ its first and last terms. `fast_forward=False` runs every iteration.
 Simulation steps: one per iteration with prompt tokens, one per fast-forwarded stretch, one
 per idle gap; at most about 4 N + (prompt tokens) / budget for N requests (`step_bound`).
 
+**Inter-token gaps.** What `vllm bench serve` and SGLang's `bench_serving` call ITL is every
+gap between two tokens of a request, pooled over all requests; its median is a typical
+iteration, while TPOT's mean also carries the long gaps of iterations that prefill other
+prompts. The gaps are counted in `GAP_BINS` log-spaced bins (`gap_bin`), with their summed
+length per bin, so that a percentile is the mean of the bin it falls in (`binned_percentile`,
+within the bin's 12 % width). Per step at most four entries: the scheduled decoders that
+emitted at the end of the last step wait one iteration, t0; the others (left out while
+prompts went first, prefill-first) their mean wait plus t0; a fast-forwarded stretch's k - 1
+further iterations as two halves of (k - 1) d / 2 gaps each at their means (T_j is linear in
+j). The reference's gaps (`ReferenceResult.inter_token_gaps`) give the same count and sum, and
+percentiles within a bin (tests/test_serving_simulate.py).
+
 **Closed loop.** A request issued when another finishes arrives at that step's end clock, and
 is admissible from the next step on (clock minus arrival exactly 0). Its arrival is written at
 the start of the next step from the clock that step carries, not at the end of the step that
@@ -64,6 +76,12 @@ _BIG = 1e30  # "never" (a time or a count); finite so that no NaN is ever produc
 STEP_BLOCK = 16
 #: Most request slots whose prefix sums are taken as a matmul (`_prefix_sum`); above, cumsum.
 PREFIX_MATMUL_SLOTS = 128
+#: Inter-token gaps are counted in log-spaced bins (`Schedule.gap_count`): GAP_BINS bins of
+#: 1 / GAP_BINS_PER_DECADE decade each from GAP_LOW s (12 % wide; gaps outside go to the end
+#: bins, whose sums still hold their exact seconds).
+GAP_BINS = 160
+GAP_BINS_PER_DECADE = 20
+GAP_LOW = 1e-5
 
 
 class Requests(eqx.Module):
@@ -104,6 +122,16 @@ class Schedule(eqx.Module):
     busy_time: jax.Array  # time the engine spent iterating (not idle), s
     mean_tokens: jax.Array  # mean tokens per iteration
     kv_peak: jax.Array  # most KV tokens the running requests' contexts filled at once
+    gap_count: jax.Array  # inter-token gaps (all requests) per log-spaced bin (`gap_bin`)
+    gap_sum: jax.Array  # their summed length per bin, s (gap_sum / gap_count: the bin's mean)
+
+
+def gap_bin(gap) -> jax.Array:
+    """The bin of an inter-token gap of `gap` s: floor(GAP_BINS_PER_DECADE log10(gap /
+    GAP_LOW)), clipped to 0 .. GAP_BINS - 1 (int32)."""
+    g = jnp.maximum(gap, GAP_LOW * 1e-3)
+    b = jnp.floor(GAP_BINS_PER_DECADE * jnp.log10(g / GAP_LOW))
+    return jnp.clip(b, 0, GAP_BINS - 1).astype(jnp.int32)
 
 
 def reservation(engine: Engine, input_len, output_len) -> jax.Array:
@@ -237,7 +265,8 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
 
     def step(state):
         (t, t_lo, p, q, done, kv_used, kv_peak, issue_from, issued, n_done, steps, iters, busy,
-         tok_sum, slot_req, slot_gen, arrival, arrival_lo, admit, first, finish) = state
+         tok_sum, slot_req, slot_gen, arrival, arrival_lo, admit, first, finish, slot_last,
+         slot_last_lo, gap_count, gap_sum) = state
         active = (n_done < n) & (steps < max_steps)  # else the step changes nothing
         # 0. closed loop: the requests the last step's finishes issued arrive at its end, the
         # clock now, written from the clock this step reads (module docstring, "Closed loop")
@@ -261,6 +290,8 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         newly = is_free & (rank < m)
         slot_req = jnp.where(newly, p + rank, slot_req)
         slot_gen = jnp.where(newly, 1.0 if prefilled else 0.0, slot_gen)
+        slot_last = jnp.where(newly, t, slot_last)  # (a prefilled request's first token)
+        slot_last_lo = jnp.where(newly, t_lo, slot_last_lo)
         admit = admit.at[jnp.where(window < m, idx, n)].set(since(idx), mode="drop")
         if prefilled:
             first = first.at[jnp.where(window < m, idx, n)].set(since(idx), mode="drop")
@@ -329,12 +360,35 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         t_new = jnp.where(go, hi2, jnp.where(jump, gather(arrival, p), t))
         t_lo_new = jnp.where(go, lo2, jnp.where(jump, gather(arrival_lo, p), t_lo))
         since_new = lambda idx: since(idx, t_new, t_lo_new)
+        # inter-token gaps (module docstring, "Inter-token gaps"): each scheduled decoder's
+        # first one, from its last token to the end of this step's first iteration (t0 for
+        # those that emitted at the end of the last step; the others' mean), then a stretch's
+        # k - 1 iterations as two halves at their means (T_j linear in j)
+        rec = go & dec_on
+        fresh = rec & (slot_last == t) & (slot_last_lo == t_lo)
+        stale = rec & ~fresh
+        n_fresh, n_stale = fin(jnp.sum(fresh)), fin(jnp.sum(stale))
+        waited = jnp.sum(jnp.where(stale, (t - slot_last) + (t_lo - slot_last_lo), 0.0))
+        k1 = jnp.maximum(k - 1.0, 1.0)
+        rest = (span - t0) / k1
+        half = 0.25 * (t_last - t0) * (k - 2.0) / k1
+        more = jnp.where(go & (k > 1), 0.5 * d * (k - 1.0), 0.0)
+        gaps = jnp.stack([t0, t0 + waited / jnp.maximum(n_stale, 1.0), rest - half,
+                          rest + half])
+        weight = jnp.stack([n_fresh, n_stale, more, more])
+        gaps = jnp.where(weight > 0, gaps, GAP_LOW)
+        bins = gap_bin(gaps)
+        gap_count = gap_count.at[bins].add(weight)
+        gap_sum = gap_sum.at[bins].add(weight * gaps)
         # 5. updates
         slot_gen = jnp.where(go & dec_on, slot_gen + k, slot_gen)
         got_first = go & running & (slot_req >= q) & (slot_req < q + n_c)
         slot_gen = jnp.where(got_first, 1.0, slot_gen)
         first = first.at[jnp.where(got_first, slot_req, n)].set(since_new(slot_req),
                                                                  mode="drop")
+        emitted = go & (dec_on | got_first)
+        slot_last = jnp.where(emitted, t_new, slot_last)
+        slot_last_lo = jnp.where(emitted, t_lo_new, slot_last_lo)
         new_q = jnp.where(go, q + n_c, q)
         done = jnp.where(go, jnp.where(n_c == 0, done + chunk[0],
                                        jnp.take(chunk, jnp.minimum(n_c, slots - 1))), done)
@@ -355,14 +409,17 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         tok_sum = tok_sum + jnp.where(go, k * tokens, 0.0)
         return (t_new, t_lo_new, p, new_q, done, kv_used, kv_peak, issue_from, issued,
                 n_done + f, steps + active.astype(jnp.int32), iters, busy, tok_sum, slot_req,
-                slot_gen, arrival, arrival_lo, admit, first, finish)
+                slot_gen, arrival, arrival_lo, admit, first, finish, slot_last, slot_last_lo,
+                gap_count, gap_sum)
 
     int0 = jnp.zeros((), jnp.int32)
     f0 = jnp.zeros((), fin(0).dtype)
     issued0 = jnp.where(closed, jnp.minimum(fin(concurrency), fin(n)), fin(n)).astype(jnp.int32)
     state = (f0, f0, int0, int0, f0, f0, f0, issued0, issued0, int0, int0, f0, f0, f0,
              jnp.full((slots,), -1, jnp.int32), jnp.zeros((slots,), fin(0).dtype),
-             arrival0, lo0, zeros, zeros, zeros)
+             arrival0, lo0, zeros, zeros, zeros, jnp.zeros((slots,), fin(0).dtype),
+             jnp.zeros((slots,), fin(0).dtype), jnp.zeros((GAP_BINS,), fin(0).dtype),
+             jnp.zeros((GAP_BINS,), fin(0).dtype))
     if differentiable:
         state = jax.lax.fori_loop(0, max_steps, lambda i, s: step(s), state)
     else:
@@ -370,11 +427,11 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
                                    lambda s: jax.lax.fori_loop(0, STEP_BLOCK,
                                                                lambda i, s: step(s), s), state)
     (t, t_lo, _, _, _, _, kv_peak, issue_from, issued, n_done, steps, iters, busy, tok_sum, _,
-     _, arrival, arrival_lo, admit, first, finish) = state
+     _, arrival, arrival_lo, admit, first, finish, _, _, gap_count, gap_sum) = state
     arrival, arrival_lo = issue(arrival, arrival_lo, issue_from, issued, t, t_lo)
     arrival = arrival + arrival_lo
     return Schedule(arrival=arrival, admit=arrival + admit, first_token=arrival + first,
                     finish=arrival + finish, queue=admit, ttft=first, e2e=finish,
                     completed=(n_done >= n).astype(f0.dtype), steps=steps, iterations=iters,
                     busy_time=busy, mean_tokens=tok_sum / jnp.maximum(iters, 1.0),
-                    kv_peak=kv_peak)
+                    kv_peak=kv_peak, gap_count=gap_count, gap_sum=gap_sum)

@@ -82,6 +82,7 @@ from ..presets import (
     system,
 )
 from ..serving import Requests, Traffic, requests as traffic_requests, reservation, simulate
+from ..serving._report import binned_percentile
 from ..serving._serve import _cost_and_capacity, eqx_replace
 from ..serving._simulate import held
 from ..serving._trtllm_bench import trtllm_bench_engine_limits
@@ -113,7 +114,7 @@ LMDEPLOY_ROUNDS = 10
 #: (measured column, prediction key, unit factor to the measured unit).
 METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e3),
            ("ttft_p99_ms", "ttft_p99", 1e3), ("itl_mean_ms", "itl_mean", 1e3),
-           ("itl_median_ms", "tpot_p50", 1e3), ("tpot_mean_ms", "tpot_mean", 1e3),
+           ("itl_median_ms", "itl_p50", 1e3), ("tpot_mean_ms", "tpot_mean", 1e3),
            ("tpot_median_ms", "tpot_p50", 1e3), ("e2e_mean_ms", "e2e_mean", 1e3),
            ("output_tok_s_total", "output_tok_s", 1.0),
            ("output_tok_s_per_gpu", "output_tok_s_per_gpu", 1.0),
@@ -479,8 +480,9 @@ def _stack(xs):
     return jax.tree_util.tree_map(lambda *a: jnp.stack([jnp.asarray(x) for x in a]), *xs)
 
 
-def _summary(p: _Prepared, arrival, first, finish) -> dict:
-    """The benchmark aggregates of one replica's real requests (`report`'s definitions)."""
+def _summary(p: _Prepared, arrival, first, finish, gap_count, gap_sum) -> dict:
+    """The benchmark aggregates of one replica's real requests (`report`'s definitions; the
+    median inter-token gap from the simulation's gap bins)."""
     n = len(p.inp)
     arrival, first, finish = arrival[:n], first[:n], finish[:n]
     out, inp = p.out, p.inp
@@ -495,6 +497,7 @@ def _summary(p: _Prepared, arrival, first, finish) -> dict:
             "itl_mean": ((finish - first)[dec].sum() / max((out[dec] - 1).sum(), 1.0)),
             "tpot_mean": tpot.mean() if tpot.size else 0.0,
             "tpot_p50": np.percentile(tpot, 50) if tpot.size else 0.0,
+            "itl_p50": float(binned_percentile(gap_count, gap_sum, 50.0)),
             "e2e_mean": (finish - arrival).mean(), "output_tok_s": tok_s,
             "output_tok_s_per_gpu": tok_s / (p.case.replicas * float(p.case.plan.num_gpus)),
             "total_tok_s": r * (out.sum() + inp.sum()) / duration,
@@ -547,13 +550,14 @@ def predict_cases(cases: list[ServingCase], efficiency=None,
                 _stack([p.cost for p in padded]), _stack([p.engine for p in padded]),
                 jnp.asarray([p.kv for p in padded], f), req,
                 jnp.asarray([float(p.concurrency) for p in padded], f))
-            a, fi, fn, comp, peak = (np.asarray(x, float) for x in (
-                sched.arrival, sched.first_token, sched.finish, sched.completed, sched.kv_peak))
+            a, fi, fn, comp, peak, gc, gs = (np.asarray(x, float) for x in (
+                sched.arrival, sched.first_token, sched.finish, sched.completed, sched.kv_peak,
+                sched.gap_count, sched.gap_sum))
             for j, p in enumerate(chunk):
                 if comp[j] < 1:
                     skipped.append((p.case.id, "simulation incomplete", f"{steps} steps"))
                     continue
-                preds[p.case.id] = _summary(p, a[j], fi[j], fn[j])
+                preds[p.case.id] = _summary(p, a[j], fi[j], fn[j], gc[j], gs[j])
                 preds[p.case.id]["kv_peak_share"] = peak[j] / max(p.kv, 1.0)
             done += len(chunk)
             say(f"  simulated {done}/{len(ready)} rows (group: {size} requests, "
