@@ -186,6 +186,7 @@ def test_serve_interval_brackets_each_served_quantity_and_says_why(capsys):
         for label, value, quantity in (
                 ("TTFT p50", out["ttft_ms"]["p50"], "serve_ttft"),
                 ("TPOT p90", out["tpot_ms"]["p90"], "serve_token_latency"),
+                ("ITL p50", out["itl_ms"]["p50"], "serve_token_latency"),
                 ("output tokens/s", out["output_tok_s"], "serve_throughput")):
             assert iv[label]["low"] < value < iv[label]["high"], label
             d = spec_descriptor(dp.model("llama3-8b"), dp.system(gpu), dp.InferencePlan(),

@@ -131,8 +131,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="per-request targets in s, e.g. 0.5,0.05: report the goodput, the "
                         "requests/s whose own TTFT and TPOT both meet them")
     c.add_argument("--interval", action="store_true",
-                   help="also print 90%% intervals of TTFT, TPOT and output tokens/s from the "
-                        "calibration's error model, and what widens them")
+                   help="also print 90%% intervals of TTFT, TPOT, the median inter-token gap "
+                        "and output tokens/s from the calibration's error model, and what "
+                        "widens them")
     s = group(p, "search")
     s.add_argument("--slo", default=None, metavar="METRIC=SECONDS,...",
                    help=f"search deployments meeting these targets ({', '.join(SLO_METRICS)}), "
@@ -381,6 +382,7 @@ _INTERVAL_FIELDS = (("ttft_ms", "p50", "TTFT p50", "ms", "serve_ttft"),
                     ("ttft_ms", "p90", "TTFT p90", "ms", "serve_ttft"),
                     ("tpot_ms", "p50", "TPOT p50", "ms", "serve_token_latency"),
                     ("tpot_ms", "p90", "TPOT p90", "ms", "serve_token_latency"),
+                    ("itl_ms", "p50", "ITL p50", "ms", "serve_token_latency"),
                     ("output_tok_s", None, "output tokens/s", "tokens/s", "serve_throughput"))
 
 
