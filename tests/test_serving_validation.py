@@ -62,6 +62,22 @@ def test_closed_loop_and_vllm_a100(rows):
     assert serving_case(a100).engine_name == "vllm-a100"
 
 
+def test_kv_cache_in_the_engines_default_dtype(rows):
+    """vLLM / SGLang / trtllm-serve on FP8 checkpoints without a KV-cache quantization keep
+    their cache in the model's bf16 ("auto"); TensorRT-LLM's own tables (ModelOpt FP8 / NVFP4
+    checkpoints) keep FP8; an explicit kv_precision wins."""
+    kv = lambda rid: float(serving_case(rows[rid]).plan.kv_precision)
+    assert kv("gpustack-qwen3-235b-a22b-h100-optimized-vllm-tp4-fp8-32000x100") == 1  # bf16
+    assert kv("gpustack-qwen3-14b-h100-optimized-sglang-tp1-fp8-4000x200") == 1
+    assert kv("gpustack-qwen3-32b-h100-optimized-tensorrt-llm-tp1-fp8-2000x100") == 1
+    fp8_bench = next(i for i, r in rows.items() if r["precision"].lower() == "fp8"
+                     and not r["kv_precision"] and i.startswith("trtllm"))
+    assert kv(fp8_bench) == 2  # fp8
+    fp8_kv = next(i for i, r in rows.items() if r["kv_precision"].lower() == "fp8"
+                  and "vllm" in r["engine"].lower())
+    assert kv(fp8_kv) == 2
+
+
 def test_skip_reasons(rows):
     with pytest.raises(SkipRow) as e:
         serving_case(rows["sglang-vllm060-a100-llama-3.1-8b-tp1-sglang-sharegpt-qps4"])

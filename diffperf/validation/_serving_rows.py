@@ -8,7 +8,9 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   (rows without one are skipped); plan: `tp`, `pp`, `ep` (empty: 1; with attention DP and an
   empty `ep`, `ep = tp` when it divides the experts: trtllm-bench `--ep` = `--tp` in those
   commands), `precision` for weights and GEMMs, `kv_precision` (empty: the row's precision,
-  except an fp4 row whose KV is stored in fp8: NVFP4 checkpoints keep an FP8 KV cache).
+  except an fp4 row whose KV is stored in fp8: NVFP4 checkpoints keep an FP8 KV cache; and
+  bf16 for the fp8 / fp4 rows of vLLM, SGLang and trtllm-serve on checkpoints without a
+  KV-cache quantization, whose default cache dtype is the model's: `default_kv_precision`).
   `attention_dp` 1 -> `InferencePlan.attention_dp` (each of the tp GPUs an attention rank
   with its own scheduler and KV cache, the experts split over them).
 - replicas: `num_gpus / (tp * pp)` where that is a whole number > 1 (requests go round robin,
@@ -176,6 +178,25 @@ def _num(rec: dict, col: str) -> float | None:
         return None
 
 
+#: Engines whose default KV-cache dtype ("auto") is the model's own data type, whatever the
+#: weights' quantization: vLLM (`CacheConfig.cache_dtype`: 'If "auto", will use model data
+#: type'), SGLang (`--kv-cache-dtype auto`, the same words), and trtllm-serve as GPUStack ran
+#: it on Qwen's own FP8 checkpoints, which carry no KV-cache quantization (TensorRT-LLM takes
+#: an FP8 cache from a ModelOpt checkpoint's `kv_cache_quant_algo`, as in NVIDIA's tables).
+MODEL_DTYPE_KV = ("vllm", "sglang", "trtllm-serve")
+
+
+def default_kv_precision(rec: dict, precision: str) -> str:
+    """A row's KV-cache precision when `kv_precision` is empty: bf16 for an fp8 / fp4 row of
+    an engine in `MODEL_DTYPE_KV` (the checkpoint's activations, hence its cache, are bf16);
+    else fp8 for an fp4 row (NVIDIA's NVFP4 checkpoints keep an FP8 KV cache) and the row's
+    precision otherwise."""
+    engine = rec["engine"].lower()
+    if precision in ("fp8", "fp4") and any(k in engine for k in MODEL_DTYPE_KV):
+        return "bf16"
+    return "fp8" if precision == "fp4" else precision
+
+
 def engine_label(rec: dict) -> str:
     e = rec["engine"].lower()
     for key, label in (("tensorrt", "TRT-LLM"), ("vllm", "vLLM"), ("sglang", "SGLang"),
@@ -287,7 +308,7 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
     if not gpu or gpu not in gpu_names():
         raise SkipRow("no gpu preset", rec["gpu"])
     precision = rec["precision"].lower()
-    kv = rec["kv_precision"].lower() or ("fp8" if precision == "fp4" else precision)
+    kv = rec["kv_precision"].lower() or default_kv_precision(rec, precision)
     try:
         check_precision_names(gpu, precision=precision, kv_precision=kv)
         sys_ = system(gpu)
