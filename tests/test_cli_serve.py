@@ -138,3 +138,23 @@ def test_trtllm_bench_limits_let_a_budget_long_prompt_run_beside_decodes(capsys)
     code, out, err = run(capsys, *args, "--trtllm-bench-limits", "--max-num-seqs", "16")
     assert code == 0, err
     assert json.loads(out)["engine"]["max_num_seqs"] == 16
+
+
+def test_fp8_weights_keep_a_bf16_cache_on_vllm_and_sglang(capsys):
+    """vLLM's and SGLang's default KV-cache dtype is the model's (bf16) with fp8 weights: a
+    note says so; --kv-precision fp8 gives the fp8 cache, which holds about twice the tokens;
+    TensorRT-LLM follows --precision."""
+    fp8 = BASE + ("--precision", "fp8", "--rate", "5")
+    code, out, err = run(capsys, *fp8, "--json")
+    assert code == 0, err
+    bf16_kv = json.loads(out)["kv_capacity_tokens"]
+    code, out, err = run(capsys, *fp8)
+    assert code == 0 and "KV cache in bf16" in err
+    code, out, err = run(capsys, *fp8, "--kv-precision", "fp8", "--json")
+    assert code == 0, err
+    fp8_kv = json.loads(out)["kv_capacity_tokens"]
+    assert 1.9 < fp8_kv / bf16_kv < 2.1  # one byte a value instead of two
+    trt = tuple("trtllm" if a == "vllm" else a for a in fp8)
+    code, out, err = run(capsys, *trt)
+    assert code == 0 and "KV cache in bf16" not in err
+

@@ -164,6 +164,26 @@ def _engine(args, runtime_name: str) -> tuple[str, Engine]:
     return name, Engine(**fields)
 
 
+#: Engine presets whose KV cache defaults to the model's own 16-bit dtype, whatever the
+#: weights' precision (vLLM's and SGLang's `--kv-cache-dtype auto`: "will use model data
+#: type"; an FP8 / FP4 checkpoint computes in bf16). TensorRT-LLM follows its checkpoint
+#: (ModelOpt FP8 / NVFP4 checkpoints carry an FP8 cache), which `--precision` stands for.
+MODEL_DTYPE_KV_ENGINES = ("vllm", "sglang")
+
+
+def _engine_default_kv(args, engine_name: str, act: str, kv: str) -> str:
+    """The KV-cache precision `serve` assumes: `--kv-precision` when given; bf16 for an fp8 /
+    fp4 GEMM precision on a vLLM or SGLang engine preset (said in a note); else `kv`."""
+    if args.kv_precision is None and act.lower() in ("fp8", "fp4") and \
+            engine_name.lower().startswith(MODEL_DTYPE_KV_ENGINES):
+        if not args.json:
+            print(f"note: KV cache in bf16: {engine_name}'s default --kv-cache-dtype auto keeps "
+                  f"the model's dtype with {act} weights (--kv-precision fp8 for an fp8 "
+                  "cache)", file=sys.stderr)
+        return "bf16"
+    return kv
+
+
 def _trtllm_bench_engine(args, mdl, sys_, engine: Engine, traffic, weights: str,
                          kv: str) -> Engine:
     """`engine` with trtllm-bench's own max_num_seqs / max_num_batched_tokens
@@ -284,6 +304,7 @@ def run_serve(args) -> int:
         mdl = _load_model(args.model)
         sys_ = system(args.gpu)
         weights, act, kv = precisions_of(args)
+        kv = _engine_default_kv(args, engine_name, act, kv)
         plan = InferencePlan(tp=args.tp, pp=args.pp, ep=args.ep, weight_precision=weights,
                              activation_precision=act, kv_precision=kv,
                              attention_dp=1 if args.attention_dp else 0,
