@@ -78,6 +78,22 @@ def test_kv_cache_in_the_engines_default_dtype(rows):
     assert kv(fp8_kv) == 2
 
 
+def test_sharegpt_replies_long_tailed_within_the_cut(rows):
+    """ShareGPT rows: replies exponential at the measured mean (coefficient of variation near
+    1, where the uniform's is 0.58), never beyond 2,048 tokens with the prompt."""
+    import numpy as np
+
+    from diffperf.validation._serving_rows import SHAREGPT_MAX_TOTAL, sharegpt_outputs
+    inp = np.random.default_rng(3).uniform(1, 434, 5000).round()
+    out = sharegpt_outputs(inp, 202.0)
+    assert abs(out.mean() / 202.0 - 1) < 0.02
+    assert out.min() >= 1 and np.all(inp + out <= SHAREGPT_MAX_TOTAL)
+    assert 0.85 < out.std() / out.mean() < 1.1
+    assert out.max() > 4 * 202  # a tail beyond the uniform's 2 x mean
+    c = serving_case(rows["gpustack-qwen3-14b-h100-engine-choice-vllm-tp1-sharegpt"])
+    assert c.sharegpt and float(c.model.seq_len) > SHAREGPT_MAX_TOTAL
+
+
 def test_skip_reasons(rows):
     with pytest.raises(SkipRow) as e:
         serving_case(rows["sglang-vllm060-a100-llama-3.1-8b-tp1-sglang-sharegpt-qps4"])

@@ -43,12 +43,13 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   calibration/serving_validation.md). Lengths: the notes' measured token totals when given
   (`vllm bench serve` / `sglang.bench_serving` print them; outputs stop early at EOS), else
   `input_len` / `output_len`. Distribution by `length_distribution`: fixed (exact or
-  'not stated', lengths taken as printed); ShareGPT -> uniform with range ratio 1 at the
-  measured means (`SHAREGPT_SPREAD`: ShareGPT's lengths are spread about as widely as their
-  mean; a uniform on [0, 2 mean] keeps the mean and a coefficient of variation 0.58, and
-  stays within the model context); 'uniform in [1, len]' -> uniform on [1, 2 mean - 1]
-  (ratio (mean - 1) / mean); '+-15%' -> uniform with ratio 0.15. LMDeploy's
-  `profile_generation` rows: `concurrency` threads each running `LMDEPLOY_ROUNDS` requests.
+  'not stated', lengths taken as printed); ShareGPT -> prompts uniform with range ratio 1 at
+  the measured mean (`SHAREGPT_SPREAD`: a uniform on [0, 2 mean] keeps the mean and a
+  coefficient of variation 0.58), replies exponential at the measured mean within vLLM's
+  2,048-token cut (`sharegpt_outputs`: the long replies set an all-at-once run's length);
+  'uniform in [1, len]' -> uniform on [1, 2 mean - 1] (ratio (mean - 1) / mean); '+-15%' ->
+  uniform with ratio 0.15. LMDeploy's `profile_generation` rows: `concurrency` threads each
+  running `LMDEPLOY_ROUNDS` requests.
 - `itl_median_ms` below `BURST_GAP_MS` (1 ms) is dropped from the comparison: tokens that
   arrived in one burst, not a decode step (two trtllm-serve rows: 0.07 and 0.12 ms medians
   against 52 and 85 ms means).
@@ -105,6 +106,10 @@ DEFAULT_MAX_REQUESTS = 2000
 DEFAULT_REQUESTS = 3000
 #: Uniform range ratio standing for ShareGPT's spread of lengths.
 SHAREGPT_SPREAD = 1.0
+#: vLLM's ShareGPT sampling keeps a conversation only when its prompt has at most 1,024
+#: tokens and prompt + reply at most 2,048 (`benchmark_serving`'s sample_sharegpt_requests:
+#: "Prune too long sequences"; later `ShareGPTDataset` / `is_valid_sequence`).
+SHAREGPT_MAX_TOTAL = 2048
 #: A median inter-token gap below this (ms) counts tokens that reached the client together
 #: (several per network read: the streaming server sends them in bursts), not decode steps:
 #: the shortest per-token time any row measures otherwise is 5.0 ms (Llama-3.1 8B at
@@ -156,6 +161,7 @@ class ServingCase:
     measured: dict
     notes: tuple = ()  # modelling caveats of this row (attention DP, capped requests, ...)
     num_requests_row: int = 0  # requests of the measured run (before any cap)
+    sharegpt: bool = False  # output lengths drawn as `sharegpt_outputs` does
 
 
 def read_serving_rows(paths=SERVING_FILES) -> list[dict]:
@@ -330,7 +336,9 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
             ep = tp
     ep = 1.0 if ep is None or v["num_experts"] <= 1 else ep
     mi, mo, dist, spread = _lengths(rec)
-    model = row_model(v, math.ceil(mi * (1 + spread) + mo * (1 + spread)) + 1)
+    sharegpt = "sharegpt" in rec["length_distribution"].lower()
+    context = math.ceil(mi * (1 + spread) + mo * (1 + spread)) + 1
+    model = row_model(v, max(context, SHAREGPT_MAX_TOTAL + 1) if sharegpt else context)
     fields: dict[str, Any] = dict(tp=tp, pp=pp, ep=ep, batch=1.0, input_len=float(round(mi)),
                                   output_len=float(round(mo)), attention_dp=attention_dp,
                                   weight_precision=precision,
@@ -413,7 +421,7 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
                        model=model, system=sys_, plan=plan, engine=eng,
                        runtime=runtime_preset(rt_name), traffic=traffic,
                        replicas=int(replicas), measured=measured, notes=tuple(notes),
-                       num_requests_row=int(n_row))
+                       num_requests_row=int(n_row), sharegpt=sharegpt)
     return case
 
 
@@ -434,8 +442,30 @@ def schedulers(case: ServingCase) -> int:
     return case.replicas * int(round(float(case.plan.attention_ranks)))
 
 
+def sharegpt_outputs(inp, mean: float, seed: int = 0) -> np.ndarray:
+    """Output lengths of a ShareGPT row's requests with prompts `inp`, tokens: exponential at
+    the measured `mean`, rounded, within [1, SHAREGPT_MAX_TOTAL - prompt].
+
+    The rows print only the mean reply length (the notes' token totals). ShareGPT's replies
+    are long-tailed (Kwon et al., SOSP 2023, Fig. 11: mean 338 tokens, a tail to the 2,048
+    cut), and with every request sent at once the longest replies, decoding nearly alone
+    after the rest have finished, set the run's duration. Of the laws of a positive length
+    with a given mean, the exponential assumes the least (maximum entropy); the uniform on
+    [0, 2 mean] used before ends at twice the mean. ASSUMED, not fitted: the shape is the
+    mean's exponential, then the draws are scaled once to the measured mean and clipped."""
+    inp = np.asarray(inp, float)
+    rng = np.random.default_rng(seed + 1)
+    cap = np.maximum(SHAREGPT_MAX_TOTAL - inp, 1.0)
+    out = np.clip(rng.exponential(mean, inp.shape), 1.0, cap)
+    out = np.clip(np.round(out * (mean / out.mean())), 1.0, cap)
+    return out
+
+
 def _stream(case: ServingCase):
     arrival, inp, out = traffic_requests(case.traffic)
+    if case.sharegpt:
+        out = sharegpt_outputs(inp, case.traffic.output_len, case.traffic.seed).astype(
+            np.asarray(out).dtype)
     r = schedulers(case)
     conc = case.traffic.concurrency
     if conc:
