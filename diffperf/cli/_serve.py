@@ -26,6 +26,7 @@ from ..serving import (
     serve_disaggregated,
     trtllm_bench_engine_limits,
 )
+from ..serving._kv_dtype import keeps_model_dtype_kv
 from ..serving._search import SLO_METRICS, parse_slo, slo_search
 from ..serving._serve import eqx_replace
 from ..specs import Engine, InferencePlan
@@ -164,18 +165,12 @@ def _engine(args, runtime_name: str) -> tuple[str, Engine]:
     return name, Engine(**fields)
 
 
-#: Engine presets whose KV cache defaults to the model's own 16-bit dtype, whatever the
-#: weights' precision (vLLM's and SGLang's `--kv-cache-dtype auto`: "will use model data
-#: type"; an FP8 / FP4 checkpoint computes in bf16). TensorRT-LLM follows its checkpoint
-#: (ModelOpt FP8 / NVFP4 checkpoints carry an FP8 cache), which `--precision` stands for.
-MODEL_DTYPE_KV_ENGINES = ("vllm", "sglang")
-
-
 def _engine_default_kv(args, engine_name: str, act: str, kv: str) -> str:
-    """The KV-cache precision `serve` assumes: `--kv-precision` when given; bf16 for an fp8 /
-    fp4 GEMM precision on a vLLM or SGLang engine preset (said in a note); else `kv`."""
-    if args.kv_precision is None and act.lower() in ("fp8", "fp4") and \
-            engine_name.lower().startswith(MODEL_DTYPE_KV_ENGINES):
+    """The KV-cache precision `serve` assumes: `--kv-precision` when given; bf16 where the
+    engine preset keeps the model's dtype with fp8 / fp4 GEMMs (`keeps_model_dtype_kv`, said
+    in a note); else `kv` (TensorRT-LLM follows its checkpoint, which `--precision` stands
+    for)."""
+    if args.kv_precision is None and keeps_model_dtype_kv(engine_name, act):
         if not args.json:
             print(f"note: KV cache in bf16: {engine_name}'s default --kv-cache-dtype auto keeps "
                   f"the model's dtype with {act} weights (--kv-precision fp8 for an fp8 "

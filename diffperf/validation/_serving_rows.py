@@ -85,6 +85,7 @@ from ..presets import (
     system,
 )
 from ..serving import Requests, Traffic, requests as traffic_requests, reservation, simulate
+from ..serving._kv_dtype import keeps_model_dtype_kv
 from ..serving._report import binned_percentile
 from ..serving._serve import _cost_and_capacity, eqx_replace
 from ..serving._simulate import held
@@ -184,21 +185,15 @@ def _num(rec: dict, col: str) -> float | None:
         return None
 
 
-#: Engines whose default KV-cache dtype ("auto") is the model's own data type, whatever the
-#: weights' quantization: vLLM (`CacheConfig.cache_dtype`: 'If "auto", will use model data
-#: type'), SGLang (`--kv-cache-dtype auto`, the same words), and trtllm-serve as GPUStack ran
-#: it on Qwen's own FP8 checkpoints, which carry no KV-cache quantization (TensorRT-LLM takes
-#: an FP8 cache from a ModelOpt checkpoint's `kv_cache_quant_algo`, as in NVIDIA's tables).
-MODEL_DTYPE_KV = ("vllm", "sglang", "trtllm-serve")
-
-
 def default_kv_precision(rec: dict, precision: str) -> str:
-    """A row's KV-cache precision when `kv_precision` is empty: bf16 for an fp8 / fp4 row of
-    an engine in `MODEL_DTYPE_KV` (the checkpoint's activations, hence its cache, are bf16);
-    else fp8 for an fp4 row (NVIDIA's NVFP4 checkpoints keep an FP8 KV cache) and the row's
-    precision otherwise."""
-    engine = rec["engine"].lower()
-    if precision in ("fp8", "fp4") and any(k in engine for k in MODEL_DTYPE_KV):
+    """A row's KV-cache precision when `kv_precision` is empty: bf16 where the engine keeps
+    the model's dtype (`diffperf.serving._kv_dtype.keeps_model_dtype_kv`: vLLM, SGLang) and
+    for trtllm-serve, which GPUStack ran on Qwen's own FP8 checkpoints, with no KV-cache
+    quantization for TensorRT-LLM to follow; else fp8 for an fp4 row (NVIDIA's NVFP4
+    checkpoints keep an FP8 KV cache) and the row's precision otherwise."""
+    engine_name = ENGINE_RULES[engine_rule(rec)][0]
+    if keeps_model_dtype_kv(engine_name, precision) or (
+            precision in ("fp8", "fp4") and "trtllm-serve" in rec["engine"].lower()):
         return "bf16"
     return "fp8" if precision == "fp4" else precision
 
