@@ -158,3 +158,22 @@ def test_fp8_weights_keep_a_bf16_cache_on_vllm_and_sglang(capsys):
     code, out, err = run(capsys, *trt)
     assert code == 0 and "KV cache in bf16" not in err
 
+
+
+@pytest.mark.slow
+def test_grace_host_makes_a_host_bound_deployment_slower_than_b200(capsys):
+    """400 short requests at once on TensorRT-LLM: a step of ~400 sequences spends 12.5 us of
+    host time per sequence on an x86 B200 host and 2.75x that on GB200's Grace CPU, which the
+    report names; the GB200 step is then the host's, slower than B200's although its GPU is
+    faster (NVIDIA's Qwen3-30B-A3B 1k / 1k tables show GB200 below B200)."""
+    args = ("serve", "--model", "llama3-8b", "--engine", "trtllm", "--num-requests", "400",
+            "--input", "128", "--output", "64")
+    code, text, err = run(capsys, *args, "--gpu", "gb200")
+    assert code == 0, err
+    assert "host CPU times x2.75" in text.splitlines()[0]
+    _, grace, _ = run(capsys, *args, "--gpu", "gb200", "--json")
+    _, x86, _ = run(capsys, *args, "--gpu", "b200", "--json")
+    grace, x86 = json.loads(grace), json.loads(x86)
+    assert grace["host_time_factor"] == 2.75 and x86["host_time_factor"] == 1.0
+    assert grace["tpot_ms"]["mean"] > 1.3 * x86["tpot_ms"]["mean"]
+    assert grace["output_tok_s"] < x86["output_tok_s"]

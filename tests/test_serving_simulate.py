@@ -269,3 +269,47 @@ def test_per_sequence_host_work_runs_beside_the_gpu():
         context = float(m.mean_cached_tokens(256.0, 320.0))
         decode = iteration_time(cost, b, b, b * context, 0.0, 0.0)
         assert float(decode) == pytest.approx(float(r.tpot), rel=5e-3)
+
+
+def test_a_slower_host_cpu_scales_the_host_stream_only():
+    """`Accelerator.host_time_factor` f multiplies every host time of the serving runtime:
+    host-bound (128 sequences at 1 ms each) a decode iteration takes f x 0.128 s up to the GPU
+    step; GPU-bound (1 us each) it is unchanged; a larger f is never faster; the static model
+    (`infer`) charges the same, with gradients against finite differences. The Grace presets
+    carry 2.75 (TransformerEngine issue 2053), the x86 ones 1."""
+    import equinox as eqx
+
+    from diffperf.costs._roofline import SHARPNESS
+    from diffperf.specs import Runtime
+
+    assert float(presets.gpu("gb200").host_time_factor) == 2.75
+    assert float(presets.gpu("gb300").host_time_factor) == 2.75
+    assert float(presets.gpu("b200").host_time_factor) == 1.0
+    m, sy = presets.model("llama3-8b"), presets.system("h100-sxm5-80gb")
+    plan = InferencePlan(tp=1, input_len=256.0, output_len=64.0)
+
+    def step(t_seq, factor):
+        rt = eqx.tree_at(lambda r: r.host_seq_time, Runtime(), t_seq)
+        s = eqx.tree_at(lambda x: x.accelerator.host_time_factor, sy, factor)
+        cost = iteration_cost(m, s, plan, 1024.0, None, rt)
+        return float(iteration_time(cost, 128.0, 128.0, 128.0 * 300.0, 0.0, 0.0))
+
+    gpu = step(0.0, 1.0)
+    assert step(1e-6, 2.75) == pytest.approx(gpu, rel=1e-3)  # hidden behind the GPU
+    bound = [step(1e-3, f) for f in (1.0, 2.0, 2.75, 4.0)]
+    smooth = 1.0 + SHARPNESS**2 / 4.0  # the smooth overlap's excess over the host time
+    for f, t in zip((1.0, 2.0, 2.75, 4.0), bound):
+        assert f * 0.128 <= t <= smooth * f * 0.128 + gpu
+    assert bound == sorted(bound)
+    # the static model: the same factor on infer's decode host stream
+    rt = eqx.tree_at(lambda r: r.host_seq_time, Runtime(), 1e-3)
+    bplan = InferencePlan(tp=1, batch=128, input_len=256.0, output_len=64.0)
+
+    def tpot(factor):
+        s = eqx.tree_at(lambda x: x.accelerator.host_time_factor, sy, factor)
+        return infer(m, s, bplan, None, rt).tpot
+
+    assert 2.75 * 0.128 <= float(tpot(2.75)) <= smooth * 2.75 * 0.128 + gpu
+    f0, h = jnp.asarray(2.0), 1e-3
+    fd = (float(tpot(f0 + h)) - float(tpot(f0 - h))) / (2 * h)
+    assert float(jax.grad(tpot)(f0)) == pytest.approx(fd, rel=2e-2)

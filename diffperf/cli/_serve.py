@@ -337,6 +337,7 @@ def run_serve(args) -> int:
         "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy", "block_size",
         "kv_memory_fraction", "kv_output_reserve")}}
     out["runtime"] = choice.name
+    out["host_time_factor"] = float(sys_.accelerator.host_time_factor)
     out["price_per_gpu_hour_usd"], out["power_w"] = price, list(power)
     if args.rate is not None and out["ttft_growth_ms"] > max(
             1000.0, 0.5 * out["ttft_ms"]["p50"]) and out["busy_share"] > 0.95:
@@ -367,7 +368,9 @@ def run_serve(args) -> int:
                    else ""))
     print(f"{where} ({parallel}), engine {engine_name} "
           f"(max_num_seqs {out['engine']['max_num_seqs']:g}, budget "
-          f"{out['engine']['max_num_batched_tokens']:g} tokens), runtime {choice.name}")
+          f"{out['engine']['max_num_batched_tokens']:g} tokens), runtime {choice.name}"
+          + (f" (host CPU times x{out['host_time_factor']:g}: the GPU preset's host_time_factor)"
+             if out["host_time_factor"] != 1.0 else ""))
     if not args.trace:
         print(f"traffic: {args.num_requests} requests, {load}, input {args.input:g} / output "
               f"{args.output:g} tokens ({args.distribution})")

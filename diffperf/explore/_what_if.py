@@ -34,7 +34,7 @@ UNITS = {
     "flops_fp32": "FLOP/s", "flops_bf16": "FLOP/s", "flops_fp8": "FLOP/s", "flops_fp4": "FLOP/s",
     "vector_flops": "FLOP/s", "hbm_capacity": "B", "hbm_bandwidth": "B/s", "l2_capacity": "B",
     "l2_bandwidth": "B/s", "num_sms": "count", "launch_overhead": "s", "host_bandwidth": "B/s",
-    "host_memory_bandwidth": "B/s",
+    "host_memory_bandwidth": "B/s", "host_time_factor": "x",
     "host_memory": "B", "nvlink_domain": "GPUs", "nvlink_bandwidth": "B/s",
     "nvlink_latency": "s", "scaleout_bandwidth": "B/s", "scaleout_latency": "s",
     "nvlink_sharp": "0/1",

@@ -21,7 +21,9 @@ pass takes longer than the GPU needs to run it. Per pass (a prefill pass, or one
 with x = `exposed_after_overlap` (a smooth clip(H - G, 0, H)), G the pass's GPU time (every
 operation of every stage, s), L layers, n = `Runtime.ops_per_layer`, c the layer's
 collective calls (`model.tp_reductions_per_pass` all-reduces when tp > 1), t the `Runtime`
-host times, s = `Efficiency.host_overhead` (the calibrated host speed, 1 by default) and
+host times, s = `Efficiency.host_overhead` x `Accelerator.host_time_factor` (the calibrated
+host speed, 1 by default, times the host CPU's time against a DGX H100's x86 host: 2.75 on
+Grace) and
 t_step = `Runtime.host_step_time` (scheduler, sampling: CPU work between steps,
 during which the GPU idles). A Python engine's per-request work (`Runtime.host_seq_time` per
 sequence of the pass) joins H: the engine runs it one step ahead, beside the GPU. Each

@@ -619,11 +619,12 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
     steps = plan.output_len - 1.0
     rank = rank_plan(plan)
     graphs = phase_graphs(rank, runtime)
+    host = eff.host_overhead * system.accelerator.host_time_factor  # the host CPU's speed
     prefill = _breakdown(ops["prefill"], lambda gpu: host_wait(
-        model, rank, runtime, gpu, 1.0, graphs["prefill"], eff.host_overhead, rank.batch))
+        model, rank, runtime, gpu, 1.0, graphs["prefill"], host, rank.batch))
     decode = _breakdown(ops["decode"], lambda gpu: host_wait(
-        model, rank, runtime, gpu, jnp.maximum(steps, 1.0), graphs["decode"],
-        eff.host_overhead, rank.batch))
+        model, rank, runtime, gpu, jnp.maximum(steps, 1.0), graphs["decode"], host,
+        rank.batch))
     tpot = decode.total / jnp.maximum(steps, 1.0)  # one hypothetical step when output_len = 1
     decode = jax.tree.map(lambda t: jnp.where(steps > 0, t, 0.0), decode)
     ttft = prefill.total

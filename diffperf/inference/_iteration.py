@@ -128,6 +128,7 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
     s = plan.input_len
     pre = _prefill_attention(model, one, system, eff, x)
     pairs = 0.5 * s * s
+    host = eff.host_overhead * system.accelerator.host_time_factor  # the host CPU's speed
     return IterationCost(
         grid=grid, body=body, body_launch=body_launch, body_kernels=body_kernels, head=head,
         head_launch=head_launch, head_kernels=head_kernels,
@@ -137,9 +138,9 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
         prefill_launch=layers * pre.launch, prefill_kernels=layers * pre.kernels,
         replayed=graph_kernel_time(eff, runtime), prefill_graph=runtime.prefill_graph,
         decode_graph=runtime.decode_graph, graph_max_tokens=runtime.graph_max_tokens,
-        host_issue=host_issue_time(model, plan, runtime, 0.0, eff.host_overhead),
-        host_step=eff.host_overhead * runtime.host_step_time,
-        host_seq=eff.host_overhead * runtime.host_seq_time, pp=plan.pp,
+        host_issue=host_issue_time(model, plan, runtime, 0.0, host),
+        host_step=host * runtime.host_step_time, host_seq=host * runtime.host_seq_time,
+        pp=plan.pp,
         sliding_window=model.sliding_window, windowed_fraction=model.windowed_fraction)
 
 

@@ -87,6 +87,16 @@ class Accelerator(eqx.Module):
       its GPUs, which all step their offloaded optimizer states at once (DGX H100: 2 x 8
       channels of DDR5-4800 = 614 GB/s / 8). Used by optimizer offloading (CPU Adam). Default
       76.8 GB/s.
+    - `host_time_factor`: the host CPU's time for a serving engine's Python work (operator
+      issue, per-request bookkeeping, scheduling) relative to a DGX H100's x86 host (Xeon
+      Platinum 8480C), ratio: every host time of the inference and serving runtime
+      (`Runtime.host_op_time`, `host_collective_time`, `host_step_time`, `host_seq_time`) is
+      multiplied by it (`diffperf.inference.host_wait`, the serving iteration's host stream).
+      1 for x86 hosts (default); 2.75 for a Grace CPU (TransformerEngine issue 2053: one
+      `torch.nn.Linear` forward takes 37.08 us of CPU on GB200 against 13.48 us on a DGX
+      H100). The training host stream does not use it: the training runtimes' per-operator
+      times are fitted or assumed on other hosts, and the Grace factor made the held-out
+      GB200 / GB300 MoE training rows 2x too slow (calibration/EXPERIMENTS.md).
     """
 
     flops_fp32: jax.Array = _F()
@@ -103,11 +113,12 @@ class Accelerator(eqx.Module):
     host_bandwidth: jax.Array = _F(default=64e9)
     host_memory: jax.Array = _F(default=256e9)
     host_memory_bandwidth: jax.Array = _F(default=76.8e9)
+    host_time_factor: jax.Array = _F(default=1.0)
 
     def __check_init__(self):
         for name in ("flops_bf16", "vector_flops", "hbm_capacity", "hbm_bandwidth", "l2_capacity",
                      "l2_bandwidth", "host_bandwidth", "host_memory",
-                     "host_memory_bandwidth"):
+                     "host_memory_bandwidth", "host_time_factor"):
             check_positive("Accelerator", name, getattr(self, name))
         for name in ("flops_fp32", "flops_fp8", "flops_fp4", "launch_overhead"):
             check_nonnegative("Accelerator", name, getattr(self, name))
