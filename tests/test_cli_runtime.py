@@ -222,3 +222,21 @@ def test_design_studies_keep_the_runtimes_zero_default():
     plan = best_training_plan(dp.model("llama2-7b"), dp.system("dgx-a100"), 16, 64,
                               plan_defaults=presets.runtime_plan_defaults("megatron-lm-2022"))
     assert float(plan.zero) == 0.0 and float(plan.flash_attention) == 0.0
+
+
+def test_infer_names_the_grace_hosts_slower_cpu(capsys):
+    """On GB200 the report says the runtime's host times are 2.75x (the preset's
+    `host_time_factor`) and `--json` carries it; `--set host_time_factor=1` (an x86 host) makes
+    a host-bound TensorRT-LLM decode of 512 sequences faster; on B200 no such line."""
+    args = ("infer", "--model", "llama3-8b", "--runtime", "trtllm", "--batch", "512",
+            "--input", "128", "--output", "64")
+    code, text, err = run(capsys, *args, "--gpu", "gb200")
+    assert code == 0, err
+    assert "host CPU: the runtime's host times x2.75" in text
+    _, grace, _ = run(capsys, *args, "--gpu", "gb200", "--json")
+    _, x86, _ = run(capsys, *args, "--gpu", "gb200", "--set", "host_time_factor=1", "--json")
+    grace, x86 = json.loads(grace), json.loads(x86)
+    assert grace["host_time_factor"] == 2.75 and x86["host_time_factor"] == 1.0
+    assert x86["tpot_s"] < grace["tpot_s"]
+    _, plain, _ = run(capsys, *args, "--gpu", "b200")
+    assert "host CPU" not in plain

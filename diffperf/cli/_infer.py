@@ -267,6 +267,9 @@ def _print(args, s: dict, table, capacity: float, choice: RuntimeChoice) -> None
           f"{ep}), batch {args.batch}, {args.input} in / {args.output} out, "
           f"{precisions_text(args)}")
     print(f"  {choice.header()}")
+    if s["host_time_factor"] != 1.0:
+        print(f"  host CPU: the runtime's host times x{s['host_time_factor']:g} (the GPU "
+              f"preset's host_time_factor: its CPU against a DGX H100's x86 host)")
     shown = set()  # a note is printed once, under the first interval it applies to
 
     def interval(field):
@@ -356,6 +359,7 @@ def run_infer(args) -> int:
     summary = _summary(rep)
     summary["max_batch_kv_only"] = _kv_only_max_batch(rep, args.batch, capacity)
     summary["runtime"] = choice.to_json()
+    summary["host_time_factor"] = float(sys_.accelerator.host_time_factor)
     if args.set:
         base_system = system(args.gpu)
         base_rep = jax.device_get(infer(mdl, base_system, plan, eff, choice.preset))
