@@ -24,6 +24,12 @@ is what trtllm-bench reads, NVML's total (`get_device_memory` in
 `tensorrt_llm/bench/build/utils.py`), in GiB: nvidia-smi's totals, 81,559 MiB (H100 SXM),
 143,771 MiB (H200), 183,359 MiB (B200), 189,471 MiB (GB200).
 
+Runtime: `trtllm` (the 1.x PyTorch backend's preset, as the serving validation maps the same
+pages' rows: CUDA graphs in decode up to 128 sequences, TensorRT-LLM's per-request host work
+per running sequence, which a Grace host (GB200) pays 2.75x). Until 2026-11-28 these rows had
+no runtime, i.e. the calibration set's TensorRT-LLM 0.x engine without graphs or per-request
+host work.
+
 Precisions: FP8 rows are `nvidia/Llama-3.x-...-FP8` (weights and GEMM inputs fp8), FP4 rows
 `...-FP4` (NVFP4 weights and GEMM inputs). The KV cache is fp8: the page's commands set no
 KV-cache dtype for the dense models, so the checkpoint's own applies, and ModelOpt, which made
@@ -156,13 +162,14 @@ def rows() -> list[dict]:
                 "precision": precision, "kv_precision": "fp8", "batch": b,
                 "input_len": isl, "output_len": osl,
                 "output_tok_s_per_gpu": round(total / tp, 2), "head_dim": m.get("head_dim", 0),
-                "prefill_tokens": chunk,
+                "prefill_tokens": chunk, "runtime": "trtllm",
                 "notes": (f"printed total output throughput {total:,} tokens/s on {tp} GPU(s), "
                           f"per GPU = total / tp; batch = {b} requests in flight "
                           f"(trtllm-bench's KV-cache estimate at 95 % of the memory left "
                           f"after the weights, capped at 4,096); at most {chunk:,} tokens per "
                           f"forward pass (trtllm-bench's max_num_tokens); {precision.upper()} "
-                          f"weights and GEMM inputs, fp8 KV cache (ModelOpt default)"),
+                          f"weights and GEMM inputs, fp8 KV cache (ModelOpt default); "
+                          f"runtime trtllm: the PyTorch backend trtllm-bench runs"),
             })
     return out
 

@@ -99,3 +99,22 @@ def test_inference_attribution_names_an_infeasible_plan():
     with pytest.raises(ValueError, match="infeasible on the base system: tp does not divide"):
         A.attribute_inference(model("llama2-70b"), system("dgx-a100"), system("dgx-h100"),
                               dp.InferencePlan(tp=3, batch=1))
+
+
+def test_inference_attribution_carries_the_target_host_cpu():
+    """B200 -> GB200 with TensorRT-LLM's runtime at 512 sequences (host-bound on Grace): the
+    all-factors coalition is `infer` on the target itself (its Grace host_time_factor
+    included), and the host CPU factor is a slowdown; with the default runtime (no host
+    times) it is exactly 1x."""
+    import diffperf as dp
+    from diffperf.presets import default_efficiency, runtime
+    m, base, tgt = model("llama3-8b"), system("dgx-b200"), system("gb200-nvl72")
+    plan = dp.InferencePlan(tp=1, batch=512, input_len=128, output_len=64)
+    rt = runtime("trtllm")
+    r = A.attribute_inference(m, base, tgt, plan, target_precision="bf16", runtime=rt)
+    want = dp.infer(m, tgt, plan, default_efficiency(), rt).e2e_latency
+    assert r["target_e2e_s"] == pytest.approx(float(want), rel=1e-5)
+    assert r["coalitions"] == 32
+    assert r["factors"]["host_cpu"]["speedup"] < 0.9
+    plain = A.attribute_inference(m, base, tgt, plan, target_precision="bf16")
+    assert plain["factors"]["host_cpu"]["speedup"] == pytest.approx(1.0, abs=1e-6)

@@ -240,3 +240,6 @@ def test_infer_names_the_grace_hosts_slower_cpu(capsys):
     assert x86["tpot_s"] < grace["tpot_s"]
     _, plain, _ = run(capsys, *args, "--gpu", "b200")
     assert "host CPU" not in plain
+    # the default runtime has no host times: the factor changes nothing, and is not named
+    _, default, _ = run(capsys, "infer", "--model", "llama3-8b", "--gpu", "gb200")
+    assert "host CPU" not in default

@@ -170,7 +170,7 @@ def test_grace_host_makes_a_host_bound_deployment_slower_than_b200(capsys):
             "--input", "128", "--output", "64")
     code, text, err = run(capsys, *args, "--gpu", "gb200")
     assert code == 0, err
-    assert "host CPU times x2.75" in text.splitlines()[0]
+    assert "host CPU times x2.75: host_time_factor" in text.splitlines()[0]
     _, grace, _ = run(capsys, *args, "--gpu", "gb200", "--json")
     _, x86, _ = run(capsys, *args, "--gpu", "b200", "--json")
     grace, x86 = json.loads(grace), json.loads(x86)

@@ -298,8 +298,9 @@ def test_a_slower_host_cpu_scales_the_host_stream_only():
     assert step(1e-6, 2.75) == pytest.approx(gpu, rel=1e-3)  # hidden behind the GPU
     bound = [step(1e-3, f) for f in (1.0, 2.0, 2.75, 4.0)]
     smooth = 1.0 + SHARPNESS**2 / 4.0  # the smooth overlap's excess over the host time
+    host = 0.128 * float(presets.default_efficiency().host_overhead)  # calibrated host speed
     for f, t in zip((1.0, 2.0, 2.75, 4.0), bound):
-        assert f * 0.128 <= t <= smooth * f * 0.128 + gpu
+        assert f * host <= t <= smooth * f * host + gpu
     assert bound == sorted(bound)
     # the static model: the same factor on infer's decode host stream
     rt = eqx.tree_at(lambda r: r.host_seq_time, Runtime(), 1e-3)
@@ -309,7 +310,43 @@ def test_a_slower_host_cpu_scales_the_host_stream_only():
         s = eqx.tree_at(lambda x: x.accelerator.host_time_factor, sy, factor)
         return infer(m, s, bplan, None, rt).tpot
 
-    assert 2.75 * 0.128 <= float(tpot(2.75)) <= smooth * 2.75 * 0.128 + gpu
+    assert 2.75 * host <= float(tpot(2.75)) <= smooth * 2.75 * host + gpu
     f0, h = jnp.asarray(2.0), 1e-3
     fd = (float(tpot(f0 + h)) - float(tpot(f0 - h))) / (2 * h)
     assert float(jax.grad(tpot)(f0)) == pytest.approx(fd, rel=2e-2)
+
+
+@pytest.mark.parametrize("field,value,tp", [
+    ("host_op_time", 1e-3, 1),          # H = L x 40 operators x 1 ms, far beyond the GPU step
+    ("host_collective_time", 5e-3, 2),  # H = L x 2 all-reduces x 5 ms at TP 2
+    ("host_step_time", 0.1, 1),         # added to the step as it is
+])
+def test_host_time_factor_scales_every_serving_host_time(field, value, tp):
+    """Each runtime host time, made to dominate a decode iteration, costs f times as much with
+    `host_time_factor` f: the iteration minus its GPU-only time grows by f within the smooth
+    overlap's excess (the issue stream) or exactly (the step time)."""
+    import equinox as eqx
+
+    from diffperf.costs._roofline import SHARPNESS
+    from diffperf.specs import Runtime
+
+    m, sy = presets.model("llama3-8b"), presets.system("h100-sxm5-80gb")
+    plan = InferencePlan(tp=tp, input_len=256.0, output_len=64.0)
+    rt = eqx.tree_at(lambda r: getattr(r, field), Runtime(), value)
+    s_fit = float(presets.default_efficiency().host_overhead)  # the calibrated host speed
+    host = s_fit * {"host_op_time": 32 * 40 * value, "host_collective_time": 32 * 2 * value,
+                    "host_step_time": value}[field]  # per iteration at factor 1, s
+
+    def step(runtime, factor):
+        s = eqx.tree_at(lambda x: x.accelerator.host_time_factor, sy, factor)
+        cost = iteration_cost(m, s, plan, 1024.0, None, runtime)
+        return float(iteration_time(cost, 8.0, 8.0, 8.0 * 300.0, 0.0, 0.0))
+
+    gpu = step(Runtime(), 1.0)
+    smooth = 1.0 + SHARPNESS**2 / 4.0
+    for f in (1.0, 2.75):
+        t = step(rt, f)
+        if field == "host_step_time":
+            assert t == pytest.approx(gpu + f * host, rel=1e-4)
+        else:
+            assert f * host <= t <= smooth * f * host + gpu

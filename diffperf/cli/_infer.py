@@ -49,6 +49,7 @@ from ._runtime import (
     RuntimeChoice,
     add_runtime_argument,
     apply_plan_defaults,
+    has_host_times,
     resolve_runtime,
     with_plan_fields,
 )
@@ -267,9 +268,9 @@ def _print(args, s: dict, table, capacity: float, choice: RuntimeChoice) -> None
           f"{ep}), batch {args.batch}, {args.input} in / {args.output} out, "
           f"{precisions_text(args)}")
     print(f"  {choice.header()}")
-    if s["host_time_factor"] != 1.0:
-        print(f"  host CPU: the runtime's host times x{s['host_time_factor']:g} (the GPU "
-              f"preset's host_time_factor: its CPU against a DGX H100's x86 host)")
+    if s["host_time_factor"] != 1.0 and has_host_times(choice.runtime):
+        print(f"  host CPU: the runtime's host times x{s['host_time_factor']:g} "
+              f"(host_time_factor: this GPU's host CPU against a DGX H100's x86 host)")
     shown = set()  # a note is printed once, under the first interval it applies to
 
     def interval(field):

@@ -146,6 +146,13 @@ class RuntimeChoice:
                 "set": list(self.set_items), "fields": runtime_fields(self.runtime)}
 
 
+def has_host_times(runtime: Runtime) -> bool:
+    """Whether a runtime spends any host time in inference or serving (operator, collective,
+    step or per-sequence): only then does the GPU's `host_time_factor` change a prediction."""
+    return any(float(getattr(runtime, f)) > 0 for f in (
+        "host_op_time", "host_collective_time", "host_step_time", "host_seq_time"))
+
+
 def runtime_fields(runtime: Runtime) -> dict:
     """Every field of a `Runtime` as a float (name -> value, in the field's unit), written as
     its shortest float32 form (1.9e-05, not 1.8999999156221747e-05)."""

@@ -40,7 +40,7 @@ from ._common import (
     group,
 )
 from ._infer import add_attention_dp, add_precision_arguments, precisions_of
-from ._runtime import add_runtime_argument, resolve_runtime
+from ._runtime import add_runtime_argument, has_host_times, resolve_runtime
 
 #: The engine preset that goes with each software-runtime preset (and the default pair).
 ENGINE_OF_RUNTIME = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
@@ -369,8 +369,9 @@ def run_serve(args) -> int:
     print(f"{where} ({parallel}), engine {engine_name} "
           f"(max_num_seqs {out['engine']['max_num_seqs']:g}, budget "
           f"{out['engine']['max_num_batched_tokens']:g} tokens), runtime {choice.name}"
-          + (f" (host CPU times x{out['host_time_factor']:g}: the GPU preset's host_time_factor)"
-             if out["host_time_factor"] != 1.0 else ""))
+          + (f" (host CPU times x{out['host_time_factor']:g}: host_time_factor, this GPU's "
+             f"host CPU against a DGX H100's x86 host)"
+             if out["host_time_factor"] != 1.0 and has_host_times(choice.runtime) else ""))
     if not args.trace:
         print(f"traffic: {args.num_requests} requests, {load}, input {args.input:g} / output "
               f"{args.output:g} tokens ({args.distribution})")

@@ -55,7 +55,8 @@ FACTORS = ("precision", "tensor_flops", "hbm_bandwidth", "hbm_capacity", "nvlink
 _ACC_FACTOR = {"flops_fp32": "tensor_flops", "flops_bf16": "tensor_flops",
                "vector_flops": "tensor_flops", "l2_capacity": "tensor_flops",
                "l2_bandwidth": "tensor_flops", "num_sms": "tensor_flops",
-               "hbm_bandwidth": "hbm_bandwidth", "hbm_capacity": "hbm_capacity"}
+               "hbm_bandwidth": "hbm_bandwidth", "hbm_capacity": "hbm_capacity",
+               "host_time_factor": "host_cpu"}
 # NVLink SHARP (in-switch reduction) and the hop latency come with the NVLink / NVSwitch
 # generation: they are part of the "NVLink bandwidth" factor.
 _NET_FACTOR = {"nvlink_domain": "nvlink_domain", "nvlink_bandwidth": "nvlink_bandwidth",
@@ -105,7 +106,8 @@ def _coalition_system(base: System, target: System, on: dict, prec_ratio) -> Sys
     for f in Accelerator.__dataclass_fields__:
         b, t = getattr(ab, f), getattr(at, f)
         factor = _ACC_FACTOR.get(f)
-        acc[f] = jnp.where(on[factor], t, b) if factor else b
+        # a factor this attribution does not vary (training has no host_cpu) keeps the base's
+        acc[f] = jnp.where(on[factor], t, b) if factor in on else b
     # low-precision rate = target's (fp8/bf16 or fp4/bf16) ratio x the coalition's bf16 rate
     acc["flops_fp8"] = acc["flops_bf16"] * prec_ratio[0]
     acc["flops_fp4"] = acc["flops_bf16"] * prec_ratio[1]
@@ -246,7 +248,7 @@ def attribute(model: Transformer, base: System, target: System, gpus: int, globa
 
 
 #: Factors of an inference speed-up (a fixed plan: no capacity, domain, scale-out or plan factor).
-INFER_FACTORS = ("precision", "tensor_flops", "hbm_bandwidth", "nvlink_bandwidth")
+INFER_FACTORS = ("precision", "tensor_flops", "hbm_bandwidth", "nvlink_bandwidth", "host_cpu")
 
 
 def attribute_inference(model: Transformer, base: System, target: System, plan,
@@ -258,9 +260,12 @@ def attribute_inference(model: Transformer, base: System, target: System, plan,
     `precision` (weights, GEMM inputs and KV cache base -> target precision, the low-precision
     rate being the target's ratio to bf16 times the coalition's bf16 rate, as in training),
     `tensor_flops` (with L2 and SM count), `hbm_bandwidth` and `nvlink_bandwidth` (with the NVLink
-    generation's hop latency and in-switch reduction). HBM capacity, the NVLink domain and the
-    scale-out network stay the base's: they do not change the time of a plan that fits. All 16
-    coalitions in one jitted vmap, with one serving `runtime` (default: the calibration set's).
+    generation's hop latency and in-switch reduction) and `host_cpu` (the host CPU's
+    `Accelerator.host_time_factor`: Grace on GB200 / GB300 multiplies a serving runtime's host
+    times; 1x with a runtime that has none, like the default). HBM capacity, the NVLink domain
+    and the scale-out network stay the base's: they do not change the time of a plan that
+    fits. All 32 coalitions in one jitted vmap, with one serving `runtime` (default: the
+    calibration set's).
 
     **Returns:** dict with `speedup`, `log_speedup`, `base_e2e_s`, `target_e2e_s`, `base_tpot_s`,
     `target_tpot_s` and `factors` {name: {"shapley_log", "speedup", "alone"}}; ValueError if a

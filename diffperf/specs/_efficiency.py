@@ -59,7 +59,9 @@ class Efficiency(eqx.Module):
     - `host_overhead`: factor on every host time of the software runtime (`Runtime`'s per
       operator, per collective and per step times): the host CPU and framework measured
       against the runtime preset's reference, ratio > 0 (1: the preset as published / fitted;
-      no effect on runtimes whose host times are 0, such as the default).
+      no effect on runtimes whose host times are 0, such as the default). Inference and
+      serving multiply it by the accelerator's `host_time_factor` (the host CPU's speed:
+      2.75 on Grace); training uses it alone.
     """
 
     matmul_peak: jax.Array = _F(default=0.85)
