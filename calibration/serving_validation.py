@@ -167,8 +167,9 @@ def main(argv=None) -> int:
           "source would give the same numbers).", "",
           "MAPE = mean |pred/meas - 1|; 'too fast' = latency predicted below / throughput "
           "above the measurement. Median columns (`*_median_ms`) are compared with the "
-          "simulated median over requests; `itl_median_ms` with the median TPOT (the "
-          "simulator gives no per-token gap distribution).", "",
+          "simulated median over requests; `itl_median_ms` with the median of every "
+          "simulated gap between two tokens of every request (`ServingReport.itl`), as the "
+          "benchmark clients pool them.", "",
           "## Headline (targets: TTFT and ITL/TPOT <= 15 % MAPE under load, throughput at "
           "saturation <= 10 %)", ""]
     head_rows = []
