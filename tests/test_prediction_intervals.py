@@ -160,8 +160,11 @@ def test_train_cli_interval_of_a_fine_grained_moe_model_is_wider_and_says_why(ca
     dense = em.log_half_width(np.eye(len(COVARIATES))[COVARIATES.index("q:step_time")])
     assert half > 2 * dense  # far wider than a calibrated dense run's
     assert main(args) == 0
-    assert "the interval is wider than a calibrated configuration's: 256 experts" in \
-        capsys.readouterr().out
+    note = capsys.readouterr().out
+    # the text names the expert count among the reasons (in the order of their widths: MLA's
+    # slope and the expert count's are close, x1.59 and x1.46 at the 2026-11-28 fit)
+    assert "the interval is wider than a calibrated configuration's: " in note
+    assert "256 experts, calibrated runs had at most 8" in note
 
 
 @pytest.mark.slow
