@@ -41,6 +41,7 @@ import jax.numpy as jnp
 
 from ..costs._roofline import exposed_after_overlap
 from ..specs._efficiency import Efficiency
+from ..specs._hardware import Accelerator
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
@@ -69,11 +70,18 @@ def collectives_per_layer(model: Transformer, plan: InferencePlan) -> jax.Array:
     return jnp.where(plan.tp > 1, calls, 0.0)
 
 
+def host_scale(eff: Efficiency, accelerator: Accelerator) -> jax.Array:
+    """s, the factor on every host time of an inference or serving runtime:
+    `Efficiency.host_overhead` (the calibrated host speed) x `Accelerator.host_time_factor`
+    (the host CPU against a DGX H100's x86 host: 2.75 on Grace), ratio."""
+    return eff.host_overhead * accelerator.host_time_factor
+
+
 def host_issue_time(model: Transformer, plan: InferencePlan, runtime: Runtime,
                     graph, host_overhead=1.0) -> jax.Array:
     """H: host time to issue one pass's layers (all stages), s: (1 - g) s L (n t_op + c t_coll)
-    with s = `host_overhead`, the factor on every host time: `Efficiency.host_overhead` x
-    `Accelerator.host_time_factor` in `infer` and the serving iteration (module docstring)."""
+    with s = `host_overhead`, the factor on every host time (`host_scale` in `infer` and the
+    serving iteration; module docstring)."""
     per_layer = (runtime.ops_per_layer * runtime.host_op_time
                  + collectives_per_layer(model, plan) * runtime.host_collective_time)
     return (1.0 - graph) * host_overhead * model.layers * per_layer
@@ -83,8 +91,8 @@ def host_wait(model: Transformer, plan: InferencePlan, runtime: Runtime, gpu_tim
               graph, host_overhead=1.0, seqs=0.0) -> jax.Array:
     """Time the GPU waits for the host over `passes` passes whose GPU time is `gpu_time` in
     all, s: passes s t_step + x(passes (H + s b t_seq), gpu_time) / pp with b = `seqs` the
-    sequences of a pass, t_seq = `Runtime.host_seq_time` and s = `host_overhead` (in `infer`:
-    `Efficiency.host_overhead` x `Accelerator.host_time_factor`; module docstring)."""
+    sequences of a pass, t_seq = `Runtime.host_seq_time` and s = `host_overhead` (`host_scale`
+    in `infer`; module docstring)."""
     issue = passes * (host_issue_time(model, plan, runtime, graph, host_overhead)
                       + host_overhead * seqs * runtime.host_seq_time)
     return (passes * host_overhead * runtime.host_step_time

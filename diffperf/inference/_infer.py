@@ -57,7 +57,7 @@ from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
-from ._host import graph_kernel_time, graph_share, host_wait
+from ._host import graph_kernel_time, graph_share, host_scale, host_wait
 
 #: Element-wise kernels per layer and step (TensorRT-LLM style fusion): input RMSNorm,
 #: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add (one
@@ -619,7 +619,7 @@ def infer(model: Transformer, system: System, plan: InferencePlan,
     steps = plan.output_len - 1.0
     rank = rank_plan(plan)
     graphs = phase_graphs(rank, runtime)
-    host = eff.host_overhead * system.accelerator.host_time_factor  # the host CPU's speed
+    host = host_scale(eff, system.accelerator)
     prefill = _breakdown(ops["prefill"], lambda gpu: host_wait(
         model, rank, runtime, gpu, 1.0, graphs["prefill"], host, rank.batch))
     decode = _breakdown(ops["decode"], lambda gpu: host_wait(

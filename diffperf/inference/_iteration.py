@@ -52,7 +52,7 @@ from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
-from ._host import graph_kernel_time, host_issue_time
+from ._host import graph_kernel_time, host_issue_time, host_scale
 from ._infer import (
     _decode_attention,
     _dims,
@@ -128,7 +128,7 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
     s = plan.input_len
     pre = _prefill_attention(model, one, system, eff, x)
     pairs = 0.5 * s * s
-    host = eff.host_overhead * system.accelerator.host_time_factor  # the host CPU's speed
+    host = host_scale(eff, system.accelerator)
     return IterationCost(
         grid=grid, body=body, body_launch=body_launch, body_kernels=body_kernels, head=head,
         head_launch=head_launch, head_kernels=head_kernels,
