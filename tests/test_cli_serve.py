@@ -73,6 +73,7 @@ def test_slo_search_picks_fewest_gpus_meeting_targets(capsys):
     (("--max-num-seqs", "0"), "--max-num-seqs"),
     (("--input", "20000", "--chunked-prefill", "off"), "chunked_prefill is off"),
     (("--engine", "nope"), "nope"),
+    (("--kv-cache-tokens", "-5"), "--kv-cache-tokens"),
 ])
 def test_bad_input_one_line_error(capsys, argv, needle):
     code, out, err = run(capsys, *BASE, *argv)
@@ -177,3 +178,21 @@ def test_grace_host_makes_a_host_bound_deployment_slower_than_b200(capsys):
     assert grace["host_time_factor"] == 2.75 and x86["host_time_factor"] == 1.0
     assert grace["tpot_ms"]["mean"] > 1.3 * x86["tpot_ms"]["mean"]
     assert grace["output_tok_s"] < x86["output_tok_s"]
+
+
+def test_context_pass_and_kv_cache_tokens(capsys):
+    """`--context-pass on` (TurboMind v0.1): at one client with short prompts, the first token
+    waits for a context pass and a decode pass, each reading the weights, so TTFT grows by
+    about a decode step (TPOT unchanged: decode-only iterations are one pass either way);
+    `--kv-cache-tokens` sets the cache the report and JSON give."""
+    args = ("serve", "--model", "llama2-7b", "--gpu", "a100-sxm4-80gb", "--num-requests", "8",
+            "--input", "128", "--output", "32", "--concurrency", "1", "--json")
+    _, off, _ = run(capsys, *args)
+    code, on, err = run(capsys, *args, "--context-pass", "on", "--kv-cache-tokens", "128000")
+    assert code == 0, err
+    off, on = json.loads(off), json.loads(on)
+    assert on["engine"]["context_pass"] == 1.0 and off["engine"]["context_pass"] == 0.0
+    assert on["kv_capacity_tokens"] == 128000
+    step = off["tpot_ms"]["mean"]
+    assert on["tpot_ms"]["mean"] == pytest.approx(step, rel=1e-3)
+    assert 0.7 * step < on["ttft_ms"]["mean"] - off["ttft_ms"]["mean"] < 1.3 * step

@@ -124,6 +124,14 @@ def test_efficiency_bad_values(field, value):
     _raises(lambda: dp.Efficiency(**{field: value}), f"Efficiency.{field}")
 
 
+@pytest.mark.parametrize("field,value", [("context_pass", 2), ("context_pass", 0.5),
+                                         ("kv_cache_tokens", -1.0),
+                                         ("kv_cache_tokens", float("nan"))])
+def test_engine_bad_values(field, value):
+    from diffperf.specs import Engine
+    _raises(lambda: Engine(**{field: value}), f"Engine.{field}")
+
+
 def test_unknown_preset_names_are_listed():
     _raises(lambda: dp.gpu("a100-pcie"), "a100-pcie", "a100-sxm4-80gb")
     _raises(lambda: dp.model("gpt-5"), "gpt-5", "gpt3-175b")

@@ -107,6 +107,13 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="share of each request's remaining output held in the KV cache ahead "
                         "(1: reserved at admission, TensorRT-LLM; 0: allocated as the "
                         "context grows, vLLM; SGLang 0.098)")
+    e.add_argument("--kv-cache-tokens", type=int, default=None,
+                   help="KV-cache tokens of a replica, set directly (an engine configured by "
+                        "block count); default 0: from --kv-memory-fraction")
+    e.add_argument("--context-pass", choices=["on", "off"], default=None,
+                   help="on: prompts run in a forward pass of their own before each "
+                        "iteration's decode pass (FasterTransformer / LMDeploy TurboMind "
+                        "v0.1); off (every preset): one mixed pass")
     t = group(p, "traffic")
     t.add_argument("--rate", type=float, default=None,
                    help="Poisson arrivals, requests/s (default: every request at t = 0, the "
@@ -153,14 +160,18 @@ def _engine(args, runtime_name: str) -> tuple[str, Engine]:
     base = presets.engine(name)
     fields = {k: getattr(base, k) for k in ("max_num_seqs", "max_num_batched_tokens",
                                             "chunked_prefill", "policy", "block_size",
-                                            "kv_memory_fraction", "kv_output_reserve")}
+                                            "kv_memory_fraction", "kv_output_reserve",
+                                            "kv_cache_tokens", "context_pass")}
     given = {"max_num_seqs": args.max_num_seqs,
              "max_num_batched_tokens": args.max_num_batched_tokens,
              "chunked_prefill": None if args.chunked_prefill is None
              else float(args.chunked_prefill == "on"),
              "policy": args.policy, "block_size": args.block_size,
              "kv_memory_fraction": args.kv_memory_fraction,
-             "kv_output_reserve": args.kv_output_reserve}
+             "kv_output_reserve": args.kv_output_reserve,
+             "kv_cache_tokens": args.kv_cache_tokens,
+             "context_pass": None if args.context_pass is None
+             else float(args.context_pass == "on")}
     fields.update({k: v for k, v in given.items() if v is not None})
     return name, Engine(**fields)
 
@@ -279,6 +290,8 @@ def _check_options(args) -> None:
     r = args.kv_output_reserve
     if r is not None and not 0 <= r <= 1:
         raise ValueError(f"--kv-output-reserve must be in [0, 1], got {r}")
+    if args.kv_cache_tokens is not None and args.kv_cache_tokens < 0:
+        raise ValueError(f"--kv-cache-tokens must be >= 0, got {args.kv_cache_tokens}")
 
 
 def run_serve(args) -> int:
@@ -335,7 +348,7 @@ def run_serve(args) -> int:
     out = summary(rep)
     out["engine"] = {"preset": engine_name, **{k: float(getattr(engine, k)) for k in (
         "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy", "block_size",
-        "kv_memory_fraction", "kv_output_reserve")}}
+        "kv_memory_fraction", "kv_output_reserve", "kv_cache_tokens", "context_pass")}}
     out["runtime"] = choice.name
     out["host_time_factor"] = float(sys_.accelerator.host_time_factor)
     out["price_per_gpu_hour_usd"], out["power_w"] = price, list(power)
@@ -368,7 +381,9 @@ def run_serve(args) -> int:
                    else ""))
     print(f"{where} ({parallel}), engine {engine_name} "
           f"(max_num_seqs {out['engine']['max_num_seqs']:g}, budget "
-          f"{out['engine']['max_num_batched_tokens']:g} tokens), runtime {choice.name}"
+          f"{out['engine']['max_num_batched_tokens']:g} tokens"
+          + (", prompts in a context pass of their own" if out["engine"]["context_pass"] else "")
+          + f"), runtime {choice.name}"
           + (f" (host CPU times x{out['host_time_factor']:g}: host_time_factor, this GPU's "
              f"host CPU against a DGX H100's x86 host)"
              if out["host_time_factor"] != 1.0 and has_host_times(choice.runtime) else ""))
@@ -384,7 +399,8 @@ def run_serve(args) -> int:
           f"({out['output_tok_s_per_gpu']:,.0f} per GPU), {out['request_rate']:.2f} requests/s")
     print(f"engine busy {100 * out['busy_share']:.0f} % of the time, "
           f"{out['mean_batch_tokens']:.0f} tokens per iteration on average; KV cache "
-          f"{out['kv_capacity_tokens']:,.0f} tokens per replica")
+          f"{out['kv_capacity_tokens']:,.0f} tokens per replica"
+          + (" (--kv-cache-tokens)" if out["engine"]["kv_cache_tokens"] else ""))
     if args.goodput:
         print(f"goodput {out['goodput_rps']:.2f} requests/s: {100 * out['slo_attainment']:.1f} % "
               f"of the requests meet TTFT <= {targets[0]:g} s and TPOT <= {targets[1]:g} s")

@@ -8,7 +8,8 @@ from . import _files
 
 #: The `Engine` fields an engines.json entry sets (its other keys are text or native values).
 _ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy",
-                  "block_size", "kv_memory_fraction", "kv_output_reserve")
+                  "block_size", "kv_memory_fraction", "kv_output_reserve", "kv_cache_tokens",
+                  "context_pass")
 
 
 def _entry(kind: str, name, what: str) -> dict:
@@ -32,7 +33,7 @@ def engine(name: str) -> Engine:
     KV-cache block (tokens) and KV share of the free HBM (0-1). Case-insensitive; an unknown
     name raises a ValueError listing the known ones."""
     row = _entry("engines", name, "engine")
-    return Engine(**{f: row[f] for f in _ENGINE_FIELDS})
+    return Engine(**{f: row[f] for f in _ENGINE_FIELDS if f in row})
 
 
 def engine_info(name: str) -> dict:

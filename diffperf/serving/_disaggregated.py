@@ -30,10 +30,11 @@ import numpy as np
 
 from ..feasibility import explain
 from ..inference import infer
-from ..inference._iteration import iteration_cost, kv_bytes_per_token, kv_capacity_tokens
+from ..inference._iteration import iteration_cost, kv_bytes_per_token
 from ..presets import resolve_efficiency
 from ..specs._engine import Engine
 from ..specs._runtime import Runtime
+from ._capacity import replica_kv_tokens
 from ._report import report
 from ._serve import eqx_replace, stream_arrays
 from ._simulate import GAP_BINS, Requests, Schedule, reservation, simulate, split_times, step_bound
@@ -70,8 +71,7 @@ def _pool(model, system, plan, engine, eff, runtime, typical):
         raise ValueError(f"plan infeasible (tp={float(plan.tp):g}): "
                          f"{explain(int(check.reason))}")
     cost = iteration_cost(model, system, p, engine.max_num_batched_tokens, eff, runtime)
-    kv = kv_capacity_tokens(model, system, p, engine.max_num_batched_tokens,
-                            engine.max_num_seqs, engine.kv_memory_fraction, eff)
+    kv = replica_kv_tokens(model, system, p, engine, eff)
     return p, cost, kv
 
 

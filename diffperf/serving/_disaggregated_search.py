@@ -32,8 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..inference._iteration import iteration_cost, kv_capacity_tokens
+from ..inference._iteration import iteration_cost
 from ..specs._engine import Engine
+from ._capacity import replica_kv_tokens
 from ._disaggregated import kv_transfer_time
 from ._simulate import Requests, reservation, simulate, step_bound
 
@@ -72,8 +73,7 @@ def _simulate_pool(model, system, plan, engine, eff, runtime, typical, tps, reps
                         (tp, f32(1.0), f32(typical["input_len"]), f32(typical["output_len"])))
         eng = eqx.tree_at(lambda e: e.max_num_seqs, engine, s)
         cost = iteration_cost(model, system, p, eng.max_num_batched_tokens, eff, runtime)
-        kv = kv_capacity_tokens(model, system, p, eng.max_num_batched_tokens, s,
-                                eng.kv_memory_fraction, eff)
+        kv = replica_kv_tokens(model, system, p, eng, eff, s)
         req = Requests(f32(arrival) * r, f32(inp), f32(out))
         sched = simulate(cost, eng, kv, req, slots, bound, 0.0, prefilled=prefilled)
         fits = jnp.max(reservation(eng, f32(inp), f32(out))) <= kv

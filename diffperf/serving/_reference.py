@@ -202,7 +202,8 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
                        iteration_time: Callable[[int, int, int, float, bool], float],
                        concurrency: int | None = None,
                        max_iterations: int = 10_000_000,
-                       kv_output_reserve: float = 1.0) -> ReferenceResult:
+                       kv_output_reserve: float = 1.0,
+                       context_pass: int | bool = False) -> ReferenceResult:
     """Run the engine scheduler of docs/serving.md ("Scheduler semantics") on N requests.
 
     **Arguments:**
@@ -230,6 +231,11 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
     - `kv_output_reserve`: r, share of the remaining output held ahead, 0-1 (1: the whole
       context reserved at admission; 0: the current context). Preemption is not modelled:
       `ReferenceResult.kv_peak` is the most KV tokens the running contexts filled.
+    - `context_pass`: 1 / True: an iteration with prompt chunks takes the time of two passes
+      (docs/serving.md step 4, `Engine.context_pass`): `iteration_time(chunk tokens - prompts
+      completed, 0, 0, prefill_pairs, True)` (when that token count is > 0) plus, when anything
+      emits, `iteration_time(emitting, emitting, decode_context + the completed prompts'
+      input_len, 0.0, False)`.
 
     **Returns:** a `ReferenceResult`.
     """
@@ -247,6 +253,7 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
         raise ValueError(f"max_num_batched_tokens={B} must be >= max_num_seqs={S}")
     chunked = _flag("chunked_prefill", chunked_prefill)
     prefill_first = _policy(policy) == 1
+    two_passes = _flag("context_pass", context_pass)
     block = _integer("block_size", block_size, 1)
     try:
         K = float(kv_capacity)
@@ -378,8 +385,17 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
         decode_context = sum(r.input_len + r.generated for r in scheduled_decoders)
         prefill_pairs = sum(c * (r.prefilled + c / 2) for r, c in chunks)
         has_prefill = len(chunks) > 0
-        duration = iteration_time(tokens, emitting, decode_context, float(prefill_pairs),
-                                  has_prefill)
+        if two_passes and has_prefill:
+            ctx_tokens = tokens - len(scheduled_decoders) - len(completing)
+            duration = 0.0
+            if ctx_tokens > 0:
+                duration = iteration_time(ctx_tokens, 0, 0, float(prefill_pairs), True)
+            if emitting > 0 or ctx_tokens == 0:
+                duration += iteration_time(emitting, emitting, decode_context + sum(
+                    r.input_len for r in completing), 0.0, False)
+        else:
+            duration = iteration_time(tokens, emitting, decode_context, float(prefill_pairs),
+                                      has_prefill)
         try:
             duration = float(duration)
         except (TypeError, ValueError):

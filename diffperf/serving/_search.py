@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..inference import infer
-from ..inference._iteration import iteration_cost, kv_capacity_tokens
+from ..inference._iteration import iteration_cost
 from ..presets import resolve_efficiency
 from ..specs._engine import Engine
 from ..specs._runtime import Runtime
+from ._capacity import replica_kv_tokens
 from ._disaggregated import serve_disaggregated
 from ._disaggregated_search import disaggregated_candidates
 from ._report import report
@@ -120,8 +121,7 @@ def slo_search(model, system, plan, engine: Engine, traffic: Traffic, slo: dict,
                             (tp, f32(typical["input_len"]), f32(typical["output_len"])))
             eng = eqx.tree_at(lambda e: e.max_num_seqs, engine, seqs)
             cost = iteration_cost(model, system, p, eng.max_num_batched_tokens, eff, runtime)
-            kv = kv_capacity_tokens(model, system, p, eng.max_num_batched_tokens, seqs,
-                                    eng.kv_memory_fraction, eff)
+            kv = replica_kv_tokens(model, system, p, eng, eff, seqs)
             conc = jnp.where(traffic.concurrency > 0,
                              jnp.ceil(traffic.concurrency / reps), 0.0)
             req = Requests(f32(arrival) * reps, f32(inp), f32(out))

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..feasibility import explain
 from ..inference import infer
-from ..inference._iteration import iteration_cost, kv_capacity_tokens
+from ..inference._iteration import iteration_cost
 from ..presets import resolve_efficiency
 from ..specs._efficiency import Efficiency
 from ..specs._engine import Engine
@@ -19,6 +19,7 @@ from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
+from ._capacity import replica_kv_tokens
 from ._report import ServingReport, report
 from ._simulate import Requests, reservation, simulate, split_times, step_bound
 from ._traffic import Traffic, requests as traffic_requests
@@ -49,8 +50,7 @@ def _stream(traffic, replicas: int):
 @jax.jit
 def _cost_and_capacity(model, system, plan, engine, eff, runtime):
     cost = iteration_cost(model, system, plan, engine.max_num_batched_tokens, eff, runtime)
-    kv = kv_capacity_tokens(model, system, plan, engine.max_num_batched_tokens,
-                            engine.max_num_seqs, engine.kv_memory_fraction, eff)
+    kv = replica_kv_tokens(model, system, plan, engine, eff)
     return cost, kv
 
 

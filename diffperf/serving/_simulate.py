@@ -332,8 +332,19 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         keys1 = jnp.sum(jnp.where(dec_on, keys_read(cost, ctx + 1.0), 0.0))
         tokens = d + pre_tokens
         emitting = d + fin(n_c)
-        base = _base(cost, tokens, emitting, d > 0, pairs, has_prefill)
-        t0 = _with_keys(cost, base, keys0)
+        # Engine.context_pass: the prompt tokens (each completed prompt's last one excepted)
+        # run in a pass of their own, then the decode pass takes the decoders and the prompts
+        # just completed (their last token, reading their prompt's keys); else one mixed pass
+        sep = engine.context_pass > 0
+        ctx_tokens = pre_tokens - fin(n_c)
+        first_keys = jnp.sum(jnp.where(window < n_c, keys_read(cost, prompt), 0.0))
+        base = _base(cost, jnp.where(sep, emitting, tokens), emitting,
+                     jnp.where(sep, emitting > 0, d > 0), jnp.where(sep, 0.0, pairs),
+                     jnp.where(sep, 0.0, has_prefill))
+        ctx_time = jnp.where(sep & (ctx_tokens > 0), _with_keys(
+            cost, _base(cost, jnp.maximum(ctx_tokens, 1.0), 0.0, False, pairs, 1.0), 0.0), 0.0)
+        t0 = _with_keys(cost, base, keys0 + jnp.where(sep, first_keys, 0.0))
+        t0 = jnp.where(sep & (emitting == 0) & (ctx_tokens > 0), 0.0, t0) + ctx_time
         # 4. fast-forward a decode-only stretch
         out_slot = gather(s_out, slot_req)
         left = jnp.where(dec_on, out_slot - slot_gen, _BIG)

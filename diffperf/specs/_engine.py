@@ -10,6 +10,7 @@ from .._checks import (
     check_choice,
     check_fraction,
     check_integer,
+    check_nonnegative,
     named_code,
     names_number_fields,
     number_field as _F,
@@ -49,6 +50,16 @@ class Engine(eqx.Module):
     - `kv_memory_fraction`: share of the HBM left after weights, workspace and the activations
       of a full iteration that the engine gives to the KV cache (vLLM
       `gpu_memory_utilization` is a share of the whole HBM instead; the preset converts), 0-1.
+    - `kv_cache_tokens`: KV-cache tokens of one replica set directly (an engine configured
+      with a block count: LMDeploy TurboMind's `cache_max_entry_count` above 1 times
+      `cache_block_seq_len`), tokens; 0 (default): from `kv_memory_fraction`.
+    - `context_pass`: 0 (default): an iteration is one forward pass over its decode tokens
+      and prompt chunks together. 1: the FasterTransformer scheme (LMDeploy TurboMind up to
+      v0.1.0a1): the iteration first runs its prompt tokens, each prompt but its last token,
+      as a forward pass of their own (the context decoder), then one decode pass over the
+      running requests and the prompts just completed, whose last token it processes and
+      whose first output token it samples; each pass reads the weights once, so a prompt's
+      first token costs a context pass plus a decode pass.
     """
 
     max_num_seqs: jax.Array = _F(default=256)
@@ -58,12 +69,16 @@ class Engine(eqx.Module):
     block_size: jax.Array = _F(default=32)
     kv_memory_fraction: jax.Array = _F(default=0.9)
     kv_output_reserve: jax.Array = _F(default=1.0)
+    kv_cache_tokens: jax.Array = _F(default=0.0)
+    context_pass: jax.Array = _F(default=0.0)
 
     def __check_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             check_integer("Engine", name, getattr(self, name))
         check_choice("Engine", "chunked_prefill", self.chunked_prefill, {0: "off", 1: "on"})
         check_choice("Engine", "policy", self.policy, {v: k for k, v in POLICIES.items()})
+        check_choice("Engine", "context_pass", self.context_pass, {0: "off", 1: "on"})
+        check_nonnegative("Engine", "kv_cache_tokens", self.kv_cache_tokens)
         check_fraction("Engine", "kv_output_reserve", self.kv_output_reserve, allow_zero=True)
         check_fraction("Engine", "kv_memory_fraction", self.kv_memory_fraction,
                        allow_zero=False)

@@ -32,7 +32,15 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   Its KV cache is not reserved per request: `kv_output_reserve` 0 (LMDeploy
   docs/en/inference/turbomind.md, "KV Cache Manager": sequences take cache memory as
   needed and the least recently used one is evicted and later re-decoded from its token
-  IDs, so "the system has access to infinite device memory").
+  IDs, so "the system has access to infinite device memory"). v0.1.0a1's iteration
+  (src/turbomind/models/llama/LlamaBatch.cc, InternalThreadEntry): every waiting request
+  the free slots take joins, `ContextDecode` runs all their prompts but the last token
+  ('subtract input/context len by 1 to skip last input token (will process with decoder
+  later)'), in sub-batches of at most max_context_token_num x session_len tokens within the
+  iteration, then `Generate` runs one decode pass over every active request: `context_pass`
+  1, no budget across iterations (a budget every slot's longest prompt fits in), no
+  chunking. Slots and KV blocks: the benchmark scripts' config (`LMDEPLOY_CONFIG`), the
+  cache as `kv_cache_tokens`, 128-token blocks.
   Row columns `max_num_seqs`, `max_num_batched_tokens`, `chunked_prefill` override the preset.
 - runtime preset: TensorRT engines (0.14, 0.17, LMDeploy's C++ TurboMind) -> `megatron-core`
   (its description: TensorRT-LLM 0.x without CUDA graphs, the host never binds); TensorRT-LLM
@@ -118,6 +126,15 @@ SHAREGPT_MAX_TOTAL = 2048
 BURST_GAP_MS = 1.0
 #: LMDeploy v0.1 profile_generation: each client thread runs this many requests.
 LMDEPLOY_ROUNDS = 10
+#: The TurboMind config of LMDeploy's A100 benchmark, by model as printed: (max_batch_size,
+#: cache_max_entry_count), as benchmark/benchmark_{7b,13b,20b,70b}.sh set them ("update
+#: recommended config to config.ini", InternLM/lmdeploy @3e391df4, the commit of the table).
+#: A cache_max_entry_count above 1 is a count of KV blocks (src/turbomind/models/llama/
+#: BlockManager.cc at v0.1.0a1), each of cache_block_seq_len = `LMDEPLOY_BLOCK` tokens
+#: (LlamaTritonModel.cc's default; the scripts leave it unset).
+LMDEPLOY_CONFIG = {"llama2-7b": (128, 1000), "llama2-13b": (128, 500),
+                   "internlm-20b": (128, 700), "llama2-70b": (256, 4000)}
+LMDEPLOY_BLOCK = 128
 
 #: (measured column, prediction key, unit factor to the measured unit).
 METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e3),
@@ -129,7 +146,8 @@ METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e
            ("total_tok_s_total", "total_tok_s", 1.0), ("request_tput_rps", "request_rate", 1.0))
 
 _ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy",
-                  "block_size", "kv_memory_fraction", "kv_output_reserve")
+                  "block_size", "kv_memory_fraction", "kv_output_reserve", "kv_cache_tokens",
+                  "context_pass")
 _ARCH = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
          "num_experts", "experts_per_token")
 
@@ -349,6 +367,17 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
             overrides[field] = x
     if rule == "LMDeploy TurboMind":
         overrides["kv_output_reserve"] = 0.0
+        overrides["context_pass"] = 1.0
+        config = LMDEPLOY_CONFIG.get(rec["model_as_printed"])
+        if config is not None:
+            seqs, blocks = config
+            overrides.update(max_num_seqs=float(seqs), block_size=float(LMDEPLOY_BLOCK),
+                             kv_cache_tokens=float(blocks * LMDEPLOY_BLOCK))
+        # every prompt waiting joins the next iteration's context pass (sub-batched within it,
+        # no budget across iterations): a budget the longest prompts of every slot fit in
+        seqs = overrides.get("max_num_seqs", float(eng.max_num_seqs))
+        overrides["max_num_batched_tokens"] = seqs * math.ceil(mi * (1 + spread))
+        overrides["chunked_prefill"] = 0.0
     if "trtllm-bench" in rec["benchmark_tool"] and "0.95" in rec["notes"]:
         overrides["kv_memory_fraction"] = 0.95
     longest = mi * (1 + spread)
