@@ -304,3 +304,26 @@ def test_inference_rows_use_their_runtime_column(tmp_path):
                                                            "output_tok_s_per_gpu":
                                                            "output_tok_s_per_gpu"}[metric])),
                                       rel=1e-4)
+
+
+def test_sglang_041_deepseek_eager_decode_is_host_bound_by_hand():
+    """`sglang-0.4-deepseek-eager` (SGLang 0.4.1 ran DeepSeek-V3 without CUDA graphs): one
+    decode step of 61 layers issues 180 operators at 6 us and, with attention data
+    parallelism, one collective pair at 20 us in each of the 58 MoE layers, H = 61 x 180 x 6 us
+    + 58 x 20 us = 67.0 ms, above the GPU's ~40 ms at a small batch (eager launches of its
+    60 element-wise kernels a layer included), so the step is the issue time to within the
+    smooth maximum's rounding. The `sglang` preset (decode replayed from graphs, 17 ms) never
+    waits for the host."""
+    m, h200 = dp.model("deepseek-v3"), dp.system("h200-sxm-141gb")
+    plan = dp.InferencePlan(tp=8, batch=8, input_len=1024, output_len=64, attention_dp=1,
+                            weight_precision="fp8", activation_precision="fp8")
+    eff = dp.default_efficiency("h200-sxm-141gb")
+    eager = dp.runtime("sglang-0.4-deepseek-eager")
+    issue = 61 * 180 * 6e-6 + 58 * 20e-6
+    assert float(host_issue_time(m, plan, eager, 0.0)) == pytest.approx(issue, rel=1e-3)
+    rep = INFER(m, h200, plan, eff, eager)
+    graphed = INFER(m, h200, plan, eff, dp.runtime("sglang"))
+    assert float(rep.tpot) == pytest.approx(issue, rel=0.15)
+    assert float(rep.decode.host / rep.decode.total) > 0.3  # the GPU waits for the host
+    assert float(graphed.decode.host) == 0.0
+    assert float(graphed.tpot) < 0.3 * float(rep.tpot)

@@ -141,3 +141,14 @@ def test_lmdeploy_static_table_errors(rows):
     assert tab["ttft_mean_ms"]["mape"] < 0.218 + 0.05
     assert tab["itl_median_ms"]["mape"] < 0.087 + 0.05
     assert tab["output_tok_s_total"]["mape"] < 0.074 + 0.05
+
+
+def test_sglang_041_deepseek_rows_run_eager(rows):
+    """SGLang 0.4.1 turned CUDA graphs off for DeepSeek-V3 (model_runner.py): its rows take the
+    eager runtime; other SGLang rows keep the `sglang` preset (decode from graphs)."""
+    c = serving_case(rows["sglang-dsv3-datacrunch-h200x8-fp8-1024x1024-qps1"])
+    assert c.runtime_name == "sglang-0.4-deepseek-eager" and c.engine_name == "sglang"
+    assert float(c.runtime.decode_graph) == 0.0 and float(c.plan.attention_dp) == 1.0
+    other = next(r for i, r in rows.items() if r["engine"] == "SGLang"
+                 and not i.startswith("sglang-dsv3") and r["gpu_preset"])
+    assert serving_case(other).runtime_name == "sglang"

@@ -44,7 +44,9 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   Row columns `max_num_seqs`, `max_num_batched_tokens`, `chunked_prefill` override the preset.
 - runtime preset: TensorRT engines (0.14, 0.17, LMDeploy's C++ TurboMind) -> `megatron-core`
   (its description: TensorRT-LLM 0.x without CUDA graphs, the host never binds); TensorRT-LLM
-  PyTorch backend -> `trtllm`; vLLM -> `vllm`; SGLang -> `sglang`.
+  PyTorch backend -> `trtllm`; vLLM -> `vllm`; SGLang -> `sglang`, except SGLang 0.4.1 serving
+  DeepSeek-V3 -> `sglang-0.4-deepseek-eager` (that release turns CUDA graphs off for
+  DeepseekV3ForCausalLM, and the 2-node rows pass --disable-cuda-graph).
 - traffic: `request_rate_qps` (Poisson; inf: all at t = 0), `concurrency` (closed loop),
   `num_requests` (empty: `DEFAULT_REQUESTS`; offline rows are capped at `max_requests`,
   `DEFAULT_MAX_REQUESTS`: the throughput at saturation converges, see
@@ -231,6 +233,7 @@ ENGINE_RULES = {"TRT-LLM 0.14 (Triton)": ("trtllm-0.14-triton", "megatron-core")
                 "TRT-LLM PyTorch backend": ("trtllm", "trtllm"),
                 "vLLM": ("vllm", "vllm"), "vLLM A100": ("vllm-a100", "vllm"),
                 "SGLang": ("sglang", "sglang"),
+                "SGLang 0.4.1 DeepSeek-V3": ("sglang", "sglang-0.4-deepseek-eager"),
                 "LMDeploy TurboMind": ("trtllm-0.14-triton", "megatron-core")}
 
 
@@ -248,6 +251,9 @@ def engine_rule(rec: dict) -> str:
         return "vLLM A100" if rec["gpu_preset"].startswith("a100") else "vLLM"
     if label == "LMDeploy":
         return "LMDeploy TurboMind"
+    if label == "SGLang" and v.startswith("0.4.1") and rec["model"].lower().startswith(
+            "deepseek-v3"):
+        return "SGLang 0.4.1 DeepSeek-V3"
     return label
 
 
