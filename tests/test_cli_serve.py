@@ -74,6 +74,7 @@ def test_slo_search_picks_fewest_gpus_meeting_targets(capsys):
     (("--input", "20000", "--chunked-prefill", "off"), "chunked_prefill is off"),
     (("--engine", "nope"), "nope"),
     (("--kv-cache-tokens", "-5"), "--kv-cache-tokens"),
+    (("--kv-cache-tokens", "10000000"), "kv_cache_tokens 1e+07 does not fit"),
 ])
 def test_bad_input_one_line_error(capsys, argv, needle):
     code, out, err = run(capsys, *BASE, *argv)

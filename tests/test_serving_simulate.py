@@ -77,6 +77,7 @@ CASES = [
     (2, 4, 512, 0, 0, 1e9, 0, 1.0, 1),
     (3, 4, 512, 0, 1, 1e9, 0, 1.0, 1),
     (0, 8, 256, 1, 0, 1e9, 0, 1.0, 1),
+    (1, 8, 256, 1, 1, 1e9, 0, 1.0, 1),
     (6, 32, 1024, 0, 0, 3000, 5, 0.0, 1),
 ]
 @pytest.mark.parametrize("fast_forward", [True, pytest.param(False, marks=pytest.mark.slow)])
@@ -389,3 +390,19 @@ def test_host_time_factor_scales_every_serving_host_time(field, value, tp):
             assert t == pytest.approx(gpu + f * host, rel=1e-4)
         else:
             assert f * host <= t <= smooth * f * host + gpu
+
+
+def test_kv_cache_tokens_set_directly_or_refused():
+    """`Engine.kv_cache_tokens`: the replica's cache as set when it fits beside the weights
+    (Llama-3-8B bf16, 128 KiB per token: 100,000 tokens = 13 GB beside 16 GB of weights on an
+    80-GB GPU), 0 (nothing admitted, a search drops the deployment) when it does not (1e6
+    tokens = 131 GB), and from kv_memory_fraction when unset."""
+    from diffperf import default_efficiency
+    from diffperf.serving._capacity import replica_kv_tokens
+    m, sy = presets.model("llama3-8b"), presets.system("h100-sxm5-80gb")
+    plan = InferencePlan(tp=1, input_len=512, output_len=128)
+    eff = default_efficiency("h100-sxm5-80gb")
+    kv = lambda **f: float(replica_kv_tokens(m, sy, plan, Engine(**f), eff))  # noqa: E731
+    assert kv(kv_cache_tokens=100_000) == 100_000
+    assert kv(kv_cache_tokens=1_000_000) == 0.0
+    assert 300_000 < kv() < 600_000  # 0.9 of what is left after weights and activations

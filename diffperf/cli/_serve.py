@@ -109,7 +109,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "context grows, vLLM; SGLang 0.098)")
     e.add_argument("--kv-cache-tokens", type=int, default=None,
                    help="KV-cache tokens of a replica, set directly (an engine configured by "
-                        "block count); default 0: from --kv-memory-fraction")
+                        "block count; overrides --kv-memory-fraction); default 0: from "
+                        "--kv-memory-fraction")
     e.add_argument("--context-pass", choices=["on", "off"], default=None,
                    help="on: prompts run in a forward pass of their own before each "
                         "iteration's decode pass (FasterTransformer / LMDeploy TurboMind "

@@ -28,7 +28,7 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   LMDeploy TurboMind v0.1 -> `trtllm-0.14-triton`: TurboMind is a C++ engine with persistent
   (in-flight) batching that runs running decodes with new whole prompts (no chunked prefill in
   v0.1) and blocked KV, which is that preset's scheduler (decode first, no chunking, large
-  blocks); its batch limit is not printed and the closed-loop rows never exceed 256 clients.
+  blocks), with the changes below; the table prints no batch limit or cache size.
   Its KV cache is not reserved per request: `kv_output_reserve` 0 (LMDeploy
   docs/en/inference/turbomind.md, "KV Cache Manager": sequences take cache memory as
   needed and the least recently used one is evicted and later re-decoded from its token
@@ -36,11 +36,13 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   (src/turbomind/models/llama/LlamaBatch.cc, InternalThreadEntry): every waiting request
   the free slots take joins, `ContextDecode` runs all their prompts but the last token
   ('subtract input/context len by 1 to skip last input token (will process with decoder
-  later)'), in sub-batches of at most max_context_token_num x session_len tokens within the
-  iteration, then `Generate` runs one decode pass over every active request: `context_pass`
-  1, no budget across iterations (a budget every slot's longest prompt fits in), no
-  chunking. Slots and KV blocks: the benchmark scripts' config (`LMDEPLOY_CONFIG`), the
-  cache as `kv_cache_tokens`, 128-token blocks.
+  later)'), in sub-batches within the iteration (each with at most max_context_token_num x
+  session_len tokens, and its longest context times its size within that too: 2,048-token
+  prompts go at most 8 to a pass; each sub-batch's reading of the weights is not charged,
+  small beside those compute-bound passes), then `Generate` runs one decode pass over every
+  active request: `context_pass` 1, no budget across iterations (a budget every slot's
+  longest prompt fits in), no chunking. Slots and KV blocks: the benchmark scripts' config
+  (`LMDEPLOY_CONFIG`), the cache as `kv_cache_tokens`, 128-token blocks.
   Row columns `max_num_seqs`, `max_num_batched_tokens`, `chunked_prefill` override the preset.
 - runtime preset: TensorRT engines (0.14, 0.17, LMDeploy's C++ TurboMind) -> `megatron-core`
   (its description: TensorRT-LLM 0.x without CUDA graphs, the host never binds); TensorRT-LLM
