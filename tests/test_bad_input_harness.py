@@ -96,6 +96,7 @@ _add("serve", "--input-spread --output-spread --price-per-hour", ("-1", *FLOAT_J
 _add("serve", "--rate", POSITIVE)
 _add("serve", "--kv-memory-fraction --gemm-peak-fraction", FRACTION)
 _add("serve", "--kv-output-reserve", SHARE)
+_add("serve", "--kv-cache-tokens", ("-1", "2147483648", "16777217", *INT_JUNK))
 _add("calibrate", "--folds", ("-1", "0", "1", "2147483648", *INT_JUNK),
      ("--cv", "kfold"))
 _add("calibrate", "--steps --lbfgs-steps", ("-1", "2147483648", "1000000", *INT_JUNK))

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from diffperf.serving._reference import POLICIES, reference_schedule
+from diffperf.serving._reference import CLOSED_LOOP_GAP, POLICIES, reference_schedule
 
 ONE = lambda *args: 1.0  # every iteration takes 1 s
 
@@ -230,28 +230,33 @@ def test_kv_admission_and_block_rounding():
 
 
 def test_closed_loop_concurrency():
-    # C = 2, 4 requests: r0 (in 2, out 3), r1 (in 2, out 1), r2 (in 2, out 2), r3 (in 2, out 1).
+    # C = 2, 4 requests: r0 (in 2, out 3), r1 (in 2, out 1), r2 (in 2, out 2), r3 (in 2, out 1);
+    # every iteration 1 s; e = CLOSED_LOOP_GAP.
     # it0 t=0: r0, r1 arrive and are admitted; both prefill -> t=1: r0 first token,
-    #   r1 first = last token: r1 finishes at 1, so r2 arrives at 1.
-    # it1 t=1: admit r2; r0 decodes (context 2+1=3), r2 prefills -> t=2: r0 generated 2,
-    #   r2 first token.
-    # it2 t=2: r0 (context 4) and r2 (context 3) decode -> t=3: both finish; r3 arrives at 3.
-    # it3 t=3: admit r3, prefill -> t=4: r3 finishes.
+    #   r1 first = last token: r1 finishes at 1, so r2 arrives at 1 + e, after it1 began.
+    # it1 t=1: r0 decodes (context 2+1=3) -> t=2.
+    # it2 t=2: admit r2; r0 decodes (context 4), r2 prefills -> t=3: r0 finishes, r2 first
+    #   token; r3 arrives at 3 + e.
+    # it3 t=3: r2 decodes (context 3) -> t=4: r2 finishes.
+    # it4 t=4: admit r3, prefill -> t=5: r3 finishes.
+    e = CLOSED_LOOP_GAP
     for arrival in (None, [5.0, 4.0, 3.0, 2.0]):  # ignored in closed loop
         r = run(arrival, [2, 2, 2, 2], [3, 1, 2, 1], concurrency=2)
-        assert r.arrival.tolist() == [0.0, 0.0, 1.0, 3.0]
-        assert r.admit_time.tolist() == [0.0, 0.0, 1.0, 3.0]
-        assert r.first_token_time.tolist() == [1.0, 1.0, 2.0, 4.0]
-        assert r.finish_time.tolist() == [3.0, 1.0, 3.0, 4.0]
-        assert [it.decode_context for it in r.iterations] == [0, 3, 7, 0]
-        # arrivals of r2, r3 = the first two finish times (sorted)
-        assert r.arrival[2:].tolist() == sorted(r.finish_time)[:2]
+        assert r.arrival.tolist() == pytest.approx([0.0, 0.0, 1.0 + e, 3.0 + e], abs=1e-12)
+        assert r.admit_time.tolist() == [0.0, 0.0, 2.0, 4.0]
+        assert r.first_token_time.tolist() == [1.0, 1.0, 3.0, 5.0]
+        assert r.finish_time.tolist() == [3.0, 1.0, 4.0, 5.0]
+        assert [it.decode_context for it in r.iterations] == [0, 3, 4, 3, 0]
+        # arrivals of r2, r3 = just after the first two finish times (sorted)
+        assert r.arrival[2:].tolist() == pytest.approx(
+            [x + e for x in sorted(r.finish_time)[:2]], abs=1e-12)
 
-    # Two finishing in one iteration issue the next two at that time. C = 2: r0, r1 (in 1,
-    # out 1) finish at 1, so r2 and r3 arrive at 1 and finish at 2.
+    # Two finishing in one iteration issue the next two one after another, and the idle engine
+    # starts on the first. C = 2: r0, r1 (in 1, out 1) finish at 1; r2 arrives at 1 + e and
+    # runs alone (finishes at 2 + e), r3 (1 + 2e) joins the next iteration (finishes 3 + e).
     r = run(None, [1] * 4, [1] * 4, concurrency=2)
-    assert r.arrival.tolist() == [0.0, 0.0, 1.0, 1.0]
-    assert r.finish_time.tolist() == [1.0, 1.0, 2.0, 2.0]
+    assert r.arrival.tolist() == pytest.approx([0.0, 0.0, 1.0 + e, 1.0 + 2 * e], abs=1e-12)
+    assert r.finish_time.tolist() == pytest.approx([1.0, 1.0, 2.0 + e, 3.0 + e], abs=1e-12)
 
     # C larger than N: everything arrives at 0.
     r = run(None, [1] * 3, [1] * 3, concurrency=10)

@@ -19,6 +19,12 @@ import numpy as np
 
 #: Scheduling policies by name (the same codes as `diffperf.specs.POLICIES`).
 POLICIES = {"decode_first": 0, "prefill_first": 1}
+#: Closed loop: the k-th request issued by the finishes of one iteration arrives k x this after
+#: that iteration's end, s (docs/serving.md, "Traffic"): an ordering, not a latency. A client
+#: sends its next request only once its last token has reached it, when a busy engine has
+#: already started its next iteration; and clients do not send at the same instant, so an
+#: idle engine starts on the first request that arrives.
+CLOSED_LOOP_GAP = 1e-6
 
 
 @dataclass(frozen=True)
@@ -225,7 +231,9 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
       has_prefill) -> seconds` (ints, float, bool as docs/serving.md step 4 defines them);
       must return a finite number > 0.
     - `concurrency`: C for closed loop: requests 0 .. C-1 arrive at t = 0, and each finishing
-      request issues the next one at its finish time. None: open loop.
+      request issues the next one, the k-th of an iteration's finishes arriving k x
+      `CLOSED_LOOP_GAP` after its end (so not in the next iteration, which has started). None:
+      open loop.
     - `max_iterations`: a RuntimeError after this many iterations (a guard, not a limit of
       the model).
     - `kv_output_reserve`: r, share of the remaining output held ahead, 0-1 (1: the whole
@@ -419,11 +427,13 @@ def reference_schedule(arrival: Sequence[float] | None, input_len: Sequence[int]
                 first_token_time[r.id] = t
         kv_peak = max(kv_peak, sum(fills(r) for r in running))
         finished = [r for r in running if r.generated == r.output_len]
+        sent = 0
         for r in finished:  # in admission order
             finish_time[r.id] = t
             running.remove(r)
-            if issued < n:  # closed loop: the next request arrives now
-                arrivals[issued] = t
+            if issued < n:  # closed loop: the next request arrives just after now
+                sent += 1
+                arrivals[issued] = t + sent * CLOSED_LOOP_GAP
                 issued += 1
 
         iterations.append(Iteration(

@@ -37,15 +37,20 @@ gap between two tokens of a request, pooled over all requests; its median is a t
 iteration, while TPOT's mean also carries the long gaps of iterations that prefill other
 prompts. The gaps are counted in `GAP_BINS` log-spaced bins (`gap_bin`), with their summed
 length per bin, so that a percentile is the mean of the bin it falls in (`binned_percentile`,
-within the bin's 12 % width). Per step at most four entries: the scheduled decoders that
-emitted at the end of the last step wait one iteration, t0; the others (left out while
-prompts went first, prefill-first) their mean wait plus t0; a fast-forwarded stretch's k - 1
-further iterations as two halves of (k - 1) d / 2 gaps each at their means (T_j is linear in
-j). The reference's gaps (`ReferenceResult.inter_token_gaps`) give the same count and sum, and
-percentiles within a bin (tests/test_serving_simulate.py).
+within the bin's 12 % width). Per step at most five entries: the scheduled decoders that
+emitted at the end of the last step wait one iteration, t0; the others (left out while prompts
+went first, prefill-first) their wait plus t0, in two entries: those waiting longer than their
+mean and the rest, each at its mean (one entry at the mean of all missed the tail when
+closed-loop arrivals spread the waits); a fast-forwarded stretch's k - 1 further iterations as
+two halves of (k - 1) d / 2 gaps each at their means (T_j is linear in j). The reference's gaps
+(`ReferenceResult.inter_token_gaps`) give the same count and sum, and percentiles within a bin
+(tests/test_serving_simulate.py).
 
-**Closed loop.** A request issued when another finishes arrives at that step's end clock, and
-is admissible from the next step on (clock minus arrival exactly 0). Its arrival is written at
+**Closed loop.** The requests issued when others finish arrive just after that step's end
+clock, the k-th at k x `CLOSED_LOOP_GAP` (1 us) after it: a client sends its next request only
+once its last token has reached it, when a busy engine has started its next iteration (the
+request joins the one after), and clients do not send at the same instant (an idle engine
+starts on the first request; the others join its next iteration). Its arrival is written at
 the start of the next step from the clock that step carries, not at the end of the step that
 computed the clock: there XLA could recompute the clock inside the scatter's fusion, and that
 copy could round differently (by a fraction of an ulp in the low word), so that the request
@@ -70,6 +75,7 @@ import numpy as np
 
 from ..inference._iteration import IterationCost, iteration_base, keys_read, time_with_keys
 from ..specs._engine import Engine
+from ._reference import CLOSED_LOOP_GAP
 
 _BIG = 1e30  # "never" (a time or a count); finite so that no NaN is ever produced
 #: Simulation steps between two tests of the loop's condition (module docstring, "Loop").
@@ -259,9 +265,11 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         return a[jnp.clip(idx, 0, n - 1)]
 
     def issue(arrival, arrival_lo, start, stop, hi, lo):
-        """Closed loop: requests `start` to `stop - 1` (at most `slots`) arrive at (hi, lo)."""
+        """Closed loop: requests `start` to `stop - 1` (at most `slots`) arrive at (hi, lo)
+        plus 1, 2, ... x `CLOSED_LOOP_GAP` (module docstring, "Closed loop")."""
         at = jnp.where(start + window < stop, start + window, n)
-        return arrival.at[at].set(hi, mode="drop"), arrival_lo.at[at].set(lo, mode="drop")
+        return arrival.at[at].set(hi, mode="drop"), arrival_lo.at[at].set(
+            lo + CLOSED_LOOP_GAP * (1.0 + window.astype(lo.dtype)), mode="drop")
 
     def step(state):
         (t, t_lo, p, q, done, kv_used, kv_peak, issue_from, issued, n_done, steps, iters, busy,
@@ -379,14 +387,19 @@ def simulate(cost: IterationCost, engine: Engine, kv_capacity, requests: Request
         fresh = rec & (slot_last == t) & (slot_last_lo == t_lo)
         stale = rec & ~fresh
         n_fresh, n_stale = fin(jnp.sum(fresh)), fin(jnp.sum(stale))
-        waited = jnp.sum(jnp.where(stale, (t - slot_last) + (t_lo - slot_last_lo), 0.0))
+        waited = (t - slot_last) + (t_lo - slot_last_lo)  # per slot
+        mean_wait = jnp.sum(jnp.where(stale, waited, 0.0)) / jnp.maximum(n_stale, 1.0)
+        longer = stale & (waited > mean_wait)  # the stale split at their mean wait
+        n_long = fin(jnp.sum(longer))
+        long_wait = jnp.sum(jnp.where(longer, waited, 0.0)) / jnp.maximum(n_long, 1.0)
+        short_wait = (jnp.sum(jnp.where(stale & ~longer, waited, 0.0))
+                      / jnp.maximum(n_stale - n_long, 1.0))
         k1 = jnp.maximum(k - 1.0, 1.0)
         rest = (span - t0) / k1
         half = 0.25 * (t_last - t0) * (k - 2.0) / k1
         more = jnp.where(go & (k > 1), 0.5 * d * (k - 1.0), 0.0)
-        gaps = jnp.stack([t0, t0 + waited / jnp.maximum(n_stale, 1.0), rest - half,
-                          rest + half])
-        weight = jnp.stack([n_fresh, n_stale, more, more])
+        gaps = jnp.stack([t0, t0 + short_wait, t0 + long_wait, rest - half, rest + half])
+        weight = jnp.stack([n_fresh, n_stale - n_long, n_long, more, more])
         gaps = jnp.where(weight > 0, gaps, GAP_LOW)
         bins = gap_bin(gaps)
         gap_count = gap_count.at[bins].add(weight)
