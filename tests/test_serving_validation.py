@@ -130,16 +130,17 @@ def test_trtllm014_online_errors(rows):
 @pytest.mark.slow
 def test_lmdeploy_static_table_errors(rows):
     """Nothing fitted: LMDeploy v0.1.0a1's A100 table (80 closed-loop rows), with 5 points of
-    margin on calibration/serving_validation.md's errors (mean first-token latency 21.8 %,
+    margin on calibration/serving_validation.md's errors (mean first-token latency 16.8 %:
     37.8 % before TurboMind's context pass and its all-prompts-at-once iteration were
-    modelled; median per-token latency 8.7 %; output tokens/s 7.4 %)."""
+    modelled, 21.8 % before closed-loop requests arrived after the iteration that freed their
+    client; median per-token latency 8.8 %; output tokens/s 7.4 %)."""
     cases = [serving_case(r) for i, r in rows.items()
              if i.startswith("lmdeploy010") and "-bs" in i]
     preds, skipped = predict_cases(cases)
     assert not skipped and len(preds) == 80
     tab = {r["metric"]: r for r in error_table(compare(cases, preds), ("metric",))}
-    assert tab["ttft_mean_ms"]["mape"] < 0.218 + 0.05
-    assert tab["itl_median_ms"]["mape"] < 0.087 + 0.05
+    assert tab["ttft_mean_ms"]["mape"] < 0.168 + 0.05
+    assert tab["itl_median_ms"]["mape"] < 0.088 + 0.05
     assert tab["output_tok_s_total"]["mape"] < 0.074 + 0.05
 
 
