@@ -30,6 +30,7 @@ from ..serving._kv_dtype import keeps_model_dtype_kv
 from ..serving._search import SLO_METRICS, parse_slo, slo_search
 from ..serving._serve import eqx_replace
 from ..specs import Engine, InferencePlan
+from ..specs._engine import ENGINE_FIELDS
 from ._common import (
     DEFAULT_INFER_GPU,
     _load_efficiency,
@@ -159,10 +160,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 def _engine(args, runtime_name: str) -> tuple[str, Engine]:
     name = args.engine or ENGINE_OF_RUNTIME.get(runtime_name, DEFAULT_ENGINE)
     base = presets.engine(name)
-    fields = {k: getattr(base, k) for k in ("max_num_seqs", "max_num_batched_tokens",
-                                            "chunked_prefill", "policy", "block_size",
-                                            "kv_memory_fraction", "kv_output_reserve",
-                                            "kv_cache_tokens", "context_pass")}
+    fields = {k: getattr(base, k) for k in ENGINE_FIELDS}
     given = {"max_num_seqs": args.max_num_seqs,
              "max_num_batched_tokens": args.max_num_batched_tokens,
              "chunked_prefill": None if args.chunked_prefill is None
@@ -347,9 +345,8 @@ def run_serve(args) -> int:
               f"left out, so that each of the {args.replicas} replicas serves as many",
               file=sys.stderr)
     out = summary(rep)
-    out["engine"] = {"preset": engine_name, **{k: float(getattr(engine, k)) for k in (
-        "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy", "block_size",
-        "kv_memory_fraction", "kv_output_reserve", "kv_cache_tokens", "context_pass")}}
+    out["engine"] = {"preset": engine_name,
+                     **{k: float(getattr(engine, k)) for k in ENGINE_FIELDS}}
     out["runtime"] = choice.name
     out["host_time_factor"] = float(sys_.accelerator.host_time_factor)
     out["price_per_gpu_hour_usd"], out["power_w"] = price, list(power)

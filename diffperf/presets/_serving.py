@@ -3,13 +3,8 @@ power of each GPU preset (`deployment.json`), every value with its source."""
 
 from __future__ import annotations
 
-from ..specs._engine import Engine
+from ..specs._engine import ENGINE_FIELDS, Engine
 from . import _files
-
-#: The `Engine` fields an engines.json entry sets (its other keys are text or native values).
-_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy",
-                  "block_size", "kv_memory_fraction", "kv_output_reserve", "kv_cache_tokens",
-                  "context_pass")
 
 
 def _entry(kind: str, name, what: str) -> dict:
@@ -33,7 +28,7 @@ def engine(name: str) -> Engine:
     KV-cache block (tokens) and KV share of the free HBM (0-1). Case-insensitive; an unknown
     name raises a ValueError listing the known ones."""
     row = _entry("engines", name, "engine")
-    return Engine(**{f: row[f] for f in _ENGINE_FIELDS if f in row})
+    return Engine(**{f: row[f] for f in ENGINE_FIELDS if f in row})  # other keys: text
 
 
 def engine_info(name: str) -> dict:

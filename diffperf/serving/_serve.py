@@ -19,7 +19,7 @@ from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
-from ._capacity import replica_kv_tokens, set_cache_fits
+from ._capacity import replica_kv_tokens
 from ._report import ServingReport, report
 from ._simulate import Requests, reservation, simulate, split_times, step_bound
 from ._traffic import Traffic, requests as traffic_requests
@@ -101,7 +101,7 @@ def serve(model: Transformer, system: System, plan: InferencePlan, engine: Engin
         raise ValueError(f"plan infeasible (tp={float(plan.tp):g}): {explain(reason)}{hint}")
     cost, kv = _cost_and_capacity(model, system, typical, engine, eff, runtime)
     set_tokens = float(np.asarray(engine.kv_cache_tokens))
-    if set_tokens > 0 and not bool(set_cache_fits(model, system, typical, engine)):
+    if set_tokens > 0 and float(kv) == 0:  # `replica_kv_tokens`: a set cache that does not fit
         raise ValueError(f"Engine.kv_cache_tokens {set_tokens:g} does not fit beside the "
                          f"weights on one GPU ({float(system.accelerator.hbm_capacity) / 1e9:g} "
                          f"GB of HBM)")

@@ -53,9 +53,9 @@ request joins the one after), and clients do not send at the same instant (an id
 starts on the first request; the others join its next iteration). Its arrival is written at
 the start of the next step from the clock that step carries, not at the end of the step that
 computed the clock: there XLA could recompute the clock inside the scatter's fusion, and that
-copy could round differently (by a fraction of an ulp in the low word), so that the request
-arrived just after the clock and its admission slipped by an iteration, depending on how the
-program was compiled (vmapped batch size, surrounding code).
+copy could round differently (by a fraction of an ulp in the low word), so that the request's
+offset from the clock, and with it the iteration it joins, depended on how the program was
+compiled (vmapped batch size, surrounding code).
 
 **Loop.** The `lax.while_loop` tests its condition (requests left, steps below `max_steps`)
 once per `STEP_BLOCK` steps, run as a fixed-length inner loop: a step taken when the condition

@@ -3,6 +3,8 @@ KV-cache blocks (the contract: docs/serving.md, "Scheduler semantics")."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import equinox as eqx
 import jax
 
@@ -82,3 +84,7 @@ class Engine(eqx.Module):
         check_fraction("Engine", "kv_output_reserve", self.kv_output_reserve, allow_zero=True)
         check_fraction("Engine", "kv_memory_fraction", self.kv_memory_fraction,
                        allow_zero=False)
+
+
+#: Every `Engine` field, in declaration order (for copying or printing an engine).
+ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(Engine))

@@ -102,7 +102,7 @@ from ..serving._report import binned_percentile
 from ..serving._serve import _cost_and_capacity, eqx_replace
 from ..serving._simulate import held
 from ..serving._trtllm_bench import trtllm_bench_engine_limits
-from ..specs._engine import Engine
+from ..specs._engine import ENGINE_FIELDS, Engine
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
@@ -149,9 +149,6 @@ METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e
            ("output_tok_s_per_gpu", "output_tok_s_per_gpu", 1.0),
            ("total_tok_s_total", "total_tok_s", 1.0), ("request_tput_rps", "request_rate", 1.0))
 
-_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "policy",
-                  "block_size", "kv_memory_fraction", "kv_output_reserve", "kv_cache_tokens",
-                  "context_pass")
 _ARCH = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
          "num_experts", "experts_per_token")
 
@@ -410,7 +407,7 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
         overrides["max_num_batched_tokens"] = budget
         notes.append(f"max_num_tokens raised to {budget:g} (prompt of {longest:g} tokens)")
     if overrides:
-        eng = Engine(**{f: overrides.get(f, getattr(eng, f)) for f in _ENGINE_FIELDS})
+        eng = Engine(**{f: overrides.get(f, getattr(eng, f)) for f in ENGINE_FIELDS})
     regime = regime_of(rec)
     conc = int(_num(rec, "concurrency") or 0)
     n_row = _num(rec, "num_requests")
@@ -531,7 +528,7 @@ def prepare(case: ServingCase, efficiency=None) -> _Prepared:
     least = np.asarray(held(eng, inp, 0.0, out))  # what a request holds at admission
     bound = min(bound, int(kv // max(least.min(), 1.0)))
     seqs = int(min(float(eng.max_num_seqs), max(bound, 1)))
-    kw: dict[str, Any] = {f: getattr(eng, f) for f in _ENGINE_FIELDS}
+    kw: dict[str, Any] = {f: getattr(eng, f) for f in ENGINE_FIELDS}
     eng = Engine(**{**kw, "max_num_seqs": seqs})
     return _Prepared(case, cost, kv, eng, arrival, inp, out, conc)
 
