@@ -135,6 +135,35 @@ def test_per_head_decode_attention_by_hand():
     assert tpots == sorted(tpots, reverse=True) and tpots[0] > tpots[-1]
 
 
+def test_grouped_decode_attention_rate_by_hand():
+    """A grouped decode kernel (XQA) puts a KV group's g query heads in the M of an MMA tile of
+    16 rows: it runs at g / 16 of the attention kernel's rate (16-bit peak x
+    `Efficiency.attention` / (1 + c / L + c / d) for L keys of width d), not at the GEMM law's
+    1 / (1 + c / g). Llama-3-70B (64 query heads on 8 KV heads, g = 8) on an H200 with an FP8
+    cache does 16 FLOP per cached byte: by hand 0.5 x 989.5 x 0.55 / (1 + 48/1100 + 48/128)
+    = 189 TFLOP/s, so the step reads the cache at the HBM roof (memory-bound), where the GEMM
+    law would have given 1 / 7 of the attention rate and a compute-bound step. MLA's 128 heads
+    form one full group (no padding)."""
+    eff = Efficiency()
+    plan = InferencePlan(batch=64, input_len=1000, output_len=200, weight_precision="fp8",
+                         activation_precision="fp8", kv_precision="fp8")
+    s = system("h200-sxm-141gb")
+    op = inference_ops(model("llama3-70b"), s, plan, eff)["decode"]["attention"]
+    steps, context = 199, 1000 + 100
+    flops = 4 * 64 * 64 * steps * context * 128 * 80  # 4 b a L d, 80 layers
+    assert float(op.flops) == pytest.approx(flops)
+    rate = 0.5 * 989.5e12 * 0.55 / (1 + 48 / 1100 + 48 / 128)
+    assert float(op.compute) == pytest.approx(flops / rate, rel=1e-4)
+    assert float(op.memory) > 2.5 * float(op.compute)  # memory-bound
+    # MLA (DeepSeek-V3, 128 heads in one group at TP 1): no padding loss, width (c + d_r + c) / 2
+    mla = model("deepseek-v3")
+    plan16 = InferencePlan(batch=64, input_len=1000, output_len=200)  # bf16
+    op = inference_ops(mla, system(B200), plan16, eff)["decode"]["attention"]
+    width = (512 + 64 + 512) / 2
+    mla_rate = 2.25e15 * 0.55 / (1 + 48 / 1100 + 48 / width)
+    assert float(op.compute) == pytest.approx(float(op.flops) / mla_rate, rel=1e-4)
+
+
 def test_attention_kernel_launches_per_layer_by_hand():
     """TensorRT-LLM 0.9's attention plugin launches three kernels per layer in the context
     phase (offsets, RoPE + KV write, fused MHA), nine without fused attention, and one per

@@ -47,8 +47,8 @@ import jax.numpy as jnp
 from ..costs import _collectives as coll
 from ..costs._attention import fused_attention_rate
 from ..costs._cost import Cost, compute_cost, network_cost
-from ..costs._gemm import k_loop_forward, split_k_gemm_cost
-from ..costs._roofline import bytes_per_element, peak_matmul_flops
+from ..costs._gemm import MMA_ROWS, k_loop_forward, split_k_gemm_cost
+from ..costs._roofline import bytes_per_element, ceil_div, peak_matmul_flops
 from ..feasibility import divides, tp_divides_mlps, whole_counts
 from ..presets import resolve_efficiency
 from ..specs._attention import projections
@@ -302,17 +302,29 @@ def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
     """One decode step's attention, one layer, attending over `context` cached tokens: reads
     K and V of every cached token once; FLOPs 4 b a_local L d. Both are proportional to
     `context`. With MLA (weights absorbed) it reads the cached latent and RoPE key once and
-    does 2 b a_local L (c + d_r + c) FLOPs, all heads as one group. A grouped kernel runs on
-    tensor cores with the group's g query heads as the M of its tile; a per-query-head kernel
-    (masked MHA) does scalar FP32 dot products on the CUDA cores, g times as many per K/V byte,
-    and its re-reads of a group's K/V hit L2."""
+    does 2 b a_local L (c + d_r + c) FLOPs, all heads as one group.
+
+    A grouped kernel (TensorRT-LLM's XQA, FlashInfer's and FlashMLA's decode kernels) runs on
+    tensor cores with the group's g query heads as the M of its MMA tile, padded to the
+    instruction's `MMA_ROWS` rows (mma.sync m16n8k16, PTX ISA): of the attention kernel's rate
+    (`Efficiency.attention` x the 16-bit peak, with the size loss of its keys and head width)
+    it keeps g / (16 ceil(g / 16)), e.g. 1/2 for Llama's 8 query heads per KV head. The
+    generic GEMM law's 1 + c / m (c = `matmul_size_scale`, fitted on GEMMs of hundreds to
+    thousands of rows) is not applied to this M: at m = 8 it would make the kernel 8x slower
+    and compute-bound on an FP8 cache (16 FLOP per byte), where XQA / FlashInfer read the
+    cache at most of HBM bandwidth. A per-query-head kernel (masked MHA) does scalar FP32 dot
+    products on the CUDA cores, g times as many per K/V byte, and its re-reads of a group's
+    K/V hit L2."""
     b = plan.batch
     flops = 2.0 * b * x.heads * context * (x.dec_k + x.dec_v)
     nbytes = b * context * x.cache * x.kb
     mean_context = model.mean_cached_tokens(plan.input_len, plan.input_len + plan.output_len)
     acc = system.accelerator
-    tensor = fused_attention_rate(acc, eff, x.math, x.group, mean_context,
-                                  0.5 * (x.dec_k + x.dec_v))
+    width = 0.5 * (x.dec_k + x.dec_v)
+    c = eff.matmul_size_scale
+    tensor = (peak_matmul_flops(acc, jnp.minimum(x.math, 1.0)) * eff.attention
+              * x.group / (ceil_div(x.group, MMA_ROWS) * MMA_ROWS)
+              / (1.0 + c / mean_context + c / width))
     cuda_cores = acc.vector_flops * eff.per_head_attention
     rate = jnp.where(plan.grouped_decode_attention > 0, tensor, cuda_cores)
     return compute_cost(acc, eff, flops, nbytes, rate, ATTENTION_KERNELS_DECODE)
