@@ -153,3 +153,22 @@ def test_sglang_041_deepseek_rows_run_eager(rows):
     other = next(r for i, r in rows.items() if r["engine"] == "SGLang"
                  and not i.startswith("sglang-dsv3") and r["gpu_preset"])
     assert serving_case(other).runtime_name == "sglang"
+
+
+def test_gpt_oss_rows_run_the_checkpoints_precisions(rows):
+    """gpt-oss ships MXFP4 MoE weights (the rest bf16); TensorRT-LLM runs them with bf16
+    activations on Hopper and mxfp8 on Blackwell (its gpt_oss README), vLLM with bf16 on an
+    A100 (Marlin MXFP4): weights at 4 bit, GEMMs in bf16 / fp8 math, whatever the table's FP8 /
+    FP4 / BF16 column says; KV bf16 ('use auto') except TensorRT-LLM on Blackwell (fp8), and a
+    row's own kv_precision wins. Codes: 1 = 16 bit, 2 = fp8, 3 = 4 bit. Other models keep the
+    column's precision."""
+    codes = lambda p: (float(p.weight_precision), float(p.activation_precision),
+                       float(p.kv_precision))
+    plan = lambda rid: serving_case(rows[rid]).plan
+    assert rows["trtllmpost-C-h200-gpt-oss-20b-tp1-1024x1024"]["precision"].lower() == "fp8"
+    assert codes(plan("trtllmpost-C-h200-gpt-oss-20b-tp1-1024x1024")) == (3.0, 1.0, 1.0)
+    assert codes(plan("trtllmpost-C-b200-gpt-oss-20b-tp1-1024x1024")) == (3.0, 2.0, 2.0)
+    assert codes(plan("gpustack-gpt-oss-120b-a100-baseline-vllm-tp1-2000x100")) == (3.0, 1.0,
+                                                                                      1.0)
+    assert codes(plan("vllmblog-fp8kv-h100-gpt-oss-20b-kvfp8-conc8")) == (3.0, 1.0, 2.0)
+    assert codes(plan("trtllmpost-C-b200-llama-3.3-70b-tp1-1024x1024")) == (3.0, 3.0, 2.0)

@@ -11,6 +11,8 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   except an fp4 row whose KV is stored in fp8: NVFP4 checkpoints keep an FP8 KV cache; and
   bf16 for the fp8 / fp4 rows of vLLM, SGLang and trtllm-serve on checkpoints without a
   KV-cache quantization, whose default cache dtype is the model's: `default_kv_precision`).
+  gpt-oss rows run the checkpoint's MXFP4 MoE weights whatever the precision column says:
+  4-bit weights, bf16 activations (fp8 for TensorRT-LLM on Blackwell), `gpt_oss_precisions`.
   `attention_dp` 1 -> `InferencePlan.attention_dp` (each of the tp GPUs an attention rank
   with its own scheduler and KV cache, the experts split over them).
 - replicas: `num_gpus / (tp * pp)` where that is a whole number > 1 (requests go round robin,
@@ -90,6 +92,7 @@ from ..inference import infer
 from ..presets import (
     check_precision_names,
     engine as engine_preset,
+    gpu_info,
     gpu_names,
     resolve_efficiency,
     runtime as runtime_preset,
@@ -217,6 +220,32 @@ def default_kv_precision(rec: dict, precision: str) -> str:
     return "fp8" if precision == "fp4" else precision
 
 
+def gpt_oss_precisions(rec: dict, gpu: str) -> tuple[str, str, str] | None:
+    """(weights, GEMM activations, default KV cache) of a row serving OpenAI's gpt-oss
+    checkpoints, else None. Their MoE weights are MXFP4 and "all the other weights are in
+    bf16"; every engine runs them as they ship, whatever the table's precision column says
+    (TensorRT-LLM's: FP8 on Hopper, FP4 on Blackwell):
+
+    - TensorRT-LLM on Blackwell: mxfp8 activations x mxfp4 weights (CUTLASS / TRTLLM MoE),
+      on Hopper bf16 x mxfp4 (TRITON) (TensorRT-LLM examples/models/core/gpt_oss/README.md,
+      "MoE Support Matrix");
+    - vLLM / SGLang on Ampere and Hopper: bf16 activations (vLLM's GPT-OSS recipe: Marlin
+      MXFP4 MoE on an A100, where "gpt-oss-120b will fit on a single A100 (80GB)"; Triton
+      MXFP4 kernels on Hopper).
+
+    Weights are costed as 4 bit (the experts hold 97-98 % of the parameters; the bf16
+    attention and embeddings are not split out), GEMMs at bf16 or fp8 math. KV cache, when the
+    row sets none: fp8 for TensorRT-LLM on Blackwell (the perf-overview's llm_options), else
+    the model's bf16 ('Hopper: use auto'; vLLM / SGLang default)."""
+    name = (rec["model"] + " " + rec["model_as_printed"]).lower()
+    if "gpt-oss" not in name:
+        return None
+    blackwell = float(gpu_info(gpu).get("flops_fp4", 0) or 0) > 0
+    if blackwell and engine_label(rec) == "TRT-LLM":
+        return "fp4", "fp8", "fp8"
+    return "int4", "bf16", "bf16"
+
+
 def engine_label(rec: dict) -> str:
     e = rec["engine"].lower()
     for key, label in (("tensorrt", "TRT-LLM"), ("vllm", "vLLM"), ("sglang", "SGLang"),
@@ -332,7 +361,12 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
     if not gpu or gpu not in gpu_names():
         raise SkipRow("no gpu preset", rec["gpu"])
     precision = rec["precision"].lower()
+    weights = activations = precision
     kv = rec["kv_precision"].lower() or default_kv_precision(rec, precision)
+    gpt_oss = gpt_oss_precisions(rec, gpu)
+    if gpt_oss is not None:
+        weights, activations, kv_default = gpt_oss
+        kv = rec["kv_precision"].lower() or kv_default
     try:
         check_precision_names(gpu, precision=precision, kv_precision=kv)
         sys_ = system(gpu)
@@ -359,8 +393,8 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
     model = row_model(v, max(context, SHAREGPT_MAX_TOTAL + 1) if sharegpt else context)
     fields: dict[str, Any] = dict(tp=tp, pp=pp, ep=ep, batch=1.0, input_len=float(round(mi)),
                                   output_len=float(round(mo)), attention_dp=attention_dp,
-                                  weight_precision=precision,
-                                  activation_precision=precision, kv_precision=kv)
+                                  weight_precision=weights,
+                                  activation_precision=activations, kv_precision=kv)
     plan = InferencePlan(**fields)
     eng = engine_preset(eng_name)
     overrides = {}
@@ -392,7 +426,8 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
         # at the KV fraction the engine gets (the notes' 0.95, else the preset's = the tool's)
         try:
             bs, tokens = trtllm_bench_engine_limits(
-                model, sys_.accelerator, tp=tp, pp=pp, weight_precision=precision,
+                model, sys_.accelerator, tp=tp, pp=pp,
+                weight_precision="fp4" if weights == "int4" else weights,
                 kv_precision=kv, isl=mi, osl=mo, max_isl=longest,
                 kv_fraction=overrides.get("kv_memory_fraction", float(eng.kv_memory_fraction)))
         except ValueError as e:
