@@ -356,10 +356,8 @@ class ErrorModel:
     def reasons(self, d: Descriptor, top: int = 5, c=None) -> list[str]:
         """What widens `d`'s interval beyond a calibrated configuration of its quantity: the
         covariates with the largest positive contributions (at most `top`, each widening it by
-        at least 5 %: a configuration far from the calibration data names every way it is), each
-        with the factor it multiplies
-        the width by ("128 experts, calibrated runs had at most 8 (x1.6 width)"). `c`: its
-        covariates when already computed."""
+        at least 5 %), each with the factor it multiplies the width by ("128 experts, calibrated
+        runs had at most 8 (x1.6 width)"). `c`: its covariates when already computed."""
         c = covariates(d, self.support) if c is None else np.asarray(c)
         out = []
         for i in np.argsort(-(c * self.coef)):

@@ -320,11 +320,10 @@ def _decode_attention(model: Transformer, plan: InferencePlan, system: System,
     nbytes = b * context * x.cache * x.kb
     mean_context = model.mean_cached_tokens(plan.input_len, plan.input_len + plan.output_len)
     acc = system.accelerator
-    width = 0.5 * (x.dec_k + x.dec_v)
-    c = eff.matmul_size_scale
-    tensor = (peak_matmul_flops(acc, jnp.minimum(x.math, 1.0)) * eff.attention
-              * x.group / (ceil_div(x.group, MMA_ROWS) * MMA_ROWS)
-              / (1.0 + c / mean_context + c / width))
+    # the attention kernel's rate with no size loss on M (q_len = inf), times the tile's use
+    tensor = (fused_attention_rate(acc, eff, x.math, jnp.inf, mean_context,
+                                   0.5 * (x.dec_k + x.dec_v))
+              * x.group / (ceil_div(x.group, MMA_ROWS) * MMA_ROWS))
     cuda_cores = acc.vector_flops * eff.per_head_attention
     rate = jnp.where(plan.grouped_decode_attention > 0, tensor, cuda_cores)
     return compute_cost(acc, eff, flops, nbytes, rate, ATTENTION_KERNELS_DECODE)
