@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import diffperf as dp
-from diffperf.inference import boundedness, host_issue_time
+from diffperf.inference import boundedness, host_issue_time, inference_ops
 from diffperf.specs import Runtime
 from diffperf.validation import infer_specs, predict_infer_rows, read_benchmarks
 
@@ -327,3 +327,66 @@ def test_sglang_041_deepseek_eager_decode_is_host_bound_by_hand():
     assert float(rep.decode.host / rep.decode.total) > 0.3  # the GPU waits for the host
     assert float(graphed.decode.host) == 0.0
     assert float(graphed.tpot) < 0.3 * float(rep.tpot)
+
+
+def test_fp8_prefill_attention_rate_by_hand():
+    """`Runtime.fp8_prefill_attention` with a KV cache of 8 bits or fewer: the prefill attention
+    kernel runs at the FP8 peak times FlashAttention-3's FP8 / FP16 share, (1200 / 1979) /
+    (740 / 989) = 0.8104 (its abstract, H100): on an H100 (FP8 peak 2x the 16-bit one) the
+    attention's compute time falls by 2 x 0.8104 = 1.621; a 16-bit cache and a GPU without FP8
+    keep the 16-bit kernel, and so does a B200, whose exponentials bind first; half the work in
+    FP8 adds the two halves' times."""
+    h100 = dp.system("dgx-h100")
+    eff = dp.default_efficiency("h100-sxm5-80gb")
+    plan = dp.InferencePlan(tp=1, batch=4, input_len=8192, output_len=2,
+                            weight_precision="fp8", activation_precision="fp8",
+                            kv_precision="fp8")
+
+    def compute(system, p, share, e):
+        ops = inference_ops(LLAMA70, system, p, e, runtime=_with(
+            Runtime(), fp8_prefill_attention=share))
+        return float(ops["prefill"]["attention"].compute)
+
+    t16, t8 = compute(h100, plan, 0.0, eff), compute(h100, plan, 1.0, eff)
+    assert t16 / t8 == pytest.approx(2.0 * (1200 / 1979) / (740 / 989), rel=1e-3)
+    assert t16 / t8 == pytest.approx(1.621, abs=0.002)
+    half = compute(h100, plan, 0.5, eff)
+    assert half == pytest.approx(0.5 * (t16 + t8), rel=1e-5)
+    bf16_cache = eqx.tree_at(lambda p: p.kv_precision, plan, jnp.asarray(1.0))
+    assert compute(h100, bf16_cache, 1.0, eff) == pytest.approx(
+        compute(h100, bf16_cache, 0.0, eff), rel=1e-6)
+    a100 = eqx.tree_at(lambda p: (p.weight_precision, p.activation_precision), plan,
+                       (jnp.asarray(1.0), jnp.asarray(1.0)))
+    assert compute(A100, a100, 1.0, EFF) == pytest.approx(compute(A100, a100, 0.0, EFF),
+                                                          rel=1e-6)
+    # a B200's special-function unit returns 148 SMs x 16 exponentials per clock, 75 / 16 =
+    # 4.7 T/s: 4.7e12 x 4 x 128 = 2.4 PFLOP/s of attention, about its 16-bit peak (2.25): the
+    # FP8 kernel, capped there at 0.81 x 2.4 = 1.94 < 2.25, gains nothing
+    b200 = dp.system("dgx-b200")
+    eff_b = dp.default_efficiency("b200")
+    assert compute(b200, plan, 1.0, eff_b) == pytest.approx(compute(b200, plan, 0.0, eff_b),
+                                                            rel=1e-6)
+    # Blackwell Ultra doubles the exponentials (sfu_ratio 2): 4.8 PFLOP/s > the 4.5 FP8 peak,
+    # so the FP8 kernel runs 0.8104 x 4.5 / 2.25 = 1.62x the 16-bit one again
+    b300 = dp.system("hgx-b300")
+    eff_u = dp.default_efficiency("b300")
+    assert compute(b300, plan, 0.0, eff_u) / compute(b300, plan, 1.0, eff_u) == pytest.approx(
+        2.0 * (1200 / 1979) / (740 / 989), rel=1e-3)
+
+
+def test_fp8_prefill_attention_gradient_matches_finite_differences():
+    h100 = dp.system("dgx-h100")
+    eff = dp.default_efficiency("h100-sxm5-80gb")
+    plan = dp.InferencePlan(tp=1, batch=2, input_len=4096, output_len=2,
+                            weight_precision="fp8", activation_precision="fp8",
+                            kv_precision="fp8")
+
+    def ttft(share):
+        return dp.infer(LLAMA70, h100, plan, eff, _with(Runtime(), fp8_prefill_attention=share)
+                        ).ttft
+
+    g = float(jax.grad(lambda s: ttft(s))(jnp.asarray(0.3)))
+    h = 1e-3
+    fd = (float(ttft(0.3 + h)) - float(ttft(0.3 - h))) / (2 * h)
+    assert g < 0.0  # more of the work in FP8 is never slower
+    assert g == pytest.approx(fd, rel=1e-2)

@@ -55,6 +55,7 @@ FACTORS = ("precision", "tensor_flops", "hbm_bandwidth", "hbm_capacity", "nvlink
 _ACC_FACTOR = {"flops_fp32": "tensor_flops", "flops_bf16": "tensor_flops",
                "vector_flops": "tensor_flops", "l2_capacity": "tensor_flops",
                "l2_bandwidth": "tensor_flops", "num_sms": "tensor_flops",
+               "sfu_ratio": "tensor_flops",
                "hbm_bandwidth": "hbm_bandwidth", "hbm_capacity": "hbm_capacity",
                "host_time_factor": "host_cpu"}
 # NVLink SHARP (in-switch reduction) and the hop latency come with the NVLink / NVSwitch

@@ -275,19 +275,22 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
 
 
 def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
-                       eff: Efficiency, x: _Dims) -> Cost:
+                       eff: Efficiency, x: _Dims, runtime: Runtime) -> Cost:
     """Causal self-attention over the prompt, one layer: fused (flash) or QK^T, softmax, AV.
     The fused kernel skips the blocks outside the causal mask and a sliding window; the
-    unfused path computes the whole s x s product."""
+    unfused path computes the whole s x s product. With a KV cache of 8 bits or fewer, a
+    runtime that runs its context attention in FP8 (`Runtime.fp8_prefill_attention`) gets the
+    FP8 kernel's rate (`fused_attention_rate`)."""
     b, s = plan.batch, plan.input_len
     bh = b * x.heads
     keys = model.attended_keys(s)  # = s without a sliding window
     core = 0.5 * (x.qk + x.v)  # = d for standard attention
     qkvo = b * s * (x.heads + x.kv) * (x.qk + x.v) * x.ab
     flash_flops = 2.0 * bh * s * keys * core  # 4 b a s^2 d, halved by the causal mask
+    fp8 = jnp.where(plan.kv_precision >= 2.0, runtime.fp8_prefill_attention, 0.0)
     acc = system.accelerator
     flash = compute_cost(acc, eff, flash_flops, qkvo,
-                         fused_attention_rate(acc, eff, x.math, s, keys, core),
+                         fused_attention_rate(acc, eff, x.math, s, keys, core, fp8),
                          ATTENTION_KERNELS_PREFILL_FUSED)
     scores = bh * s * s
     rate = peak_matmul_flops(acc, jnp.minimum(x.math, 1.0)) * matmul_efficiency(
@@ -385,7 +388,7 @@ def inference_ops(model: Transformer, system: System, plan: InferencePlan,
     x = _dims(model, plan)
     b = plan.batch
     prefill = _pass_ops(model, plan, system, eff, x, b * plan.input_len,
-                        _prefill_attention(model, plan, system, eff, x), runtime)
+                        _prefill_attention(model, plan, system, eff, x, runtime), runtime)
     # With output_len = 1 there is no decode step: the ops of one step (at context input_len
     # + 1/2) are still built, so that `infer` can report a finite TPOT, then masked to zero.
     steps = jnp.maximum(plan.output_len - 1.0, 1.0)

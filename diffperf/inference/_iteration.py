@@ -126,7 +126,7 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
     one = eqx.tree_at(lambda p: p.batch, plan, 1.0)
     dec = _decode_attention(model, one, system, eff, x, 1.0)
     s = plan.input_len
-    pre = _prefill_attention(model, one, system, eff, x)
+    pre = _prefill_attention(model, one, system, eff, x, runtime)
     pairs = 0.5 * s * s
     host = host_scale(eff, system.accelerator)
     return IterationCost(

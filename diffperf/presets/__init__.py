@@ -28,7 +28,7 @@ from ._serving import (
 _ACCEL_FIELDS = ("flops_fp32", "flops_bf16", "flops_fp8", "flops_fp4", "vector_flops",
                  "hbm_capacity", "hbm_bandwidth", "l2_capacity", "l2_bandwidth", "num_sms",
                  "launch_overhead", "host_bandwidth", "host_memory",
-                 "host_memory_bandwidth", "host_time_factor")
+                 "host_memory_bandwidth", "host_time_factor", "sfu_ratio")
 _NET_FIELDS = ("nvlink_domain", "nvlink_bandwidth", "nvlink_latency", "scaleout_bandwidth",
                "scaleout_latency", "nvlink_sharp")
 _MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",

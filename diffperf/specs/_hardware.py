@@ -97,6 +97,14 @@ class Accelerator(eqx.Module):
       H100). The training host stream does not use it: the training runtimes' per-operator
       times are fitted or assumed on other hosts, and the Grace factor made the held-out
       GB200 / GB300 MoE training rows 2x too slow (calibration/EXPERIMENTS.md).
+    - `sfu_ratio`: the special-function unit's exponential (exp2) throughput relative to 16
+      results per SM per clock against 128 FP32 lanes (Hopper, Blackwell: CUDA C++
+      Programming Guide, "Throughput of Native Arithmetic Instructions"), ratio: the
+      exponentials per second are `vector_flops` / 16 x `sfu_ratio`; they cap an FP8
+      attention kernel's rate (`diffperf.costs.fused_attention_rate`). 1 by default; 2 on
+      Blackwell Ultra (B300 / GB300: "doubling SFU throughput over the standard NVIDIA
+      Blackwell architecture", NVIDIA technical blog "Making Softmax More Efficient with
+      NVIDIA Blackwell Ultra").
     """
 
     flops_fp32: jax.Array = _F()
@@ -114,11 +122,12 @@ class Accelerator(eqx.Module):
     host_memory: jax.Array = _F(default=256e9)
     host_memory_bandwidth: jax.Array = _F(default=76.8e9)
     host_time_factor: jax.Array = _F(default=1.0)
+    sfu_ratio: jax.Array = _F(default=1.0)
 
     def __check_init__(self):
         for name in ("flops_bf16", "vector_flops", "hbm_capacity", "hbm_bandwidth", "l2_capacity",
                      "l2_bandwidth", "host_bandwidth", "host_memory",
-                     "host_memory_bandwidth", "host_time_factor"):
+                     "host_memory_bandwidth", "host_time_factor", "sfu_ratio"):
             check_positive("Accelerator", name, getattr(self, name))
         for name in ("flops_fp32", "flops_fp8", "flops_fp4", "launch_overhead"):
             check_nonnegative("Accelerator", name, getattr(self, name))

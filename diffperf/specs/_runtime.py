@@ -1,4 +1,5 @@
-"""The software runtime of a job: how much host (CPU) time it spends issuing the work.
+"""The software runtime of a job: how much host (CPU) time it spends issuing the work, and the
+few kernel choices of its software that the model's other inputs do not fix.
 
 The host issues kernels and collectives asynchronously. While the GPU's work per operator is
 long, the GPU never waits; when it is short (small models, high tensor parallelism, small
@@ -74,6 +75,11 @@ class Runtime(eqx.Module):
       processing), s. It runs beside the GPU (the engines look one step ahead), so it binds
       only when a step's sequences take the host longer than the GPU takes for the step:
       the host's issue stream of the step grows by (sequences x `host_seq_time`).
+    - `fp8_prefill_attention`: 1 if the engine runs its prefill (context) attention kernel
+      in FP8 when the KV cache is stored in 8 bits or fewer (TensorRT-LLM's FP8 context FMHA),
+      0 if it runs in 16 bit whatever the cache; in [0, 1] (the share of the prefill attention
+      work run in FP8). A kernel choice of the software, not a host cost; it acts only on GPUs
+      with FP8 tensor cores (`diffperf.costs.fused_attention_rate`).
 
     The default (every host time 0, no graphs, fused element-wise kernels) is the runtime of
     the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM 0.x tables without
@@ -101,6 +107,7 @@ class Runtime(eqx.Module):
     moe_ops_per_expert: jax.Array = _F(default=0.0)
     moe_layer_sync: jax.Array = _F(default=0.0)
     host_seq_time: jax.Array = _F(default=0.0)
+    fp8_prefill_attention: jax.Array = _F(default=0.0)
 
     def __check_init__(self):
         for name in ("host_op_time", "host_backward_op_time", "host_collective_time",
@@ -110,5 +117,5 @@ class Runtime(eqx.Module):
                      "moe_ops_per_expert", "host_seq_time"):
             check_nonnegative("Runtime", name, getattr(self, name))
         for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync",
-                     "moe_layer_sync"):
+                     "moe_layer_sync", "fp8_prefill_attention"):
             check_fraction("Runtime", name, getattr(self, name))

@@ -46,11 +46,13 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   longest prompt fits in), no chunking. Slots and KV blocks: the benchmark scripts' config
   (`LMDEPLOY_CONFIG`), the cache as `kv_cache_tokens`, 128-token blocks.
   Row columns `max_num_seqs`, `max_num_batched_tokens`, `chunked_prefill` override the preset.
-- runtime preset: TensorRT engines (0.14, 0.17, LMDeploy's C++ TurboMind) -> `megatron-core`
-  (its description: TensorRT-LLM 0.x without CUDA graphs, the host never binds); TensorRT-LLM
-  PyTorch backend -> `trtllm`; vLLM -> `vllm`; SGLang -> `sglang`, except SGLang 0.4.1 serving
-  DeepSeek-V3 -> `sglang-0.4-deepseek-eager` (that release turns CUDA graphs off for
-  DeepseekV3ForCausalLM, and the 2-node rows pass --disable-cuda-graph).
+- runtime preset: TensorRT engines (0.14, LMDeploy's C++ TurboMind) -> `megatron-core`
+  (its description: TensorRT-LLM 0.x without CUDA graphs, the host never binds); trtllm-bench's
+  0.17 TensorRT engines -> `trtllm-engine` (the same, with FP8 context attention in FP8
+  engines, as its build sets); TensorRT-LLM PyTorch backend -> `trtllm`; vLLM -> `vllm`;
+  SGLang -> `sglang`, except SGLang 0.4.1 serving DeepSeek-V3 -> `sglang-0.4-deepseek-eager`
+  (that release turns CUDA graphs off for DeepseekV3ForCausalLM, and the 2-node rows pass
+  --disable-cuda-graph).
 - traffic: `request_rate_qps` (Poisson; inf: all at t = 0), `concurrency` (closed loop),
   `num_requests` (empty: `DEFAULT_REQUESTS`; offline rows are capped at `max_requests`,
   `DEFAULT_MAX_REQUESTS`: the throughput at saturation converges, see
@@ -257,7 +259,7 @@ def engine_label(rec: dict) -> str:
 
 #: Engine label (+ detail) -> (engine preset, runtime preset), see the module docstring.
 ENGINE_RULES = {"TRT-LLM 0.14 (Triton)": ("trtllm-0.14-triton", "megatron-core"),
-                "TRT-LLM TensorRT engine 0.17": ("trtllm", "megatron-core"),
+                "TRT-LLM TensorRT engine 0.17": ("trtllm", "trtllm-engine"),
                 "TRT-LLM PyTorch backend": ("trtllm", "trtllm"),
                 "vLLM": ("vllm", "vllm"), "vLLM A100": ("vllm-a100", "vllm"),
                 "SGLang": ("sglang", "sglang"),
