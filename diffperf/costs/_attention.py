@@ -54,9 +54,7 @@ def fused_attention_rate(acc: Accelerator, eff: Efficiency, precision, q_len, ke
     """
     size = eff.attention * matmul_efficiency(eff, q_len, keys, head_dim, 1.0) / eff.matmul_peak
     rate_16 = peak_matmul_flops(acc, jnp.minimum(precision, 1.0)) * size
-    has_fp8 = acc.flops_fp8 > 0.0
     p_exp = 4.0 * head_dim * acc.vector_flops * EXP_PER_VECTOR_FLOP * acc.sfu_ratio
-    rate_8 = jnp.where(has_fp8, jnp.maximum(
-        rate_16, jnp.minimum(acc.flops_fp8, p_exp) * FP8_ATTENTION_SHARE * size), rate_16)
-    share = jnp.where(has_fp8, jnp.asarray(fp8, dtype=rate_16.dtype), 0.0)
-    return 1.0 / ((1.0 - share) / rate_16 + share / rate_8)
+    # flops_fp8 = 0 (no FP8 tensor cores) leaves rate_8 = rate_16
+    rate_8 = jnp.maximum(rate_16, jnp.minimum(acc.flops_fp8, p_exp) * FP8_ATTENTION_SHARE * size)
+    return 1.0 / ((1.0 - fp8) / rate_16 + fp8 / rate_8)
