@@ -51,11 +51,12 @@ def test_dropout_free_model_has_no_embedding_mask(eff):
     np.testing.assert_allclose(drop - free, sbh / T * 2 * L + sbh * 8 / T, rtol=1e-5)
 
 
-@pytest.mark.parametrize("precision,q", [("fp8", 1.0), ("fp4", 0.5)])
+@pytest.mark.parametrize("precision,q", [("fp8", 1.0), ("fp4", 0.5625)])
 def test_fp8_keeps_low_precision_copies_of_gemm_inputs(precision, q):
     """SP + flash: 16-bit 34 sbh/t. FP8 (TE): QKV and MLP inputs 2 -> q, the second MLP GEMM's
     input 2 * 4 -> q * 4 (f = 4h), and the output projection adds a q copy next to the 16-bit
-    flash-attention output: 34 - 2 (2 - q) - 4 (2 - q) + q."""
+    flash-attention output: 34 - 2 (2 - q) - 4 (2 - q) + q. NVFP4 copies are 4-bit values
+    plus one 8-bit scale per 16 of them: q = (16 x 4 + 8) / 16 / 8 = 0.5625 B."""
     plan = _plan(flash_attention=1, recompute="selective", precision=precision)
     got = float(dp.activation_bytes_per_layer(_gpt(), plan))
     want = S * H / T * (34 - 2 * (2 - q) - 4 * (2 - q) + q)

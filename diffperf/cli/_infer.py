@@ -31,7 +31,13 @@ from ..presets import (
     model,
     system,
 )
-from ..specs._hardware import BYTES_PER_ELEMENT, INTEGER_WEIGHTS, precision_code, weight_storage
+from ..specs._hardware import (
+    BYTES_PER_ELEMENT,
+    INTEGER_WEIGHTS,
+    precision_code,
+    weight_scale_block,
+    weight_storage,
+)
 from ..specs._inference_plan import InferencePlan
 from ..validation._stack import constants_static
 from ._common import (
@@ -203,6 +209,7 @@ def _specs(args, choice: RuntimeChoice):
     weights, act, kv = precisions_of(args)
     plan = InferencePlan(tp=args.tp, pp=args.pp, ep=args.ep, batch=args.batch,
                          input_len=args.input, output_len=args.output, weight_precision=weights,
+                         weight_scale_block=weight_scale_block(args.precision),
                          activation_precision=act, kv_precision=kv,
                          flash_attention=0 if args.no_flash else 1,
                          grouped_decode_attention=0 if args.per_head_decode else 1,

@@ -29,7 +29,7 @@ from ..serving import (
 from ..serving._kv_dtype import keeps_model_dtype_kv
 from ..serving._search import SLO_METRICS, parse_slo, slo_search
 from ..serving._serve import eqx_replace
-from ..specs import Engine, InferencePlan
+from ..specs import Engine, InferencePlan, weight_scale_block
 from ..specs._engine import ENGINE_FIELDS
 from ._common import (
     DEFAULT_INFER_GPU,
@@ -313,6 +313,7 @@ def run_serve(args) -> int:
         weights, act, kv = precisions_of(args)
         kv = _engine_default_kv(args, engine_name, act, kv)
         plan = InferencePlan(tp=args.tp, pp=args.pp, ep=args.ep, weight_precision=weights,
+                             weight_scale_block=weight_scale_block(args.precision),
                              activation_precision=act, kv_precision=kv,
                              attention_dp=1 if args.attention_dp else 0,
                              gemm_peak_fraction=args.gemm_peak_fraction)

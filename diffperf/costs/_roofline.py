@@ -83,7 +83,8 @@ def peak_matmul_flops(acc: Accelerator, precision) -> jax.Array:
 
 
 def bytes_per_element(precision) -> jax.Array:
-    """Bytes per element of a precision code (fp32 4, bf16 2, fp8 1, fp4 0.5)."""
+    """Bytes per element of a precision code (fp32 4, bf16 2, fp8 1, fp4 0.5625: NVFP4's 4-bit
+    values and one 8-bit scale per 16, `specs.BYTES_PER_ELEMENT`)."""
     p = jnp.asarray(precision)
     b = BYTES_PER_ELEMENT
     return jnp.where(p == 0, b[0], jnp.where(p == 1, b[1], jnp.where(p == 2, b[2], b[3])))

@@ -159,7 +159,7 @@ def _dims(model: Transformer, plan: InferencePlan) -> _Dims:
         f_shared=model.shared_ffn_hidden / atp, shared_gemm=model.shared_width / atp,
         vocab=model.vocab / atp, math=plan.math_precision,
         head_math=jnp.minimum(plan.math_precision, 1.0),
-        wb=bytes_per_element(plan.weight_precision), ab=ab, sb=jnp.maximum(ab, 2.0),
+        wb=plan.weight_bytes, ab=ab, sb=jnp.maximum(ab, 2.0),
         kb=bytes_per_element(plan.kv_precision), moe=model.num_experts > 1,
         peak_fraction=plan.gemm_peak_fraction)
 

@@ -9,10 +9,12 @@ from ._hardware import (
     INTEGER_WEIGHTS as INTEGER_WEIGHTS,
     PRECISION_CODES as PRECISION_CODES,
     PRECISIONS as PRECISIONS,
+    WEIGHT_SCALE_BLOCK as WEIGHT_SCALE_BLOCK,
     Accelerator as Accelerator,
     Network as Network,
     System as System,
     precision_code as precision_code,
+    weight_scale_block as weight_scale_block,
     weight_storage as weight_storage,
 )
 from ._hf_config import transformer_from_hf_config as transformer_from_hf_config

@@ -23,8 +23,19 @@ PRECISION_CODES = {"fp32": 0, "tf32": 0, "bf16": 1, "fp16": 1, "fp8": 2, "fp4": 
 #: Integer weight formats of weight-only quantisation, as the precision of the same width
 #: (their GEMMs run at the activations' precision, which must then be 16 bit or wider).
 INTEGER_WEIGHTS = {"int8": "fp8", "int4": "fp4"}
-#: Bytes per element of each precision code.
-BYTES_PER_ELEMENT = (4.0, 2.0, 1.0, 0.5)
+#: Elements per 8-bit block scale of 4-bit weights, by weight format name: NVFP4 (`fp4`) one
+#: FP8 E4M3 scale per 16 (NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision
+#: Inference", 2025); MXFP4 (OCP Microscaling Formats (MX) v1.0: one E8M0 scale per 32; gpt-oss's
+#: checkpoints) and group-wise int4 (AWQ / GPTQ: a 16-bit scale and a 4-bit zero per 128, 4.16
+#: bits) one per 32. `InferencePlan.weight_scale_block`.
+WEIGHT_SCALE_BLOCK = {"fp4": 16.0, "int4": 32.0}
+#: Bytes per element of each precision code. fp4 is NVFP4 (NVIDIA's Blackwell format, the one
+#: TensorRT-LLM, vLLM and Transformer Engine use there): 4-bit E2M1 values with one FP8 E4M3 scale
+#: per block of 16 (plus one FP32 scale per tensor, negligible), (16 x 4 + 8) / 16 = 4.5 bits =
+#: 0.5625 B. 4-bit weights in other formats (MXFP4, int4) give their own block
+#: (`WEIGHT_SCALE_BLOCK`, `InferencePlan.weight_scale_block`). fp8 carries per-tensor scales (or
+#: DeepSeek's 128 x 128 blocks, 0.006 % more), counted as 1 B.
+BYTES_PER_ELEMENT = (4.0, 2.0, 1.0, 0.5625)
 
 
 def weight_storage(weights: str, gemm: str) -> str:
@@ -49,6 +60,12 @@ def weight_storage(weights: str, gemm: str) -> str:
                          f"or fp8 GEMMs for int4 (W4A8); {g} integer math (W8A8) is not "
                          f"modelled")
     return storage
+
+
+def weight_scale_block(weights: str) -> float:
+    """Elements per 8-bit block scale of 4-bit weights named `weights` (`WEIGHT_SCALE_BLOCK`:
+    32 for int4 / MXFP4, 16 for NVFP4 and every other name, where it has no effect)."""
+    return WEIGHT_SCALE_BLOCK.get(str(weights).lower(), 16.0)
 
 
 def precision_code(name: str) -> int:

@@ -14,7 +14,13 @@ from .._checks import (
     names_number_fields,
     number_field as _F,
 )
-from ._hardware import INTEGER_WEIGHTS, PRECISION_CODES, PRECISIONS
+from ._hardware import (
+    BYTES_PER_ELEMENT,
+    INTEGER_WEIGHTS,
+    PRECISION_CODES,
+    PRECISIONS,
+    WEIGHT_SCALE_BLOCK,
+)
 
 
 def _precision(field: str, extra: dict | None = None):
@@ -79,6 +85,10 @@ class InferencePlan(eqx.Module):
       tokens: one all-reduce's traffic, TensorRT-LLM's attention-DP MoE communication), so the
       experts of a GPU see tp times its own tokens and no attention all-reduce remains. 0
       (default): attention tensor-parallel.
+    - `weight_scale_block`: elements per 8-bit block scale of 4-bit (`fp4`) weights, count: 16
+      for NVFP4, 32 for MXFP4 and group-wise int4 (4.25 bits; `specs.WEIGHT_SCALE_BLOCK`). The
+      weights take 0.5 + 1 / block B per element; no effect on wider weights. Default (0): by
+      the weights' name, 32 for `int4`, else 16.
     """
 
     tp: jax.Array = _F(default=1)
@@ -99,11 +109,19 @@ class InferencePlan(eqx.Module):
     ep: jax.Array = _F(default=1)  # after the others, so positional arguments keep their meaning
     prefill_tokens: jax.Array = _F(default=0)
     attention_dp: jax.Array = _F(default=0)
+    weight_scale_block: jax.Array = _F(default=0)
+
+    def __post_init__(self):
+        # runs before the converters: `weight_precision` is still the name the caller gave
+        if isinstance(self.weight_scale_block, (int, float)) and self.weight_scale_block == 0:
+            self.weight_scale_block = WEIGHT_SCALE_BLOCK.get(
+                str(self.weight_precision).lower(), WEIGHT_SCALE_BLOCK["fp4"])
 
     def __check_init__(self):
         for name in ("tp", "pp", "ep", "batch", "input_len", "output_len"):
             check_integer("InferencePlan", name, getattr(self, name))
         check_integer("InferencePlan", "prefill_tokens", self.prefill_tokens, minimum=0)
+        check_integer("InferencePlan", "weight_scale_block", self.weight_scale_block)
         for name in ("weight_precision", "activation_precision", "kv_precision"):
             check_choice("InferencePlan", name, getattr(self, name), PRECISIONS)
         check_choice("InferencePlan", "flash_attention", self.flash_attention, {0: "off", 1: "on"})
@@ -128,6 +146,15 @@ class InferencePlan(eqx.Module):
         """Tensor-parallel degree of the attention block (and of everything but the routed
         experts): 1 with `attention_dp`, else tp."""
         return jnp.where(self.attention_dp > 0, 1.0, self.tp)
+
+    @property
+    def weight_bytes(self) -> jax.Array:
+        """Bytes per weight element: the weight precision's (`specs.BYTES_PER_ELEMENT`), and for
+        4-bit weights their values and one 8-bit scale per `weight_scale_block`,
+        0.5 + 1 / block, B."""
+        b = jnp.asarray(BYTES_PER_ELEMENT)[jnp.clip(jnp.asarray(self.weight_precision), 0, 3)
+                                           .astype(jnp.int32)]
+        return jnp.where(self.weight_precision == 3, 0.5 + 1.0 / self.weight_scale_block, b)
 
     @property
     def math_precision(self) -> jax.Array:

@@ -34,8 +34,8 @@ Beyond Korthikanti's GPT:
   masks (2 of the "10") and no dropout output of the scores (3 of the 5 a s / h);
 - FP8 / FP4 recipes (Transformer Engine) keep the low-precision copy of each linear layer's input
   for the weight-gradient GEMM instead of the 16-bit tensor: the QKV, MLP and second-MLP-GEMM
-  inputs shrink to 1 B (0.5 B in fp4) per element, and the output projection adds a copy next to
-  the 16-bit attention output that the fused attention kernel keeps;
+  inputs shrink to 1 B (0.5625 B in NVFP4, its scales included) per element, and the output
+  projection adds a copy next to the 16-bit attention output that the fused attention kernel keeps;
 - `TrainingPlan.recompute_layers` fully recomputes the first layers of each pipeline chunk, and
   `TrainingPlan.offload_layers` keeps the activations of some layers in host memory; each adds
   one layer's activations of working space while it runs.

@@ -18,7 +18,7 @@ from ..presets import (
     runtime_plan_defaults,
     system,
 )
-from ..specs._hardware import PRECISION_CODES, System, weight_storage
+from ..specs._hardware import PRECISION_CODES, System, weight_scale_block, weight_storage
 from ..specs._runtime import Runtime
 from ..specs._training_plan import RECOMPUTE_CODES, TrainingPlan, layer_count_error
 from ..specs._transformer import Transformer
@@ -351,6 +351,9 @@ def read_benchmarks(path: str | Path, require_measured: bool = True) -> list[Ben
             values.update(_fractions(path, i, rec, INFER_OPTIONAL_FRACTIONS))
             values.update(_optional_counts(path, i, rec, INFER_OPTIONAL_COUNTS))
             values["weight_precision"] = _weight_precision(path, i, rec, values["precision"])
+            # int4 (group-wise) weights carry one 8-bit scale per 32, NVFP4 per 16
+            values["weight_scale_block"] = weight_scale_block(
+                rec.get("weight_precision", "") or values["precision"])
             values["kv_precision"] = _kv_precision(path, i, rec, values["precision"])
             metrics = INFER_METRICS
         measured = {}

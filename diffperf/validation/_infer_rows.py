@@ -37,7 +37,7 @@ from ._stack import (
 
 #: Optional values of an infer row and the plan's value when a row lacks one.
 _PLAN_OPTIONAL = {"ep": 1.0, "gemm_peak_fraction": 1.0, "grouped_decode_attention": 1.0,
-                  "prefill_tokens": 0.0}
+                  "prefill_tokens": 0.0, "weight_scale_block": 16.0}
 _MODEL_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
                "num_experts", "experts_per_token")
 
@@ -70,7 +70,8 @@ def _specs(v: dict, system_of) -> tuple[Transformer, object, InferencePlan]:
                          gemm_peak_fraction=opt["gemm_peak_fraction"],
                          activation_precision=p, kv_precision=v.get("kv_precision", p),
                          grouped_decode_attention=opt["grouped_decode_attention"],
-                         prefill_tokens=opt["prefill_tokens"])
+                         prefill_tokens=opt["prefill_tokens"],
+                         weight_scale_block=opt["weight_scale_block"])
     return model, system, plan
 
 

@@ -108,6 +108,7 @@ from ..serving._serve import _cost_and_capacity, eqx_replace
 from ..serving._simulate import held
 from ..serving._trtllm_bench import trtllm_bench_engine_limits
 from ..specs._engine import ENGINE_FIELDS, Engine
+from ..specs._hardware import WEIGHT_SCALE_BLOCK, weight_scale_block
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
@@ -235,8 +236,9 @@ def gpt_oss_precisions(rec: dict, gpu: str) -> tuple[str, str, str] | None:
       MXFP4 MoE on an A100, where "gpt-oss-120b will fit on a single A100 (80GB)"; Triton
       MXFP4 kernels on Hopper).
 
-    Weights are costed as 4 bit (the experts hold 97-98 % of the parameters; the bf16
-    attention and embeddings are not split out), GEMMs at bf16 or fp8 math. KV cache, when the
+    Weights are costed as MXFP4's 4.25 bits (`InferencePlan.weight_scale_block` 32; the
+    experts hold 97-98 % of the parameters; the bf16 attention and embeddings are not split
+    out), GEMMs at bf16 or fp8 math. KV cache, when the
     row sets none: fp8 for TensorRT-LLM on Blackwell (the perf-overview's llm_options), else
     the model's bf16 ('Hopper: use auto'; vLLM / SGLang default)."""
     name = (rec["model"] + " " + rec["model_as_printed"]).lower()
@@ -396,6 +398,9 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
     fields: dict[str, Any] = dict(tp=tp, pp=pp, ep=ep, batch=1.0, input_len=float(round(mi)),
                                   output_len=float(round(mo)), attention_dp=attention_dp,
                                   weight_precision=weights,
+                                  # gpt-oss's MoE weights are MXFP4 on every engine
+                                  weight_scale_block=(WEIGHT_SCALE_BLOCK["int4"] if gpt_oss
+                                                      else weight_scale_block(weights)),
                                   activation_precision=activations, kv_precision=kv)
     plan = InferencePlan(**fields)
     eng = engine_preset(eng_name)
