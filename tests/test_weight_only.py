@@ -240,3 +240,22 @@ def test_int4_weights_with_fp8_gemms_are_w4a8(capsys):
     api = dp.infer(dp.model("llama2-7b"), dp.system("h100-sxm5-80gb"), plan,
                    dp.default_efficiency("h100-sxm5-80gb"))
     assert e2e == pytest.approx(float(api.e2e_latency), rel=1e-6)
+
+
+def test_cli_header_names_the_4_bit_format(capsys):
+    """The report's header says what a 4-bit weight costs: NVFP4 (`fp4`) 4.5 bits, int4 (one
+    scale per 32, as MXFP4) 4.25; wider weights add nothing."""
+    from diffperf.cli import build_parser
+    from diffperf.internal import run_infer
+    parser = build_parser()
+    base = ["infer", "--model", "llama2-7b", "--gpu", "b200"]
+    for argv, want in ((["--precision", "fp4"], "NVFP4 weights: 4.5 bits"),
+                       (["--precision", "int4", "--activation-precision", "bf16"],
+                        "int4 weights: 4.25 bits"),
+                       (["--precision", "fp8"], None)):
+        assert run_infer(parser.parse_args(base + argv)) == 0
+        header = capsys.readouterr().out.splitlines()[0]
+        if want is None:
+            assert "bits" not in header
+        else:
+            assert want in header

@@ -34,6 +34,7 @@ from ..presets import (
 from ..specs._hardware import (
     BYTES_PER_ELEMENT,
     INTEGER_WEIGHTS,
+    WEIGHT_SCALE_BLOCK,
     precision_code,
     weight_scale_block,
     weight_storage,
@@ -191,10 +192,15 @@ def precisions_of(args) -> tuple[str, str, str]:
 
 def precisions_text(args) -> str:
     """The precisions of the command line for a header line, e.g. 'bf16' or 'weights int8, GEMM
-    inputs fp16, KV cache fp16, GEMMs at 0.667 of the tensor peak'."""
-    _, act, kv = precisions_of(args)
+    inputs fp16, KV cache fp16, GEMMs at 0.667 of the tensor peak'; 4-bit weights say the bits
+    their block scales bring them to ('fp4 (NVFP4 weights: 4.5 bits with their scales)')."""
+    weights, act, kv = precisions_of(args)
     text = (args.precision if act == kv == args.precision else
             f"weights {args.precision}, GEMM inputs {act}, KV cache {kv}")
+    if weights == "fp4":
+        block = weight_scale_block(args.precision)
+        fmt = "NVFP4" if block == WEIGHT_SCALE_BLOCK["fp4"] else "MXFP4 / group-wise int4"
+        text += f" ({fmt} weights: {4 + 8 / block:g} bits with their scales)"
     if args.gemm_peak_fraction != 1:
         text += f", GEMMs at {args.gemm_peak_fraction:g} of the tensor peak"
     return text
