@@ -206,7 +206,8 @@ def test_cli_integer_weight_names(capsys):
             out[w] = out[w, True]
         if weights == "int8":
             assert out[weights] == out[name]
-    assert 0.94 < out["int4"] / out["fp4"] < 1.0  # batch-1 decode streams 17 / 18 the bytes
+    # only the weight reads shrink (17 / 18); at batch 1 launches take much of the step
+    assert 0.94 < out["int4"] / out["fp4"] < 1.0
     assert out["int4"] < out["int8"]  # batch-1 decode streams half the weight bytes
     assert run_infer(parser.parse_args(base + ["--precision", "int8"])) == 2
     err = capsys.readouterr().err

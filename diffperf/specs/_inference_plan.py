@@ -19,7 +19,7 @@ from ._hardware import (
     INTEGER_WEIGHTS,
     PRECISION_CODES,
     PRECISIONS,
-    WEIGHT_SCALE_BLOCK,
+    weight_scale_block,
 )
 
 
@@ -114,8 +114,7 @@ class InferencePlan(eqx.Module):
     def __post_init__(self):
         # runs before the converters: `weight_precision` is still the name the caller gave
         if isinstance(self.weight_scale_block, (int, float)) and self.weight_scale_block == 0:
-            self.weight_scale_block = WEIGHT_SCALE_BLOCK.get(
-                str(self.weight_precision).lower(), WEIGHT_SCALE_BLOCK["fp4"])
+            self.weight_scale_block = weight_scale_block(str(self.weight_precision))
 
     def __check_init__(self):
         for name in ("tp", "pp", "ep", "batch", "input_len", "output_len"):
