@@ -123,6 +123,17 @@ def check_nonnegative(owner: str, name: str, x) -> None:
                          f"got {_show(v[bad].ravel()[:1])}")
 
 
+def check_at_least(owner: str, name: str, x, minimum: float) -> None:
+    """Raise ValueError unless every element of `x` is finite and >= `minimum`."""
+    if not is_concrete(x):
+        return
+    v = _values(x)
+    bad = ~np.isfinite(v) | (v < minimum)
+    if bad.any():
+        raise ValueError(f"{owner}.{name} must be a finite number >= {minimum:g}, "
+                         f"got {_show(v[bad].ravel()[:1])}")
+
+
 def check_integer(owner: str, name: str, x, minimum: float = 1) -> None:
     """Raise ValueError unless every element of `x` is a whole number >= `minimum`."""
     if not is_concrete(x):

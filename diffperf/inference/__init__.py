@@ -10,6 +10,7 @@ from ._boundedness import (
 from ._host import (
     collectives_per_layer as collectives_per_layer,
     graph_kernel_time as graph_kernel_time,
+    graph_padded_batch as graph_padded_batch,
     graph_share as graph_share,
     host_issue_time as host_issue_time,
     host_wait as host_wait,

@@ -57,7 +57,7 @@ from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
-from ._host import graph_kernel_time, graph_share, host_scale, host_wait
+from ._host import graph_kernel_time, graph_padded_batch, graph_share, host_scale, host_wait
 
 #: Element-wise kernels per layer and step (TensorRT-LLM style fusion): input RMSNorm,
 #: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add (one
@@ -398,9 +398,13 @@ def inference_ops(model: Transformer, system: System, plan: InferencePlan,
     attention = _decode_attention(model, plan, system, eff, x, total_context)
     attention = eqx.tree_at(lambda c: (c.launch, c.kernels), attention,
                             (attention.launch * steps, attention.kernels * steps))
-    step = _pass_ops(model, plan, system, eff, x, b, attention, runtime)
-    decode = {k: (v if k == "attention" else steps * v) for k, v in step.items()}
     graphs = phase_graphs(plan, runtime)
+    # a padded CUDA-graph replay runs the step's pass over the padded batch (the empty slots
+    # read no cache: the attention above keeps the real batch)
+    b_step = b + graphs["decode"] * (graph_padded_batch(b, runtime) - b)
+    step = _pass_ops(model, eqx.tree_at(lambda p: p.batch, plan, b_step), system, eff, x,
+                     b_step, attention, runtime)
+    decode = {k: (v if k == "attention" else steps * v) for k, v in step.items()}
     replayed = graph_kernel_time(eff, runtime)
     prefill = _graph_launches(prefill, graphs["prefill"], replayed)
     decode = _graph_launches(decode, graphs["decode"], replayed)

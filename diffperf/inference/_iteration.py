@@ -30,6 +30,11 @@ and the LM head on the `emitting` rows that sample a token. Its time is
   g = `Runtime.decode_graph` for a decode-only iteration and `Runtime.prefill_graph` for one
   with prompt tokens, where the pass has at most `Runtime.graph_max_tokens` tokens
   (`graph_share`).
+- padding: a decode-only iteration replayed from a graph of an engine that pads
+  (`Runtime.graph_pad_ratio` > 1) runs P and H at the padded batch n + g (b_pad - n),
+  b_pad = `graph_padded_batch(n)`: the empty slots pass through the weight GEMMs, the
+  element-wise kernels and the LM head; they read no cache, so A_dec is unchanged. The grid
+  reaches `graph_pad_ratio` x the token budget so that a padded batch stays on it.
 - host wait: that of `infer` for one pass (`host_wait`): the engine's step time plus the
   host's issue time not hidden behind the GPU's.
 
@@ -52,7 +57,7 @@ from ..specs._hardware import System
 from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
-from ._host import graph_kernel_time, host_issue_time, host_scale
+from ._host import graph_kernel_time, host_issue_time, host_scale, padded_size
 from ._infer import (
     _decode_attention,
     _dims,
@@ -90,6 +95,8 @@ class IterationCost(eqx.Module):
     prefill_graph: jax.Array
     decode_graph: jax.Array
     graph_max_tokens: jax.Array
+    graph_pad_ratio: jax.Array  # CUDA-graph padding ladder (`graph_padded_batch`)
+    graph_pad_from: jax.Array
     host_issue: jax.Array  # host time to issue one eager pass
     host_step: jax.Array  # host time per iteration outside the layers
     host_seq: jax.Array  # host time per emitting sequence per iteration, beside the GPU
@@ -109,7 +116,8 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
     eff = resolve_efficiency(efficiency)
     runtime = Runtime() if runtime is None else runtime
     x = _dims(model, plan)
-    grid = jnp.exp(jnp.linspace(0.0, 1.0, GRID_POINTS) * jnp.log(jnp.maximum(max_tokens, 1.0)))
+    top = jnp.maximum(max_tokens, 1.0) * jnp.maximum(runtime.graph_pad_ratio, 1.0)
+    grid = jnp.exp(jnp.linspace(0.0, 1.0, GRID_POINTS) * jnp.log(top))
     zero = network_cost(jnp.zeros(()), 0.0)
 
     def at(n):
@@ -138,6 +146,7 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
         prefill_launch=layers * pre.launch, prefill_kernels=layers * pre.kernels,
         replayed=graph_kernel_time(eff, runtime), prefill_graph=runtime.prefill_graph,
         decode_graph=runtime.decode_graph, graph_max_tokens=runtime.graph_max_tokens,
+        graph_pad_ratio=runtime.graph_pad_ratio, graph_pad_from=runtime.graph_pad_from,
         host_issue=host_issue_time(model, plan, runtime, 0.0, host),
         host_step=host * runtime.host_step_time, host_seq=host * runtime.host_seq_time,
         pp=plan.pp,
@@ -178,12 +187,14 @@ def iteration_base(cost: IterationCost, tokens, emitting, has_decode, prefill_pa
     them). Split so that iterations differing only in their keys share the rest."""
     n = jnp.maximum(tokens, 1.0)
     m = jnp.maximum(emitting, 1.0)
-    body, body_launch, body_kernels = _on_grid(cost, n, (cost.body, cost.body_launch,
-                                                         cost.body_kernels))
-    head, head_launch, head_kernels = _on_grid(cost, m, (cost.head, cost.head_launch,
-                                                         cost.head_kernels))
     graph = jnp.where(n <= cost.graph_max_tokens,  # as `graph_share`
                       jnp.where(has_prefill > 0, cost.prefill_graph, cost.decode_graph), 0.0)
+    # a padded graph replay of a decode-only step runs the pass over the padded batch
+    pad = jnp.where(has_prefill > 0, 0.0, graph) * (_padded(cost, n) - n)
+    body, body_launch, body_kernels = _on_grid(cost, n + pad, (cost.body, cost.body_launch,
+                                                               cost.body_kernels))
+    head, head_launch, head_kernels = _on_grid(cost, m + pad, (cost.head, cost.head_launch,
+                                                               cost.head_kernels))
     prefill = jnp.where(has_prefill > 0, smooth_max(cost.prefill_per_pair * prefill_pairs,
                                                     cost.prefill_per_token * n), 0.0)
     emits = emitting > 0
@@ -196,6 +207,11 @@ def iteration_base(cost: IterationCost, tokens, emitting, has_decode, prefill_pa
     launch = (1.0 - graph) * eager + graph * kernels * cost.replayed
     gpu = body + jnp.where(emits, head, 0.0) + prefill + launch
     return gpu, (1.0 - graph) * cost.host_issue + cost.host_seq * emitting
+
+
+def _padded(cost: IterationCost, n) -> jax.Array:
+    """`graph_padded_batch` of n with the ladder stored in `cost`, sequences."""
+    return padded_size(n, cost.graph_pad_ratio, cost.graph_pad_from, cost.graph_max_tokens)
 
 
 def _on_grid(cost: IterationCost, at, tables):

@@ -15,7 +15,14 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 
-from .._checks import check_fraction, check_nonnegative, names_number_fields, number_field as _F
+from .._checks import (
+    check_at_least,
+    check_fraction,
+    check_nonnegative,
+    check_positive,
+    names_number_fields,
+    number_field as _F,
+)
 
 
 @names_number_fields
@@ -42,6 +49,13 @@ class Runtime(eqx.Module):
     - `graph_node_time`: GPU-side gap between two kernels of a replayed CUDA graph, s.
     - `graph_max_tokens`: largest pass (tokens: the batch in decode, batch x prompt in prefill)
       the engine has captured a graph for; larger passes run eagerly, count.
+    - `graph_pad_ratio`, `graph_pad_from`: CUDA-graph padding of a decode step. An engine that
+      captures graphs for a ladder of batch sizes and pads (TensorRT-LLM's
+      `cuda_graph_config.enable_padding`) runs a decode batch of b sequences as the next
+      captured size: above `graph_pad_from` (tokens) the ladder grows by `graph_pad_ratio`, and
+      `graph_max_tokens` is its top (`diffperf.inference.graph_padded_batch`). The padded
+      rows' weight GEMMs, element-wise kernels and LM head run over empty slots; their
+      attention reads no cache. Ratio 1 (the default): no padding.
     - `host_step_time`: host time per serving step outside the layers (scheduler, sampling,
       detokenisation, input preparation), s; CUDA graphs do not remove it.
     - `elementwise_kernels`: element-wise kernels one layer launches per inference pass (norms,
@@ -98,6 +112,8 @@ class Runtime(eqx.Module):
     decode_graph: jax.Array = _F(default=0.0)
     graph_node_time: jax.Array = _F(default=0.5e-6)
     graph_max_tokens: jax.Array = _F(default=1e9)
+    graph_pad_ratio: jax.Array = _F(default=1.0)
+    graph_pad_from: jax.Array = _F(default=128.0)
     host_step_time: jax.Array = _F(default=0.0)
     elementwise_kernels: jax.Array = _F(default=4.0)
     micro_batch_ops: jax.Array = _F(default=0.0)
@@ -116,6 +132,8 @@ class Runtime(eqx.Module):
                      "micro_batch_ops", "input_ops", "moe_ops_per_layer",
                      "moe_ops_per_expert", "host_seq_time"):
             check_nonnegative("Runtime", name, getattr(self, name))
+        check_positive("Runtime", "graph_pad_from", self.graph_pad_from)
+        check_at_least("Runtime", "graph_pad_ratio", self.graph_pad_ratio, 1.0)
         for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync",
                      "moe_layer_sync", "fp8_prefill_attention"):
             check_fraction("Runtime", name, getattr(self, name))
