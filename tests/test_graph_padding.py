@@ -84,16 +84,23 @@ def test_infer_pads_the_decode_pass_not_its_attention():
 
 
 def test_trtllm_bench_rows_pad_up_to_the_tools_max_batch_size():
-    """A trtllm-bench PyTorch-backend row replays its decode steps from graphs padded on the
-    doubling ladder up to the max_batch_size the tool picked; a trtllm-serve row keeps the
-    TensorRT-engine (0.17) row keeps its preset's runtime (no padding)."""
+    """A trtllm-bench PyTorch-backend row runs the `trtllm-bench` runtime: decode steps replayed
+    from graphs padded on the doubling ladder, which `serve` stops at the engine's
+    max_num_seqs (the max_batch_size the tool picked); a TensorRT-engine (0.17) row keeps its
+    preset's runtime (no padding)."""
+    from diffperf.serving._serve import engine_graph_ladder
     from diffperf.validation._serving_rows import read_serving_rows, serving_case
 
     rows = {r["id"]: r for r in read_serving_rows()}
     case = serving_case(rows["trtllmpost-A-b200-qwen3-30b-a3b-tp1-1000x1000"])
-    rt = case.runtime
+    assert case.runtime_name == "trtllm-bench"
+    rt = engine_graph_ladder(case.runtime, case.engine)
     assert float(rt.graph_pad_ratio) == 2.0 and float(rt.graph_pad_from) == 128.0
+    assert float(case.runtime.graph_max_tokens) == 8192.0  # the pages' largest listed size
     assert float(rt.graph_max_tokens) == float(case.engine.max_num_seqs) == 1792.0
     assert float(graph_padded_batch(1639.0, rt)) == 1792.0
+    # without padding the ladder is not capped (no batch exceeds max_num_seqs anyway)
+    plain = engine_graph_ladder(presets.runtime("trtllm"), case.engine)
+    assert float(plain.graph_max_tokens) == 128.0
     engine = next(r for r in rows.values() if r["benchmark_tool"].startswith("trtllm-bench build"))
     assert float(serving_case(engine).runtime.graph_pad_ratio) == 1.0

@@ -145,17 +145,10 @@ LMDEPLOY_ROUNDS = 10
 LMDEPLOY_CONFIG = {"llama2-7b": (128, 1000), "llama2-13b": (128, 500),
                    "internlm-20b": (128, 700), "llama2-70b": (256, 4000)}
 LMDEPLOY_BLOCK = 128
-#: The decode CUDA graphs of trtllm-bench's PyTorch backend: its settings ask for
-#: `cuda_graph_padding_enabled` with `cuda_graph_max_batch_size` = its max_batch_size
-#: (tensorrt_llm/bench/benchmark/utils/general.py, `get_settings`; later versions
-#: `cuda_graph_config` {padding_enabled: True, max_batch_size: ...}), so every decode-only
-#: iteration replays a graph, padded to the next captured size. The ladder doubles above 128:
-#: TensorRT-LLM's generated sizes (`CudaGraphConfig._generate_cuda_graph_batch_sizes`: steps of
-#: 8 to 128, then 256, 512, ..., and the maximum) and the sizes the post-1.0 performance pages'
-#: llm_options list (1, 2, 4, ..., 128, 256, 384, 512, 1024, ..., 8192, capped at the
-#: executor's max_batch_size by `_filter_cuda_graph_batch_sizes`). The 384 of that list and
-#: the steps below 128 are not modelled (`Runtime.graph_pad_ratio`).
-TRTLLM_BENCH_GRAPHS = {"decode_graph": 1.0, "graph_pad_ratio": 2.0, "graph_pad_from": 128.0}
+#: The runtime of trtllm-bench's PyTorch-backend rows: `trtllm` with its decode CUDA graphs as
+#: the tool configures them, padded to the next captured batch size up to its max_batch_size
+#: (the preset's `source` in diffperf/presets/runtimes.json; benchmarks_data/SOURCES.md).
+TRTLLM_BENCH_RUNTIME = "trtllm-bench"
 
 #: (measured column, prediction key, unit factor to the measured unit).
 METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e3),
@@ -461,13 +454,12 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
         notes.append(f"max_num_tokens raised to {budget:g} (prompt of {longest:g} tokens)")
     if overrides:
         eng = Engine(**{f: overrides.get(f, getattr(eng, f)) for f in ENGINE_FIELDS})
-    runtime = runtime_preset(rt_name)
     if "trtllm-bench" in rec["benchmark_tool"] and rule == "TRT-LLM PyTorch backend":
         # trtllm-bench's PyTorch settings capture decode graphs up to its max_batch_size and
-        # pad (`TRTLLM_BENCH_GRAPHS`)
-        runtime = eqx_replace(runtime, graph_max_tokens=float(eng.max_num_seqs),
-                              **TRTLLM_BENCH_GRAPHS)
+        # pad (the `trtllm-bench` runtime; `serve` caps its ladder at max_num_seqs)
+        rt_name = TRTLLM_BENCH_RUNTIME
         notes.append(f"decode CUDA graphs padded up to {float(eng.max_num_seqs):g} sequences")
+    runtime = runtime_preset(rt_name)
     regime = regime_of(rec)
     conc = int(_num(rec, "concurrency") or 0)
     n_row = _num(rec, "num_requests")
