@@ -58,10 +58,11 @@ def graph_padded_batch(batch, runtime: Runtime) -> jax.Array:
     """The batch a padded CUDA-graph decode step runs, sequences: the next size of the engine's
     captured ladder at or above `batch`,
 
-        b_pad = min(f r^k, B),  k = ceil(log(b / f) / log r)   for b > f (else b_pad = b)
+        b_pad = min(f r^k, B),  k = ceil(log(b / f) / log r)   for f < b <= B (else b_pad = b)
 
     with r = `Runtime.graph_pad_ratio`, f = `Runtime.graph_pad_from` and B =
-    `Runtime.graph_max_tokens`, the ladder's top (never below b: a larger step has no graph).
+    `Runtime.graph_max_tokens`, the ladder's top (a larger step has no graph: not padded). The
+    serving simulator caps B at the engine's `max_num_seqs` (`iteration_cost`'s `max_seqs`).
     r = 1 turns padding off. TensorRT-LLM pads a decode batch to its next captured size when
     `cuda_graph_config.enable_padding` is set, and caps the ladder at the executor's
     `max_batch_size` (tensorrt_llm/_torch/pyexecutor/model_engine.py,
@@ -81,6 +82,7 @@ def padded_size(batch, ratio, start, top) -> jax.Array:
     q = jnp.log(jnp.maximum(b, start) / start) / jnp.log(r)
     k = jnp.ceil(q)
     k = jnp.where(start * r ** (k - 1.0) >= b, k - 1.0, k)  # an exact power lands on itself
+    k = jnp.where(start * r ** k < b, k + 1.0, k)  # float rounding of the log at large b
     ladder = jnp.minimum(start * r ** k, jnp.maximum(top, b))
     on = (ratio > 1.0) & (b > start)
     return b + jax.lax.stop_gradient(jnp.where(on, jnp.maximum(ladder, b), b) - b)

@@ -32,9 +32,11 @@ and the LM head on the `emitting` rows that sample a token. Its time is
   (`graph_share`).
 - padding: a decode-only iteration replayed from a graph of an engine that pads
   (`Runtime.graph_pad_ratio` > 1) runs P and H at the padded batch n + g (b_pad - n),
-  b_pad = `graph_padded_batch(n)`: the empty slots pass through the weight GEMMs, the
-  element-wise kernels and the LM head; they read no cache, so A_dec is unchanged. The grid
-  reaches `graph_pad_ratio` x the token budget so that a padded batch stays on it.
+  b_pad = `graph_padded_batch(n)` on a ladder whose top is min(`graph_max_tokens`,
+  `max_seqs`) (an executor pads to its max_batch_size where a listed size is larger): the
+  empty slots pass through the weight GEMMs, the element-wise kernels and the LM head; they
+  read no cache, so A_dec is unchanged. The grid reaches that top when it lies above the
+  token budget (at most `graph_pad_ratio` x the budget), so that a padded batch stays on it.
 - host wait: that of `infer` for one pass (`host_wait`): the engine's step time plus the
   host's issue time not hidden behind the GPU's.
 
@@ -97,6 +99,7 @@ class IterationCost(eqx.Module):
     graph_max_tokens: jax.Array
     graph_pad_ratio: jax.Array  # CUDA-graph padding ladder (`graph_padded_batch`)
     graph_pad_from: jax.Array
+    graph_pad_top: jax.Array  # the ladder's top: graph_max_tokens, capped at max_seqs
     host_issue: jax.Array  # host time to issue one eager pass
     host_step: jax.Array  # host time per iteration outside the layers
     host_seq: jax.Array  # host time per emitting sequence per iteration, beside the GPU
@@ -107,16 +110,24 @@ class IterationCost(eqx.Module):
 
 def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_tokens,
                    efficiency: Efficiency | None = None,
-                   runtime: Runtime | None = None) -> IterationCost:
+                   runtime: Runtime | None = None, max_seqs=jnp.inf) -> IterationCost:
     """Build the iteration-time coefficients of serving `model` on `system` with `plan`'s
     parallelism and precisions, for iterations of up to `max_tokens` tokens (the engine's
-    token budget). `plan.input_len` and `plan.output_len` are the typical prompt and output
-    lengths (they set the attention kernels' shapes); `plan.batch` is not used. Pure JAX
-    (jit / vmap / grad)."""
+    token budget) and `max_seqs` sequences (the engine's `max_num_seqs`: the top of a padding
+    runtime's graph ladder; default no cap). `plan.input_len` and `plan.output_len` are the
+    typical prompt and output lengths (they set the attention kernels' shapes); `plan.batch`
+    is not used. Pure JAX (jit / vmap / grad)."""
     eff = resolve_efficiency(efficiency)
     runtime = Runtime() if runtime is None else runtime
     x = _dims(model, plan)
-    top = jnp.maximum(max_tokens, 1.0) * jnp.maximum(runtime.graph_pad_ratio, 1.0)
+    padding = runtime.graph_pad_ratio > 1.0
+    pad_top = jnp.where(padding, jnp.minimum(runtime.graph_max_tokens, max_seqs),
+                        runtime.graph_max_tokens)
+    budget = jnp.maximum(max_tokens, 1.0)
+    # a padded decode batch (<= the budget) reaches at most min(ratio x budget, pad_top); the
+    # grid's positions carry no gradient of the ladder
+    reach = jnp.where(padding, jnp.minimum(runtime.graph_pad_ratio * budget, pad_top), budget)
+    top = budget * jax.lax.stop_gradient(jnp.maximum(reach / budget, 1.0))
     grid = jnp.exp(jnp.linspace(0.0, 1.0, GRID_POINTS) * jnp.log(top))
     zero = network_cost(jnp.zeros(()), 0.0)
 
@@ -147,6 +158,7 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
         replayed=graph_kernel_time(eff, runtime), prefill_graph=runtime.prefill_graph,
         decode_graph=runtime.decode_graph, graph_max_tokens=runtime.graph_max_tokens,
         graph_pad_ratio=runtime.graph_pad_ratio, graph_pad_from=runtime.graph_pad_from,
+        graph_pad_top=pad_top,
         host_issue=host_issue_time(model, plan, runtime, 0.0, host),
         host_step=host * runtime.host_step_time, host_seq=host * runtime.host_seq_time,
         pp=plan.pp,
@@ -211,7 +223,7 @@ def iteration_base(cost: IterationCost, tokens, emitting, has_decode, prefill_pa
 
 def _padded(cost: IterationCost, n) -> jax.Array:
     """`graph_padded_batch` of n with the ladder stored in `cost`, sequences."""
-    return padded_size(n, cost.graph_pad_ratio, cost.graph_pad_from, cost.graph_max_tokens)
+    return padded_size(n, cost.graph_pad_ratio, cost.graph_pad_from, cost.graph_pad_top)
 
 
 def _on_grid(cost: IterationCost, at, tables):

@@ -70,7 +70,8 @@ def _pool(model, system, plan, engine, eff, runtime, typical):
     if not bool(check.feasible):
         raise ValueError(f"plan infeasible (tp={float(plan.tp):g}): "
                          f"{explain(int(check.reason))}")
-    cost = iteration_cost(model, system, p, engine.max_num_batched_tokens, eff, runtime)
+    cost = iteration_cost(model, system, p, engine.max_num_batched_tokens, eff, runtime,
+                          engine.max_num_seqs)
     kv = replica_kv_tokens(model, system, p, engine, eff)
     return p, cost, kv
 

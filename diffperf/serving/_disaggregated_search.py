@@ -72,7 +72,8 @@ def _simulate_pool(model, system, plan, engine, eff, runtime, typical, tps, reps
         p = eqx.tree_at(lambda q: (q.tp, q.batch, q.input_len, q.output_len), plan,
                         (tp, f32(1.0), f32(typical["input_len"]), f32(typical["output_len"])))
         eng = eqx.tree_at(lambda e: e.max_num_seqs, engine, s)
-        cost = iteration_cost(model, system, p, eng.max_num_batched_tokens, eff, runtime)
+        cost = iteration_cost(model, system, p, eng.max_num_batched_tokens, eff, runtime,
+                              eng.max_num_seqs)
         kv = replica_kv_tokens(model, system, p, eng, eff, s)
         req = Requests(f32(arrival) * r, f32(inp), f32(out))
         sched = simulate(cost, eng, kv, req, slots, bound, 0.0, prefilled=prefilled)

@@ -120,7 +120,8 @@ def slo_search(model, system, plan, engine: Engine, traffic: Traffic, slo: dict,
             p = eqx.tree_at(lambda q: (q.tp, q.input_len, q.output_len), plan,
                             (tp, f32(typical["input_len"]), f32(typical["output_len"])))
             eng = eqx.tree_at(lambda e: e.max_num_seqs, engine, seqs)
-            cost = iteration_cost(model, system, p, eng.max_num_batched_tokens, eff, runtime)
+            cost = iteration_cost(model, system, p, eng.max_num_batched_tokens, eff, runtime,
+                                  eng.max_num_seqs)
             kv = replica_kv_tokens(model, system, p, eng, eff, seqs)
             conc = jnp.where(traffic.concurrency > 0,
                              jnp.ceil(traffic.concurrency / reps), 0.0)

@@ -48,21 +48,9 @@ def _stream(traffic, replicas: int):
 
 
 @jax.jit
-def engine_graph_ladder(runtime: Runtime | None, engine: Engine) -> Runtime:
-    """The runtime an engine runs: a padding runtime's graph ladder (`Runtime.graph_pad_ratio`
-    > 1) stops at the engine's `max_num_seqs`, to which a larger listed size is padded instead
-    (TensorRT-LLM's executor keeps the captured batch sizes up to its max_batch_size and adds
-    that: `_filter_cuda_graph_batch_sizes` in tensorrt_llm/_torch/pyexecutor/model_engine.py)."""
-    runtime = Runtime() if runtime is None else runtime
-    top = jnp.where(runtime.graph_pad_ratio > 1.0,
-                    jnp.minimum(runtime.graph_max_tokens, engine.max_num_seqs),
-                    runtime.graph_max_tokens)
-    return eqx.tree_at(lambda r: r.graph_max_tokens, runtime, top)
-
-
 def _cost_and_capacity(model, system, plan, engine, eff, runtime):
-    runtime = engine_graph_ladder(runtime, engine)
-    cost = iteration_cost(model, system, plan, engine.max_num_batched_tokens, eff, runtime)
+    cost = iteration_cost(model, system, plan, engine.max_num_batched_tokens, eff, runtime,
+                          engine.max_num_seqs)
     kv = replica_kv_tokens(model, system, plan, engine, eff)
     return cost, kv
 
