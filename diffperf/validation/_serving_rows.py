@@ -18,7 +18,9 @@ predictions: nothing is fitted, every choice below is fixed in advance.
 - replicas: `num_gpus / (tp * pp)` where that is a whole number > 1 (requests go round robin,
   `serve`'s convention); with attention DP the stream is split over replicas x tp ranks.
 - engine preset (`ENGINE_RULES`): TensorRT-LLM 0.14 behind Triton -> `trtllm-0.14-triton`;
-  trtllm-bench / trtllm-serve 0.17+ -> `trtllm`. trtllm-bench picks max_batch_size /
+  trtllm-bench / trtllm-serve 0.17+ -> `trtllm`, on the `trtllm-bench` runtime for
+  trtllm-bench's PyTorch-backend rows (decode CUDA graphs padded as the tool configures
+  them; the preset's `source`). trtllm-bench picks max_batch_size /
   max_num_tokens by its own heuristics, printed in no row: for the PyTorch backend (0.19+)
   they are computed as the tool does (`diffperf.serving.trtllm_bench_limits`: sized from the
   KV cache, the budget raised to the longest prompt + the batch without chunked prefill); for
@@ -145,10 +147,11 @@ LMDEPLOY_ROUNDS = 10
 LMDEPLOY_CONFIG = {"llama2-7b": (128, 1000), "llama2-13b": (128, 500),
                    "internlm-20b": (128, 700), "llama2-70b": (256, 4000)}
 LMDEPLOY_BLOCK = 128
-#: The runtime of trtllm-bench's PyTorch-backend rows: `trtllm` with its decode CUDA graphs as
-#: the tool configures them, padded to the next captured batch size up to its max_batch_size
-#: (the preset's `source` in diffperf/presets/runtimes.json; benchmarks_data/SOURCES.md).
-TRTLLM_BENCH_RUNTIME = "trtllm-bench"
+#: The `ENGINE_RULES` key of trtllm-bench's PyTorch-backend rows: their limits are the tool's
+#: (`trtllm_bench_engine_limits`) and their runtime `trtllm-bench`, the decode CUDA graphs as
+#: the tool configures them, padded up to its max_batch_size (the preset's `source` in
+#: diffperf/presets/runtimes.json; benchmarks_data/SOURCES.md).
+TRTLLM_BENCH_RULE = "TRT-LLM PyTorch backend (trtllm-bench)"
 
 #: (measured column, prediction key, unit factor to the measured unit).
 METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e3),
@@ -267,6 +270,7 @@ def engine_label(rec: dict) -> str:
 ENGINE_RULES = {"TRT-LLM 0.14 (Triton)": ("trtllm-0.14-triton", "megatron-core"),
                 "TRT-LLM TensorRT engine 0.17": ("trtllm", "trtllm-engine"),
                 "TRT-LLM PyTorch backend": ("trtllm", "trtllm"),
+                TRTLLM_BENCH_RULE: ("trtllm", "trtllm-bench"),
                 "vLLM": ("vllm", "vllm"), "vLLM A100": ("vllm-a100", "vllm"),
                 "SGLang": ("sglang", "sglang"),
                 "SGLang 0.4.1 DeepSeek-V3": ("sglang", "sglang-0.4-deepseek-eager"),
@@ -282,7 +286,8 @@ def engine_rule(rec: dict) -> str:
             return "TRT-LLM 0.14 (Triton)"
         if "tensorrt engine" in e:
             return "TRT-LLM TensorRT engine 0.17"
-        return "TRT-LLM PyTorch backend"
+        return (TRTLLM_BENCH_RULE if "trtllm-bench" in rec["benchmark_tool"]
+                else "TRT-LLM PyTorch backend")
     if label == "vLLM":
         return "vLLM A100" if rec["gpu_preset"].startswith("a100") else "vLLM"
     if label == "LMDeploy":
@@ -432,8 +437,8 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
         overrides["kv_memory_fraction"] = 0.95
     longest = mi * (1 + spread)
     row_budget = "max_num_batched_tokens" in overrides
-    if ("trtllm-bench" in rec["benchmark_tool"] and rule == "TRT-LLM PyTorch backend"
-            and not {"max_num_seqs", "max_num_batched_tokens"} & overrides.keys()):
+    if rule == TRTLLM_BENCH_RULE and not {"max_num_seqs",
+                                          "max_num_batched_tokens"} & overrides.keys():
         # at the KV fraction the engine gets (the notes' 0.95, else the preset's = the tool's)
         try:
             bs, tokens = trtllm_bench_engine_limits(
@@ -454,12 +459,6 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
         notes.append(f"max_num_tokens raised to {budget:g} (prompt of {longest:g} tokens)")
     if overrides:
         eng = Engine(**{f: overrides.get(f, getattr(eng, f)) for f in ENGINE_FIELDS})
-    if "trtllm-bench" in rec["benchmark_tool"] and rule == "TRT-LLM PyTorch backend":
-        # trtllm-bench's PyTorch settings capture decode graphs up to its max_batch_size and
-        # pad (the `trtllm-bench` runtime; `serve` caps its ladder at max_num_seqs)
-        rt_name = TRTLLM_BENCH_RUNTIME
-        notes.append(f"decode CUDA graphs padded up to {float(eng.max_num_seqs):g} sequences")
-    runtime = runtime_preset(rt_name)
     regime = regime_of(rec)
     conc = int(_num(rec, "concurrency") or 0)
     n_row = _num(rec, "num_requests")
@@ -500,7 +499,7 @@ def serving_case(rec: dict, max_requests: int = DEFAULT_MAX_REQUESTS) -> Serving
     case = ServingCase(id=rec["id"], source_kind=rec["source_kind"], engine_name=eng_name,
                        runtime_name=rt_name, engine_label=engine_label(rec), regime=regime,
                        model=model, system=sys_, plan=plan, engine=eng,
-                       runtime=runtime, traffic=traffic,
+                       runtime=runtime_preset(rt_name), traffic=traffic,
                        replicas=int(replicas), measured=measured, notes=tuple(notes),
                        num_requests_row=int(n_row), sharegpt=sharegpt)
     return case
