@@ -38,3 +38,4 @@ from ._iteration import (
     kv_bytes_per_token as kv_bytes_per_token,
     kv_capacity_tokens as kv_capacity_tokens,
 )
+from ._moe_module import MoeModuleTime as MoeModuleTime, moe_module_time as moe_module_time

@@ -1,0 +1,76 @@
+"""The time of one MoE layer's expert module on one GPU: the quantity MoE kernel benchmarks time.
+
+Kernel benchmarks (TensorRT-LLM's MoE backends, vLLM's and SGLang's fused_moe) time the module
+that turns a layer's hidden states into its routed experts' output for `tokens` tokens:
+
+    t = t_router + t_experts + kernels * t_kernel
+
+- `t_router`: the router GEMM (tokens x hidden x experts) and its top-k, 2 kernels;
+- `t_experts`: the routed experts' up (gate + up) and down GEMMs of the busiest expert-parallel
+  GPU, each a grouped GEMM over its experts at the mean tokens per picked expert
+  (`diffperf.inference.busiest_gpu_experts`), 2 kernels; both at their roofline times
+  (`diffperf.costs.split_k_gemm_cost`, with the low-precision k loop of the routed experts);
+- `t_kernel`: each kernel's fixed cost, `graph_kernel_time` (graph node + tail) when the
+  runtime replays the pass from a CUDA graph, else the eager launch plus the tail.
+
+These are the same operations, at the same costs, as one MoE layer of `inference_ops`' passes.
+Not included: the layer's element-wise kernels (activation quantization, the activation
+function, the weighted sum of the experts' outputs), which `inference_ops` counts with the other
+element-wise work of the layer, and any communication (tensor-parallel all-reduce, expert
+dispatch)."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..presets import resolve_efficiency
+from ..specs import InferencePlan, Runtime, System, Transformer
+from ..specs._efficiency import Efficiency
+from ._host import graph_kernel_time, graph_share
+from ._infer import _dims, _layer_gemms, rank_plan
+
+#: The operations of `_layer_gemms` that make up the expert module.
+MODULE_OPS = ("router", "mlp_up", "mlp_down")
+
+
+class MoeModuleTime(eqx.Module):
+    """One MoE layer's expert module on one GPU, s: `router` (router GEMM and top-k), `experts`
+    (the routed experts' up and down GEMMs) at their roofline times, `fixed` the kernels'
+    fixed costs, `total` their sum; `kernels`, count."""
+
+    router: jax.Array
+    experts: jax.Array
+    fixed: jax.Array
+    total: jax.Array
+    kernels: jax.Array
+
+
+def moe_module_time(model: Transformer, system: System, plan: InferencePlan, tokens,
+                    runtime: Runtime | None = None,
+                    efficiency: Efficiency | None = None) -> MoeModuleTime:
+    """Time of one MoE layer's expert module for `tokens` tokens entering it on one GPU of
+    `plan` (the module docstring states the model), s. With attention data parallelism the
+    experts see the tokens of all `tp` ranks (`tokens` x tp), as in `inference_ops`. The fixed
+    cost per kernel is the CUDA-graph replay's when `runtime` captures decode passes of
+    `tokens` tokens (`Runtime.decode_graph`, `graph_max_tokens`), else the eager launch's.
+    Pure JAX (jit / vmap / grad). A dense model's module is zero."""
+    eff = resolve_efficiency(efficiency)
+    runtime = Runtime() if runtime is None else runtime
+    x = _dims(model, rank_plan(plan))
+    tokens = jnp.asarray(tokens, jnp.result_type(float))
+    share = jnp.where(x.moe, 1.0 - x.dense, 0.0)  # `_layer_gemms` averages over all layers
+    moe = share > 0
+    per_layer = _layer_gemms(model, system, eff, x, tokens)
+    ops = {k: per_layer[k] * (1.0 / jnp.where(moe, share, 1.0)) for k in MODULE_OPS}
+    graph = graph_share(runtime.decode_graph, tokens, runtime)
+    fixed = sum((1.0 - graph) * ops[k].launch + graph * ops[k].kernels
+                * graph_kernel_time(eff, runtime) for k in MODULE_OPS)
+    router = ops["router"].roofline
+    experts = ops["mlp_up"].roofline + ops["mlp_down"].roofline
+    kernels = sum(ops[k].kernels for k in MODULE_OPS)
+    zero = jnp.zeros_like(tokens)
+    parts = [jnp.where(moe, v, zero) for v in (router, experts, fixed, kernels)]
+    return MoeModuleTime(router=parts[0], experts=parts[1], fixed=parts[2],
+                         total=parts[0] + parts[1] + parts[2], kernels=parts[3])

@@ -1,0 +1,82 @@
+"""Published MoE kernel benchmarks against `diffperf.inference.moe_module_time`.
+
+`benchmarks_data/moe_kernels_published.csv` holds one row per published timing of one MoE
+layer's expert module (routing, the grouped expert GEMMs and their helpers) on one GPU:
+TensorRT-LLM's TRTLLM-Gen and CUTLASS backends, FlashInfer's entry points to TensorRT-LLM's
+kernels, and vLLM's / SGLang's Triton `fused_moe`. Each row names the model preset whose layer
+it ran, the plan that reproduces its per-GPU shape (`tp`, `ep`, `attention_dp`: e.g. one rank
+of TP 8 holds every expert at an eighth of its width) and the tokens entering the layer per
+attention rank.
+
+Benchmark harnesses replay the module from a CUDA graph (vLLM's `benchmark_moe.py`, SGLang's
+tuning script) or time its kernels alone, so every kernel is costed at the graph-replay fixed
+cost (`Runtime(decode_graph=1)`, no size limit): an assumption the TensorRT-LLM blog does not
+state."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import presets
+from .._paths import BENCHMARKS_DATA
+from ..inference import moe_module_time
+from ..specs import InferencePlan, Runtime
+
+MOE_KERNELS_CSV = Path(BENCHMARKS_DATA) / "moe_kernels_published.csv"
+
+#: Kernel benchmarks replay the module from a CUDA graph (module docstring).
+BENCHMARK_RUNTIME = Runtime(decode_graph=1.0)
+
+
+@dataclass(frozen=True)
+class MoeKernelRow:
+    """One published timing: `time_us` of the module for `tokens` tokens (per attention rank)
+    of `model`'s MoE layer on one `gpu` of `system`, run as `plan`."""
+
+    source: str
+    engine: str
+    kernel: str
+    gpu: str
+    system: str
+    model: str
+    plan: InferencePlan
+    tokens: float
+    time_us: float
+
+
+def read_moe_kernel_rows(path: str | Path = MOE_KERNELS_CSV) -> list[MoeKernelRow]:
+    """The rows of the published MoE kernel table; a `ValueError` naming the row and field
+    for a value that is missing or not a positive number."""
+    rows = []
+    with Path(path).open(newline="") as f:
+        for i, r in enumerate(csv.DictReader(f), start=2):
+            def number(field: str, r=r, i=i) -> float:
+                try:
+                    value = float(r[field])
+                except (KeyError, TypeError, ValueError):
+                    raise ValueError(f"{path} line {i}: {field}={r.get(field)!r} is not a "
+                                     "number") from None
+                if not value > 0 and field != "attention_dp":
+                    raise ValueError(f"{path} line {i}: {field}={value} must be > 0")
+                return value
+            plan = InferencePlan(tp=number("tp"), ep=number("ep"),
+                                 attention_dp=number("attention_dp"),
+                                 batch=number("tp") if number("attention_dp") else 1.0,
+                                 weight_precision=r["precision"],
+                                 activation_precision=r["precision"])
+            rows.append(MoeKernelRow(r["source"], r["engine"], r["kernel"], r["gpu"],
+                                     r["system"], r["model"], plan, number("tokens"),
+                                     number("time_us")))
+    return rows
+
+
+def predict_moe_kernel_row(row: MoeKernelRow, efficiency=None) -> float:
+    """The model's time of the row's module, microseconds (`moe_module_time` under
+    `BENCHMARK_RUNTIME`, with the GPU's shipped efficiency factors unless given)."""
+    model = presets.model(row.model)
+    system = presets.system(row.system)
+    eff = presets.resolve_efficiency(efficiency, row.gpu)
+    t = moe_module_time(model, system, row.plan, row.tokens, BENCHMARK_RUNTIME, eff)
+    return float(t.total) * 1e6

@@ -1,0 +1,164 @@
+"""`diffperf.inference.moe_module_time` against published MoE kernel benchmarks
+(`benchmarks_data/moe_kernels_published.csv`; `python calibration/moe_kernels.py` prints every
+row). All rows are in the regime where the routed experts stream their weights (at most 64
+tokens per expert), where the model is the weight bytes at the fitted HBM efficiency plus each
+kernel's fixed cost. Measured / model today:
+
+- TensorRT-LLM's TRTLLM-Gen backend (NVIDIA's "MoE as Dense GEMM" blog, B200 NVFP4, DeepSeek-V3
+  as one rank of TP 8, 1-384 tokens): 0.90-1.14, MAPE 7.8 %;
+- FlashInfer's TensorRT-LLM kernels (B200, DeepSeek-V3 EP 8 rank, NVFP4 / MXFP8 / BF16, 1-512
+  tokens): 0.75-1.38, MAPE 9-15 % by precision;
+- vLLM / SGLang Triton fused_moe (H100, H200, B200): 1.06-2.0 up to 16 tokens per expert (a
+  slower kernel family: more helper kernels, untuned configurations);
+- TensorRT-LLM's CUTLASS backend on the blog's narrow TP-8 experts: 1.9-4.1, a miss left open
+  (calibration/EXPERIMENTS.md).
+
+The bounds below sit a few points outside today's errors, so a change that moves the
+weight-streaming MoE model materially fails them."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import diffperf as dp
+from diffperf.inference import inference_ops, moe_module_time
+from diffperf.specs import InferencePlan, Runtime
+from diffperf.validation._moe_kernels import (
+    BENCHMARK_RUNTIME,
+    predict_moe_kernel_row,
+    read_moe_kernel_rows,
+)
+
+ROWS = read_moe_kernel_rows()
+
+
+def _ratios(engine: str, kernel: str | None = None) -> np.ndarray:
+    """measured / model of the rows of one engine (and kernel)."""
+    rows = [r for r in ROWS if r.engine == engine and kernel in (None, r.kernel)]
+    assert rows, (engine, kernel)
+    return np.array([r.time_us / predict_moe_kernel_row(r) for r in rows])
+
+
+def test_the_table_holds_what_its_sources_printed():
+    assert len(ROWS) == 83
+    by_kernel = {(r.engine, r.kernel): 0 for r in ROWS}
+    for r in ROWS:
+        by_kernel[(r.engine, r.kernel)] += 1
+    assert by_kernel[("tensorrt-llm", "trtllm-gen")] == 14
+    assert by_kernel[("flashinfer", "trtllm-nvfp4")] == 10
+    # the blog's 128-token TRTLLM-Gen module: 161.87 us
+    row = next(r for r in ROWS if r.kernel == "trtllm-gen" and r.tokens == 128)
+    assert row.time_us == pytest.approx(161.87)
+
+
+def test_trtllm_gen_module_within_15_percent():
+    """The TRTLLM-Gen module on B200 (NVFP4, 1-384 tokens): today 0.90-1.14 x the model."""
+    r = _ratios("tensorrt-llm", "trtllm-gen")
+    assert np.all(np.abs(np.log(r)) <= 0.15), r
+    assert np.mean(np.abs(1.0 / r - 1.0)) <= 0.10
+
+
+@pytest.mark.parametrize("kernel", ["trtllm-nvfp4", "trtllm-mxfp8", "trtllm-bf16"])
+def test_flashinfer_trtllm_kernels_at_three_precisions(kernel):
+    """The same layer at 4, 8 and 16 bits: the weight bytes scale the time as measured (today
+    0.75-1.38 x the model; the model's busiest of 8 expert-parallel GPUs reads more experts
+    than the one GPU measured, most visibly in BF16 at 16-128 tokens)."""
+    r = _ratios("flashinfer", kernel)
+    assert np.all(np.abs(np.log(r)) <= 0.35), r
+    assert np.mean(np.abs(1.0 / r - 1.0)) <= 0.17
+
+
+def test_no_published_moe_module_beats_the_model_by_more_than_30_percent():
+    """The model streams the weights at the fitted HBM efficiency: no kernel of any family
+    runs more than 30 % faster (today the fastest is 0.75 x)."""
+    r = np.concatenate([_ratios(e) for e in ("tensorrt-llm", "flashinfer", "vllm", "sglang")])
+    assert r.min() >= 0.70
+
+
+def test_triton_fused_moe_while_it_streams_weights():
+    """vLLM / SGLang Triton fused_moe up to 8 tokens per expert: slower than the model by a
+    fixed cost of its extra helper kernels, never faster (today 1.06-1.99 x)."""
+    for engine in ("vllm", "sglang"):
+        rows = [r for r in ROWS if r.engine == engine]
+        for row in rows:
+            model = dp.model(row.model)
+            per_expert = row.tokens * float(model.experts_per_token) / float(model.num_experts)
+            if per_expert > 8:
+                continue
+            ratio = row.time_us / predict_moe_kernel_row(row)
+            assert 0.95 <= ratio <= 2.1, (row.kernel, row.gpu, row.tokens, ratio)
+
+
+# --- the module itself -------------------------------------------------------------------------
+
+MODEL = dp.model("qwen3-30b-a3b")
+SYSTEM = dp.system("dgx-b200")
+PLAN = InferencePlan(weight_precision="fp4", activation_precision="fp4")
+
+
+def test_module_is_the_router_and_expert_ops_of_one_moe_layer():
+    """The module's roofline parts are one layer's router + mlp_up + mlp_down in
+    `inference_ops`' decode step (which sums them over the layers)."""
+    batch = 64.0
+    plan = InferencePlan(batch=batch, input_len=128, output_len=2, weight_precision="fp4",
+                         activation_precision="fp4")
+    step = inference_ops(MODEL, SYSTEM, plan)["decode"]
+    ops = sum(float(step[k].roofline) for k in ("router", "mlp_up", "mlp_down"))
+    m = moe_module_time(MODEL, SYSTEM, plan, batch)
+    assert float(m.router + m.experts) * float(MODEL.layers) == pytest.approx(ops, rel=1e-5)
+
+
+def test_module_of_a_dense_model_is_zero():
+    m = moe_module_time(dp.model("llama3-8b"), SYSTEM, PLAN, 64.0)
+    assert float(m.total) == 0.0 and float(m.kernels) == 0.0
+
+
+def test_graph_replay_costs_each_kernel_its_node_and_tail():
+    eager = moe_module_time(MODEL, SYSTEM, PLAN, 4.0, Runtime())
+    graph = moe_module_time(MODEL, SYSTEM, PLAN, 4.0, BENCHMARK_RUNTIME)
+    eff = dp.presets.resolve_efficiency(None)
+    assert float(graph.fixed) == pytest.approx(
+        float(graph.kernels) * float(Runtime().graph_node_time + eff.kernel_overhead), rel=1e-6)
+    assert float(eager.fixed) > float(graph.fixed)
+    assert float(eager.experts) == pytest.approx(float(graph.experts))
+
+
+def test_more_tokens_never_faster_and_more_bandwidth_never_slower():
+    tokens = jnp.array([1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0])
+    t = np.asarray(jax.vmap(
+        lambda n: moe_module_time(MODEL, SYSTEM, PLAN, n, BENCHMARK_RUNTIME).total)(tokens))
+    # one exception, by design (`costs.split_k_gemm_cost`): where a skinny GEMM stops splitting
+    # its k loop it drops the reduction kernel, and the module may get faster by up to that
+    # kernel's fixed cost and a few per cent of idle SMs (Qwen3-30B-A3B, 128 -> 256 tokens)
+    one_kernel = float(Runtime().graph_node_time
+                       + dp.presets.resolve_efficiency(None).kernel_overhead)
+    assert np.all(np.diff(t) >= -(one_kernel + 0.03 * t[:-1])), t
+    assert t[-1] > 2.0 * t[0]
+    wider = eqx.tree_at(lambda s: s.accelerator.hbm_bandwidth, SYSTEM,
+                        2.0 * SYSTEM.accelerator.hbm_bandwidth)
+    for n in (1.0, 64.0, 4096.0):
+        a = moe_module_time(MODEL, SYSTEM, PLAN, n, BENCHMARK_RUNTIME).total
+        b = moe_module_time(MODEL, wider, PLAN, n, BENCHMARK_RUNTIME).total
+        assert float(b) <= float(a)
+
+
+def test_vmap_equals_loop_and_gradient_matches_finite_differences():
+    tokens = jnp.array([2.0, 48.0, 700.0])
+    f = lambda n: moe_module_time(MODEL, SYSTEM, PLAN, n, BENCHMARK_RUNTIME).total  # noqa: E731
+    batched = jax.vmap(f)(tokens)
+    looped = jnp.stack([f(n) for n in tokens])
+    np.testing.assert_allclose(np.asarray(batched), np.asarray(looped), rtol=1e-6)
+
+    def g(bw):
+        s = eqx.tree_at(lambda s: s.accelerator.hbm_bandwidth, SYSTEM, bw)
+        return moe_module_time(MODEL, s, PLAN, 32.0, BENCHMARK_RUNTIME).total
+    bw = SYSTEM.accelerator.hbm_bandwidth
+    grad = float(jax.grad(g)(bw))
+    h = float(bw) * 1e-3
+    fd = (float(g(bw + h)) - float(g(bw - h))) / (2 * h)
+    assert grad < 0
+    assert grad == pytest.approx(fd, rel=2e-2)
