@@ -43,27 +43,30 @@ def main() -> None:
     groups: dict = defaultdict(list)
     for row in read_moe_kernel_rows():
         model_us = predict_moe_kernel_row(row)
-        groups[(row.engine, row.kernel, row.gpu, row.model, str(row.plan.weight_precision))].append(
+        key = (row.source.split(" ")[0], row.kernel, row.gpu, row.model,
+               f"{float(row.plan.weight_precision):g}/{float(row.plan.activation_precision):g}",
+               f"{float(row.plan.tp):g}/{float(row.plan.ep):g}")
+        groups[key].append(
             {"tokens": row.tokens, "tokens_per_expert": tokens_per_expert(row),
              "measured_us": row.time_us, "model_us": model_us,
              "ratio": row.time_us / model_us, "source": row.source})
-    print("| engine | kernel | GPU | model | precision code | rows | measured / model: min, "
-          "median, max | MAPE |")
-    print("|---|---|---|---|---:|---:|---|---:|")
-    for (engine, kernel, gpu, model, prec), rows in groups.items():
+    print("| source | kernel | GPU | model | precision codes (weights / activations) | tp / ep "
+          "| rows | measured / model: min, median, max | MAPE |")
+    print("|---|---|---|---|---|---|---:|---|---:|")
+    for (source, kernel, gpu, model, prec, par), rows in groups.items():
         r = np.array([x["ratio"] for x in rows])
-        print(f"| {engine} | {kernel} | {gpu} | {model} | {float(prec):g} | {len(r)} | "
+        print(f"| {source} | {kernel} | {gpu} | {model} | {prec} | {par} | {len(r)} | "
               f"{r.min():.2f}, {np.median(r):.2f}, {r.max():.2f} | "
               f"{100 * np.mean(np.abs(1 / r - 1)):.1f} % |")
     print()
-    for (engine, kernel, gpu, model, prec), rows in groups.items():
-        print(f"{engine} {kernel} on {gpu}, {model} (precision code {float(prec):g}): "
+    for (source, kernel, gpu, model, prec, par), rows in groups.items():
+        print(f"{source}: {kernel} on {gpu}, {model} (precision codes {prec}, tp / ep {par}): "
               "tokens (per expert): measured / model us = ratio")
         for x in rows:
             print(f"  {x['tokens']:g} ({x['tokens_per_expert']:.3g}): {x['measured_us']:.1f} / "
                   f"{x['model_us']:.1f} = {x['ratio']:.2f}")
     if args.json:
-        out = [{"engine": k[0], "kernel": k[1], "gpu": k[2], "model": k[3], **x}
+        out = [{"kernel": k[1], "gpu": k[2], "model": k[3], "precision": k[4], "tp_ep": k[5], **x}
                for k, rows in groups.items() for x in rows]
         Path(args.json).write_text(json.dumps(out, indent=1))
 

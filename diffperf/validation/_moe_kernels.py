@@ -6,7 +6,8 @@ TensorRT-LLM's TRTLLM-Gen and CUTLASS backends, FlashInfer's entry points to Ten
 kernels, and vLLM's / SGLang's Triton `fused_moe`. Each row names the model preset whose layer
 it ran, the plan that reproduces its per-GPU shape (`tp`, `ep`, `attention_dp`: e.g. one rank
 of TP 8 holds every expert at an eighth of its width) and the tokens entering the layer per
-attention rank.
+attention rank; `activation_precision`, where given, differs from the weights' `precision`
+(MXFP4 weights with MXFP8 activations).
 
 Benchmark harnesses replay the module from a CUDA graph (vLLM's `benchmark_moe.py`, SGLang's
 tuning script) or time its kernels alone, so every kernel is costed at the graph-replay fixed
@@ -65,7 +66,8 @@ def read_moe_kernel_rows(path: str | Path = MOE_KERNELS_CSV) -> list[MoeKernelRo
                                  attention_dp=number("attention_dp"),
                                  batch=number("tp") if number("attention_dp") else 1.0,
                                  weight_precision=r["precision"],
-                                 activation_precision=r["precision"])
+                                 activation_precision=(r.get("activation_precision")
+                                                       or r["precision"]))
             rows.append(MoeKernelRow(r["source"], r["engine"], r["kernel"], r["gpu"],
                                      r["system"], r["model"], plan, number("tokens"),
                                      number("time_us")))
