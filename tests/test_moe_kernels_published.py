@@ -194,3 +194,34 @@ def test_vmap_equals_loop_and_gradient_matches_finite_differences():
     fd = (float(g(bw + h)) - float(g(bw - h))) / (2 * h)
     assert grad < 0
     assert grad == pytest.approx(fd, rel=2e-2)
+
+
+def test_moe_gemm_time_factor_slows_the_routed_experts_only():
+    """`Runtime.moe_gemm_time_factor` multiplies the routed experts' GEMM time (a slower MoE
+    kernel backend), not the router, the fixed costs or a dense model's MLP."""
+    base = moe_module_time(MODEL, SYSTEM, PLAN, 1024.0, BENCHMARK_RUNTIME)
+    slow = moe_module_time(MODEL, SYSTEM, PLAN, 1024.0,
+                           eqx.tree_at(lambda r: r.moe_gemm_time_factor, BENCHMARK_RUNTIME, 2.5))
+    assert float(slow.experts) == pytest.approx(2.5 * float(base.experts), rel=1e-5)
+    assert float(slow.router) == pytest.approx(float(base.router))
+    assert float(slow.fixed) == pytest.approx(float(base.fixed))
+    dense = dp.model("llama3-8b")
+    plan = InferencePlan(batch=32.0, input_len=512, output_len=64)
+    slow_runtime = Runtime(moe_gemm_time_factor=3.0)
+    a = dp.infer(dense, SYSTEM, plan, runtime=Runtime())
+    b = dp.infer(dense, SYSTEM, plan, runtime=slow_runtime)
+    assert float(b.tpot) == pytest.approx(float(a.tpot))
+    moe_plan = InferencePlan(batch=32.0, input_len=512, output_len=64,
+                             weight_precision="fp4", activation_precision="fp4")
+    c = dp.infer(MODEL, SYSTEM, moe_plan, runtime=Runtime())
+    d = dp.infer(MODEL, SYSTEM, moe_plan, runtime=slow_runtime)
+    assert float(d.tpot) > float(c.tpot)
+    at64 = moe_module_time(MODEL, SYSTEM, PLAN, 64.0, BENCHMARK_RUNTIME)
+    grad = jax.grad(lambda f: moe_module_time(MODEL, SYSTEM, PLAN, 64.0, eqx.tree_at(
+        lambda r: r.moe_gemm_time_factor, BENCHMARK_RUNTIME, f)).total)(1.0)
+    assert float(grad) == pytest.approx(float(at64.experts), rel=1e-4)
+
+
+def test_moe_gemm_time_factor_must_be_positive():
+    with pytest.raises(ValueError, match="moe_gemm_time_factor"):
+        Runtime(moe_gemm_time_factor=0.0)

@@ -208,13 +208,14 @@ def busiest_gpu_experts(model: Transformer, tokens, ep) -> jax.Array:
 
 
 def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
-                 tokens) -> dict[str, Cost]:
+                 tokens, expert_time_factor=1.0) -> dict[str, Cost]:
     """Weight GEMMs of one layer for `tokens` tokens (M = tokens), mean over the layers: a
     MoE model's dense-MLP layers (share `x.dense`) run `dense_mlp_*` instead of the router,
     the experts and the shared expert (`shared_mlp_*`, every token, not dispatched). The
     experts are those of the busiest expert-parallel GPU (`busiest_gpu_experts`), each at the
     mean tokens per picked expert. With attention data parallelism (`x.dp` ranks) the experts
-    see the tokens of all ranks, `tokens` x dp."""
+    see the tokens of all ranks, `tokens` x dp. The routed experts' compute and memory times
+    are multiplied by `expert_time_factor` (`Runtime.moe_gemm_time_factor`)."""
     k_top = model.experts_per_token
     routed = tokens * jnp.where(x.moe, x.dp, 1.0)
     touched = experts_touched(model, routed)
@@ -229,6 +230,10 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
         acc, eff, m, n, k, x.math, x.wb, x.ab, groups,
         x.peak_fraction / jnp.where(x.moe, k_loop_forward(k, x.math), 1.0))
     moe = 1.0 - x.dense
+    factor = jnp.where(x.moe, expert_time_factor, 1.0)  # a dense model's MLP is not an expert
+    def slowed(c):
+        return eqx.tree_at(lambda c: (c.compute, c.memory), c,
+                           (c.compute * factor, c.memory * factor))
     def only(field, share, m, n, k):  # a zero cost where the model has no such layers
         return (network_cost(jnp.zeros(()), 0.0) if model.known_absent(field)
                 else share * g(m, n, k))
@@ -241,8 +246,9 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
         "out_proj": add([c for is_out, c in proj if is_out]),
         "router": jnp.where(x.moe, moe, 0.0) * split_k_gemm_cost(
             acc, eff, tokens, model.num_experts, x.h, x.head_math, x.sb, x.sb),
-        "mlp_up": moe * ge(per_expert, (model.mlp_matrices - 1.0) * x.f_expert, x.h, local),
-        "mlp_down": moe * ge(per_expert, x.h, x.f_expert, local),
+        "mlp_up": moe * slowed(ge(per_expert, (model.mlp_matrices - 1.0) * x.f_expert, x.h,
+                                  local)),
+        "mlp_down": moe * slowed(ge(per_expert, x.h, x.f_expert, local)),
         "shared_mlp_up": only("shared_ffn_hidden", moe * model.has_shared, tokens,
                               (model.mlp_matrices - 1.0) * x.shared_gemm, x.h),
         "shared_mlp_down": only("shared_ffn_hidden", moe * model.has_shared, tokens, x.h,
@@ -340,7 +346,8 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
     acc, net = system.accelerator, system.network
     layers = model.layers
     ops = {"embedding": compute_cost(acc, eff, 0.0, 2.0 * tokens * x.h * x.sb, 1.0, 1.0)}
-    per_layer = dict(_layer_gemms(model, system, eff, x, tokens))
+    per_layer = dict(_layer_gemms(model, system, eff, x, tokens,
+                                  runtime.moe_gemm_time_factor))
     per_layer["attention"] = attention
     per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens,
                                             runtime.elementwise_kernels)

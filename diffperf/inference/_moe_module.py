@@ -9,7 +9,8 @@ that turns a layer's hidden states into its routed experts' output for `tokens` 
 - `t_experts`: the routed experts' up (gate + up) and down GEMMs of the busiest expert-parallel
   GPU, each a grouped GEMM over its experts at the mean tokens per picked expert
   (`diffperf.inference.busiest_gpu_experts`), 2 kernels; both at their roofline times
-  (`diffperf.costs.split_k_gemm_cost`, with the low-precision k loop of the routed experts);
+  (`diffperf.costs.split_k_gemm_cost`, with the low-precision k loop of the routed experts),
+  times the runtime's `moe_gemm_time_factor` (1 by default);
 - `t_kernel`: each kernel's fixed cost, `graph_kernel_time` (graph node + tail) when the
   runtime replays the pass from a CUDA graph, else the eager launch plus the tail.
 
@@ -62,7 +63,7 @@ def moe_module_time(model: Transformer, system: System, plan: InferencePlan, tok
     tokens = jnp.asarray(tokens, jnp.result_type(float))
     share = jnp.where(x.moe, 1.0 - x.dense, 0.0)  # `_layer_gemms` averages over all layers
     moe = share > 0
-    per_layer = _layer_gemms(model, system, eff, x, tokens)
+    per_layer = _layer_gemms(model, system, eff, x, tokens, runtime.moe_gemm_time_factor)
     ops = {k: per_layer[k] * (1.0 / jnp.where(moe, share, 1.0)) for k in MODULE_OPS}
     graph = graph_share(runtime.decode_graph, tokens, runtime)
     fixed = sum((1.0 - graph) * ops[k].launch + graph * ops[k].kernels

@@ -94,6 +94,14 @@ class Runtime(eqx.Module):
       0 if it runs in 16 bit whatever the cache; in [0, 1] (the share of the prefill attention
       work run in FP8). A kernel choice of the software, not a host cost; it acts only on GPUs
       with FP8 tensor cores (`diffperf.costs.fused_attention_rate`).
+    - `moe_gemm_time_factor`: time of the routed experts' grouped GEMMs (both their compute and
+      their memory time) relative to the model's, ratio (1, the default: kernels that reach
+      the model's rates, as TensorRT-LLM's TRTLLM-Gen MoE backend does). A what-if for a
+      slower MoE kernel backend; no preset sets it, because no law of the expert shape
+      reproduces the measured slowdowns: NVIDIA's measured TensorRT-LLM 1.3 database has its
+      CUTLASS backend in NVFP4 on B200 at 2.5-3.2 for Qwen3-30B-A3B's experts, 1.8-3.0 for
+      Qwen3-235B-A22B's, 1.0-1.7 for DeepSeek-V3's on one GPU (docs/accuracy.md). It acts on
+      the routed experts of MoE models only.
 
     The default (every host time 0, no graphs, fused element-wise kernels) is the runtime of
     the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM 0.x tables without
@@ -124,6 +132,7 @@ class Runtime(eqx.Module):
     moe_layer_sync: jax.Array = _F(default=0.0)
     host_seq_time: jax.Array = _F(default=0.0)
     fp8_prefill_attention: jax.Array = _F(default=0.0)
+    moe_gemm_time_factor: jax.Array = _F(default=1.0)
 
     def __check_init__(self):
         for name in ("host_op_time", "host_backward_op_time", "host_collective_time",
@@ -133,6 +142,7 @@ class Runtime(eqx.Module):
                      "moe_ops_per_expert", "host_seq_time"):
             check_nonnegative("Runtime", name, getattr(self, name))
         check_positive("Runtime", "graph_pad_from", self.graph_pad_from)
+        check_positive("Runtime", "moe_gemm_time_factor", self.moe_gemm_time_factor)
         check_at_least("Runtime", "graph_pad_ratio", self.graph_pad_ratio, 1.0)
         for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync",
                      "moe_layer_sync", "fp8_prefill_attention"):
