@@ -1,21 +1,23 @@
 """`diffperf.inference.moe_module_time` against published MoE kernel benchmarks
 (`benchmarks_data/moe_kernels_published.csv`; `python calibration/moe_kernels.py` prints every
-row). Measured / model today:
+row). The module counts the router GEMM only where the benchmark ran it (TensorRT-LLM's blog).
+Measured / model today:
 
 - TensorRT-LLM's TRTLLM-Gen backend (NVIDIA's "MoE as Dense GEMM" blog, B200 NVFP4, DeepSeek-V3
-  as one rank of TP 8, 1-384 tokens): 0.90-1.14, MAPE 7.8 %;
-- FlashInfer's TensorRT-LLM kernels (B200, DeepSeek-V3 EP 8 rank, NVFP4 / MXFP8 / BF16, 1-512
-  tokens): 0.75-1.38, MAPE 9-15 % by precision;
+  as one rank of TP 8, 1-384 tokens): 0.82-0.94, MAPE 13.3 % (the model charges more kernels
+  than TRTLLM-Gen's fused module launches);
+- TensorRT-LLM's kernels through FlashInfer (one B300, DeepSeek-V3 EP 8 rank, MXFP8 / BF16,
+  1-512 tokens): 0.85-1.17 / 0.74-1.05;
 - NVIDIA's measured TensorRT-LLM 1.3 MoE database (aiconfigurator): TRTLLM-Gen with gpt-oss's
-  MXFP4 x MXFP8 on B200 0.73-1.03 (1-16,384 tokens); the CUTLASS backend in FP8 on H200
-  0.61-1.35;
-- vLLM / SGLang Triton fused_moe (H100, H200, B200): 1.06-2.0 up to 16 tokens per expert (a
+  MXFP4 x MXFP8 on B200 0.73-1.01 (1-16,384 tokens); the CUTLASS backend in FP8 on H200
+  0.61-1.32;
+- vLLM / SGLang Triton fused_moe (H100, H200, B200): 1.04-1.83 up to 8 tokens per expert (a
   slower kernel family: more helper kernels, untuned configurations);
-- TensorRT-LLM's CUTLASS backend in NVFP4 on B200: 0.98-4.1, 2-3x for narrow experts, a miss
+- TensorRT-LLM's CUTLASS backend in NVFP4 on B200: 0.98-3.1, 2-3x for narrow experts, a miss
   left open (calibration/EXPERIMENTS.md).
 
-The bounds below sit a few points outside today's errors, so a change that moves the MoE model
-materially fails them."""
+The bounds below sit outside today's errors by a margin of a few points to about a third of
+the error, so a change that moves the MoE model materially fails them."""
 
 from __future__ import annotations
 
@@ -45,32 +47,33 @@ def _ratios(engine: str, kernel: str | None = None) -> np.ndarray:
 
 
 def test_the_table_holds_what_its_sources_printed():
-    assert len(ROWS) == 167
+    assert len(ROWS) == 157
     by_kernel = {(r.engine, r.kernel): 0 for r in ROWS}
     for r in ROWS:
         by_kernel[(r.engine, r.kernel)] += 1
     assert by_kernel[("tensorrt-llm", "trtllm-gen")] == 14 + 14  # the blog's, gpt-oss's
     assert by_kernel[("tensorrt-llm", "cutlass")] == 14 + 49 + 21  # blog, B200, H200
-    assert by_kernel[("flashinfer", "trtllm-nvfp4")] == 10
+    assert by_kernel[("flashinfer", "trtllm-mxfp8")] == 10
+    assert sum(r.router_gemm for r in ROWS) == 28  # the blog's rows
     # the blog's 128-token TRTLLM-Gen module: 161.87 us
     row = next(r for r in ROWS if r.kernel == "trtllm-gen" and r.tokens == 128)
     assert row.time_us == pytest.approx(161.87)
 
 
-def test_trtllm_gen_module_within_15_percent():
-    """The TRTLLM-Gen module on B200 (NVFP4, 1-384 tokens): today 0.90-1.14 x the model."""
+def test_trtllm_gen_module_within_20_percent():
+    """The TRTLLM-Gen module on B200 (NVFP4, 1-384 tokens): today 0.82-0.94 x the model."""
     rows = [row for row in ROWS if row.kernel == "trtllm-gen" and row.source.startswith("NVIDIA")]
     assert len(rows) == 14
     r = np.array([row.time_us / predict_moe_kernel_row(row) for row in rows])
-    assert np.all(np.abs(np.log(r)) <= 0.15), r
-    assert np.mean(np.abs(1.0 / r - 1.0)) <= 0.10
+    assert np.all(np.abs(np.log(r)) <= 0.22), r
+    assert np.mean(np.abs(1.0 / r - 1.0)) <= 0.16
 
 
-@pytest.mark.parametrize("kernel", ["trtllm-nvfp4", "trtllm-mxfp8", "trtllm-bf16"])
-def test_flashinfer_trtllm_kernels_at_three_precisions(kernel):
-    """The same layer at 4, 8 and 16 bits: the weight bytes scale the time as measured (today
-    0.75-1.38 x the model; the model's busiest of 8 expert-parallel GPUs reads more experts
-    than the one GPU measured, most visibly in BF16 at 16-128 tokens)."""
+@pytest.mark.parametrize("kernel", ["trtllm-mxfp8", "trtllm-bf16"])
+def test_flashinfer_trtllm_kernels_at_two_precisions(kernel):
+    """The same layer at 8 and 16 bits: the weight bytes scale the time as measured (today
+    0.85-1.17 and 0.74-1.05 x the model; the model's busiest of 8 expert-parallel GPUs reads
+    more experts than the one GPU measured, most visibly in BF16 at 16-128 tokens)."""
     r = _ratios("flashinfer", kernel)
     assert np.all(np.abs(np.log(r)) <= 0.35), r
     assert np.mean(np.abs(1.0 / r - 1.0)) <= 0.17
@@ -84,17 +87,17 @@ def _tokens_per_expert(row) -> float:
 
 def test_no_published_moe_module_beats_the_model_while_it_streams_weights():
     """Up to 64 tokens per expert the model streams the weights at the fitted HBM efficiency:
-    no kernel of any family runs more than 30 % faster (today the fastest is 0.75 x, 137
+    no kernel of any family runs more than 30 % faster (today the fastest is 0.74 x, 127
     rows)."""
     r = np.array([row.time_us / predict_moe_kernel_row(row) for row in ROWS
                   if _tokens_per_expert(row) <= 64])
-    assert len(r) >= 130
+    assert len(r) >= 120
     assert r.min() >= 0.70
 
 
 def test_trtllm_gen_gpt_oss_mxfp4_weights_fp8_activations():
     """gpt-oss's MoE on B200 as TensorRT-LLM runs it (TRTLLM-Gen, MXFP4 x MXFP8), 1-16,384
-    tokens, NVIDIA's measured database: today 0.73-1.03 x the model, MAPE 14.7 %."""
+    tokens, NVIDIA's measured database: today 0.73-1.01 x the model, MAPE 17.0 %."""
     gpt_oss = [row for row in ROWS if row.kernel == "trtllm-gen" and row.model.startswith("gpt")]
     assert len(gpt_oss) == 14
     r = np.array([row.time_us / predict_moe_kernel_row(row) for row in gpt_oss])
@@ -104,7 +107,7 @@ def test_trtllm_gen_gpt_oss_mxfp4_weights_fp8_activations():
 
 def test_hopper_cutlass_fp8_module():
     """TensorRT-LLM's CUTLASS backend in FP8 on H200 (Qwen3-30B-A3B, Qwen3-235B-A22B,
-    Mixtral 8x7B, 1-16,384 tokens): today 0.61-1.35 x the model (MAPE 20 %; the model is slow
+    Mixtral 8x7B, 1-16,384 tokens): today 0.61-1.32 x the model (MAPE 20 %; the model is slow
     for Mixtral's wide experts at thousands of tokens per expert)."""
     rows = [row for row in ROWS if row.kernel == "cutlass" and row.gpu.startswith("h200")]
     assert len(rows) == 21
@@ -115,14 +118,14 @@ def test_hopper_cutlass_fp8_module():
 
 def test_triton_fused_moe_while_it_streams_weights():
     """vLLM / SGLang Triton fused_moe up to 8 tokens per expert: slower than the model by a
-    fixed cost of its extra helper kernels, never faster (today 1.06-1.99 x)."""
+    fixed cost of its extra helper kernels, never faster (today 1.04-1.83 x)."""
     for engine in ("vllm", "sglang"):
         rows = [r for r in ROWS if r.engine == engine]
         for row in rows:
             if _tokens_per_expert(row) > 8:
                 continue
             ratio = row.time_us / predict_moe_kernel_row(row)
-            assert 0.95 <= ratio <= 2.1, (row.kernel, row.gpu, row.tokens, ratio)
+            assert 0.95 <= ratio <= 2.0, (row.kernel, row.gpu, row.tokens, ratio)
 
 
 # --- the module itself -------------------------------------------------------------------------
@@ -225,3 +228,30 @@ def test_moe_gemm_time_factor_slows_the_routed_experts_only():
 def test_moe_gemm_time_factor_must_be_positive():
     with pytest.raises(ValueError, match="moe_gemm_time_factor"):
         Runtime(moe_gemm_time_factor=0.0)
+
+
+def test_router_flag_and_routing_kernels():
+    """`router_gemm=False` drops the router GEMM and its kernels; the layer's routing kernels
+    (top-k, permutation, un-permutation: `MOE_KERNELS`) are always counted."""
+    from diffperf.inference._infer import MOE_KERNELS
+    full = moe_module_time(MODEL, SYSTEM, PLAN, 256.0, BENCHMARK_RUNTIME)
+    bare = moe_module_time(MODEL, SYSTEM, PLAN, 256.0, BENCHMARK_RUNTIME, router_gemm=False)
+    assert float(bare.router) == 0.0 and float(full.router) > 0.0
+    assert float(bare.experts) == pytest.approx(float(full.experts))
+    assert float(full.kernels) - float(bare.kernels) >= 1.0
+    assert float(bare.kernels) >= 2.0 + MOE_KERNELS
+
+
+def test_padding_graph_runtime_runs_the_padded_batch_as_inference_ops_does():
+    """Under a runtime that pads decode batches to its captured sizes, the module at b tokens
+    equals one MoE layer of `inference_ops`' decode step at batch b (padded there too)."""
+    runtime = Runtime(decode_graph=1.0, graph_pad_ratio=2.0, graph_pad_from=1.0)
+    batch = 300.0
+    plan = InferencePlan(batch=batch, input_len=128, output_len=2, weight_precision="fp4",
+                         activation_precision="fp4")
+    step = inference_ops(MODEL, SYSTEM, plan, runtime=runtime)["decode"]
+    ops = sum(float(step[k].roofline) for k in ("router", "mlp_up", "mlp_down"))
+    m = moe_module_time(MODEL, SYSTEM, plan, batch, runtime)
+    assert float(m.router + m.experts) * float(MODEL.layers) == pytest.approx(ops, rel=1e-5)
+    unpadded = moe_module_time(MODEL, SYSTEM, plan, batch, BENCHMARK_RUNTIME)
+    assert float(m.experts) > float(unpadded.experts)

@@ -98,10 +98,11 @@ class Runtime(eqx.Module):
       their memory time) relative to the model's, ratio (1, the default: kernels that reach
       the model's rates, as TensorRT-LLM's TRTLLM-Gen MoE backend does). A what-if for a
       slower MoE kernel backend; no preset sets it, because no law of the expert shape
-      reproduces the measured slowdowns: NVIDIA's measured TensorRT-LLM 1.3 database has its
-      CUTLASS backend in NVFP4 on B200 at 2.5-3.2 for Qwen3-30B-A3B's experts, 1.8-3.0 for
-      Qwen3-235B-A22B's, 1.0-1.7 for DeepSeek-V3's on one GPU (docs/accuracy.md). It acts on
-      the routed experts of MoE models only.
+      reproduces the measured slowdowns: in NVIDIA's measured TensorRT-LLM 1.3 database the
+      CUTLASS backend's NVFP4 expert GEMMs on B200 (64-16,384 tokens, one GPU holding whole
+      experts) take 2.4-3.2x the model's time for Qwen3-30B-A3B's experts, 1.7-2.3x for
+      Qwen3-235B-A22B's, 1.0-1.3x for DeepSeek-V3's (docs/accuracy.md). It acts on the routed
+      experts of MoE models only.
 
     The default (every host time 0, no graphs, fused element-wise kernels) is the runtime of
     the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM 0.x tables without

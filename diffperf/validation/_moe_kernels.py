@@ -7,7 +7,8 @@ kernels, and vLLM's / SGLang's Triton `fused_moe`. Each row names the model pres
 it ran, the plan that reproduces its per-GPU shape (`tp`, `ep`, `attention_dp`: e.g. one rank
 of TP 8 holds every expert at an eighth of its width) and the tokens entering the layer per
 attention rank; `activation_precision`, where given, differs from the weights' `precision`
-(MXFP4 weights with MXFP8 activations).
+(MXFP4 weights with MXFP8 activations); `router_gemm` is 1 where the timing includes the
+router GEMM (TensorRT-LLM's blog), 0 where the benchmark takes the router's logits as input.
 
 Benchmark harnesses replay the module from a CUDA graph (vLLM's `benchmark_moe.py`, SGLang's
 tuning script) or time its kernels alone, so every kernel is costed at the graph-replay fixed
@@ -45,6 +46,7 @@ class MoeKernelRow:
     plan: InferencePlan
     tokens: float
     time_us: float
+    router_gemm: bool = True
 
 
 def read_moe_kernel_rows(path: str | Path = MOE_KERNELS_CSV) -> list[MoeKernelRow]:
@@ -59,8 +61,10 @@ def read_moe_kernel_rows(path: str | Path = MOE_KERNELS_CSV) -> list[MoeKernelRo
                 except (KeyError, TypeError, ValueError):
                     raise ValueError(f"{path} line {i}: {field}={r.get(field)!r} is not a "
                                      "number") from None
-                if not value > 0 and field != "attention_dp":
-                    raise ValueError(f"{path} line {i}: {field}={value} must be > 0")
+                may_be_zero = field in ("attention_dp", "router_gemm")
+                if not (value >= 0 if may_be_zero else value > 0):
+                    bound = ">= 0" if may_be_zero else "> 0"
+                    raise ValueError(f"{path} line {i}: {field}={value} must be {bound}")
                 return value
             plan = InferencePlan(tp=number("tp"), ep=number("ep"),
                                  attention_dp=number("attention_dp"),
@@ -70,7 +74,7 @@ def read_moe_kernel_rows(path: str | Path = MOE_KERNELS_CSV) -> list[MoeKernelRo
                                                        or r["precision"]))
             rows.append(MoeKernelRow(r["source"], r["engine"], r["kernel"], r["gpu"],
                                      r["system"], r["model"], plan, number("tokens"),
-                                     number("time_us")))
+                                     number("time_us"), number("router_gemm") > 0))
     return rows
 
 
@@ -80,5 +84,6 @@ def predict_moe_kernel_row(row: MoeKernelRow, efficiency=None) -> float:
     model = presets.model(row.model)
     system = presets.system(row.system)
     eff = presets.resolve_efficiency(efficiency, row.gpu)
-    t = moe_module_time(model, system, row.plan, row.tokens, BENCHMARK_RUNTIME, eff)
+    t = moe_module_time(model, system, row.plan, row.tokens, BENCHMARK_RUNTIME, eff,
+                        router_gemm=row.router_gemm)
     return float(t.total) * 1e6
