@@ -22,18 +22,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from diffperf import presets  # noqa: E402
 from diffperf.validation._moe_kernels import (  # noqa: E402
     predict_moe_kernel_row,
     read_moe_kernel_rows,
+    tokens_per_expert,
 )
-
-
-def tokens_per_expert(row) -> float:
-    """Mean routed tokens per expert of the layer: tokens x dp x top-k / experts."""
-    model = presets.model(row.model)
-    dp = float(row.plan.tp) if float(row.plan.attention_dp) > 0 else 1.0
-    return row.tokens * dp * float(model.experts_per_token) / float(model.num_experts)
 
 
 def main() -> None:

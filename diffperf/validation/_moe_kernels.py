@@ -68,7 +68,6 @@ def read_moe_kernel_rows(path: str | Path = MOE_KERNELS_CSV) -> list[MoeKernelRo
                 return value
             plan = InferencePlan(tp=number("tp"), ep=number("ep"),
                                  attention_dp=number("attention_dp"),
-                                 batch=number("tp") if number("attention_dp") else 1.0,
                                  weight_precision=r["precision"],
                                  activation_precision=(r.get("activation_precision")
                                                        or r["precision"]))
@@ -87,3 +86,11 @@ def predict_moe_kernel_row(row: MoeKernelRow, efficiency=None) -> float:
     t = moe_module_time(model, system, row.plan, row.tokens, BENCHMARK_RUNTIME, eff,
                         router_gemm=row.router_gemm)
     return float(t.total) * 1e6
+
+
+def tokens_per_expert(row: MoeKernelRow) -> float:
+    """Mean routed tokens per expert of the row's layer: tokens x (tp with attention data
+    parallelism, else 1) x top-k / experts."""
+    model = presets.model(row.model)
+    ranks = float(row.plan.tp) if float(row.plan.attention_dp) > 0 else 1.0
+    return row.tokens * ranks * float(model.experts_per_token) / float(model.num_experts)
