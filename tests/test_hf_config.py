@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 
+import diffperf as dp
 from diffperf.specs import transformer_from_hf_config
 
 LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
@@ -303,3 +304,29 @@ def test_a_non_finite_layer_count_of_a_moe_config_is_not_a_traceback(tmp_path):
                                                       '"num_hidden_layers": -Infinity'))
     with pytest.raises(ValueError, match="field 'num_hidden_layers' must be a finite number"):
         transformer_from_hf_config(path)
+
+
+#: openai/gpt-oss-120b config.json (the fields diffperf reads).
+GPT_OSS_120B = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+                "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+                "head_dim": 64, "num_local_experts": 128, "num_experts_per_tok": 4,
+                "vocab_size": 201088, "max_position_embeddings": 131072,
+                "hidden_act": "silu", "swiglu_limit": 7.0, "sliding_window": 128,
+                "layer_types": ["sliding_attention", "full_attention"] * 18,
+                "tie_word_embeddings": False}
+
+
+def test_gpt_oss_biased_clamped_experts(tmp_path):
+    """gpt-oss's experts carry biases (its model type) and clamp their SwiGLU (`swiglu_limit`);
+    the loaded config matches the shipped preset on every architecture field; no limit means
+    no clamp, and another model type has no expert biases."""
+    m = load(tmp_path, GPT_OSS_120B)
+    assert float(m.expert_bias) == 1.0 and float(m.glu_clamp) == 1.0
+    preset = dp.model("gpt-oss-120b")
+    for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "num_experts",
+                 "experts_per_token", "head_width", "sliding_window", "global_layers",
+                 "expert_bias", "glu_clamp", "gated_mlp"):
+        assert float(getattr(m, name)) == float(getattr(preset, name)), name
+    no_limit = {k: v for k, v in GPT_OSS_120B.items() if k != "swiglu_limit"}
+    assert float(load(tmp_path, no_limit).glu_clamp) == 0.0
+    assert float(load(tmp_path, LLAMA3_8B).expert_bias) == 0.0

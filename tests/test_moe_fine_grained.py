@@ -169,6 +169,65 @@ def test_fp8_casts_of_the_routed_tokens_by_hand():
                                                                         rel=1e-5)
 
 
+def test_biased_clamped_experts_eager_work_by_hand():
+    """gpt-oss in Megatron-Core (`TEGroupedMLP` at Megatron-LM 0d8e0714): R = 2 x 2,048 x 4
+    routed tokens per GPU, 16-bit (2 B). Clamp + concatenation of the R x 2 f up-projection
+    output: 4 x 2 B per element forward, 5 x 2 B backward, 3 kernels each way. The
+    down-projection bias, a loop over E / ep = 4 local experts: 6 x 2 B per element of R x h
+    forward (2 kernels per expert + a concatenation), 8 x 2 B backward (4 per expert + 1)."""
+    from diffperf.training._layer import _moe_eager_ops, moe_eager_op, moe_eager_time
+    acc = H100.accelerator
+    plan = _plan(precision="bf16")
+    r, local = 2 * 2048 * K, E / 8
+    oss = dataclasses.replace(MOE, expert_bias=1, glu_clamp=1)
+    fwd, bwd = _moe_eager_ops(oss, plan, acc, EFF)
+    assert float(fwd.hbm_bytes) == pytest.approx(2 * r * (4 * 2 * F + 6 * H), rel=1e-6)
+    assert float(bwd.hbm_bytes) == pytest.approx(2 * r * (5 * 2 * F + 8 * H), rel=1e-6)
+    assert float(fwd.kernels) == 3 + 2 * local + 1
+    assert float(bwd.kernels) == 3 + 4 * local + 1
+    assert float(fwd.flops) == 0.0
+    # each flag alone carries its own part
+    clamp_only = _moe_eager_ops(dataclasses.replace(MOE, glu_clamp=1), plan, acc, EFF)[0]
+    assert float(clamp_only.hbm_bytes) == pytest.approx(2 * r * 4 * 2 * F, rel=1e-6)
+    bias_only = _moe_eager_ops(dataclasses.replace(MOE, expert_bias=1), plan, acc, EFF)[1]
+    assert float(bias_only.hbm_bytes) == pytest.approx(2 * r * 8 * H, rel=1e-6)
+    t = moe_eager_time(oss, plan, acc, EFF)
+    assert float(t.forward) == pytest.approx(float(fwd.time))
+    assert float(t.backward) == pytest.approx(float(bwd.time))
+    assert float(moe_eager_op(oss, plan, acc, EFF).time) == pytest.approx(float(fwd.time))
+    # models without biases or a clamp, and dense models, have no such work
+    assert float(moe_eager_time(MOE, plan, acc, EFF).forward) == 0.0
+    dense = dataclasses.replace(oss, num_experts=1, experts_per_token=1, ffn_hidden=4 * H)
+    assert float(moe_eager_time(dense, _plan(ep=1), acc, EFF).backward) == 0.0
+    # in the step: slower by at least the op's time over L layers x 4 micro-batches (only
+    # compute changes: the all-to-all may hide more behind it), and in the detail
+    plain, biased = STEP(MOE, H100, plan, EFF), STEP(oss, H100, plan, EFF)
+    m = 64 / (8 * 2)
+    added = float(biased.compute_time - plain.compute_time)
+    assert added == pytest.approx(L * m * float(t.forward + t.backward), rel=1e-4)
+    assert float(biased.step_time) > float(plain.step_time)
+    detail = dp.training_detail(oss, H100, plan, EFF)
+    assert float(detail.forward["moe_eager"].time) == pytest.approx(float(fwd.time))
+    assert float(detail.backward["moe_eager"].time) == pytest.approx(float(bwd.time), rel=1e-5)
+
+
+def test_eager_expert_work_gradient_matches_finite_differences():
+    """d step / d HBM bandwidth with the eager expert work on, against central differences."""
+    oss = dataclasses.replace(MOE, expert_bias=1, glu_clamp=1)
+    plan = _plan(precision="bf16", micro_batch=1)
+
+    def step(bw):
+        system = eqx.tree_at(lambda s: s.accelerator.hbm_bandwidth, H100, bw)
+        return STEP(oss, system, plan, EFF).step_time
+
+    bw = jnp.asarray(float(H100.accelerator.hbm_bandwidth))
+    grad = float(jax.grad(step)(bw))
+    eps = 1e-3 * float(bw)
+    fd = (float(step(bw + eps)) - float(step(bw - eps))) / (2 * eps)
+    assert grad < 0
+    assert grad == pytest.approx(fd, rel=2e-2)
+
+
 def test_k_loop_forward_by_hand_and_in_serving(monkeypatch):
     """Inference runs the forward GEMM alone: its factor is 1 + k0 / k at its own depth k. It
     applies to a MoE model's routed experts in fp8 / fp4; a dense model, and a MoE model in

@@ -35,7 +35,7 @@ _MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
                  "gated_mlp", "num_experts", "experts_per_token", "parallel_attention",
                  "dropout", "tied_embeddings", "head_width", "sliding_window", "global_layers",
                  "dense_layers", "dense_ffn_hidden", "shared_ffn_hidden", "kv_lora_rank",
-                 "q_lora_rank", "rope_head_dim", "v_head_dim")
+                 "q_lora_rank", "rope_head_dim", "v_head_dim", "expert_bias", "glu_clamp")
 
 
 _table = _files.table  # the shipped tables, id -> entry

@@ -55,6 +55,10 @@ _PARALLEL_TYPES = ("gptj", "phi", "cohere")
 _TIED_TYPES = ("gpt2", "gpt_bigcode", "opt", "bloom", "falcon", "refinedweb", "refinedwebmodel",
                "gemma", "gemma2", "gemma3_text", "cohere", "mpt")
 
+#: `model_type`s whose routed experts' linear layers carry biases (config.json has no field for
+#: it; transformers' `GptOssExperts` holds `gate_up_proj_bias` and `down_proj_bias`).
+_EXPERT_BIAS_TYPES = ("gpt_oss",)
+
 #: Falcon's config class (and its older RefinedWeb names).
 _FALCON_TYPES = ("falcon", "refinedweb", "refinedwebmodel")
 
@@ -377,6 +381,9 @@ def transformer_from_hf_config(path: str | Path, seq_len: int | None = None,
         dense_layers=dense_layers,
         dense_ffn_hidden=dense_width,
         shared_ffn_hidden=shared,
+        # gpt-oss: biased experts (gate_up_proj_bias, down_proj_bias) and a clamped SwiGLU
+        expert_bias=1 if model_type in _EXPERT_BIAS_TYPES and experts > 1 else 0,
+        glu_clamp=1 if _is_number(cfg.get("swiglu_limit")) and cfg["swiglu_limit"] > 0 else 0,
     )
     fields.update(_latent_attention(path, cfg, pick))  # MLA: its own head widths
     try:

@@ -77,6 +77,12 @@ class Transformer(eqx.Module):
     - `q_lora_rank`: MLA's query latent width (0 = queries projected from h directly).
     - `rope_head_dim`: MLA's decoupled RoPE key / query width per head (`qk_rope_head_dim`).
     - `v_head_dim`: MLA's value width per head; 0 = `head_width`.
+    - `expert_bias`: 1 if the routed experts' linear layers carry biases (gpt-oss:
+      `gate_up_proj_bias`, `down_proj_bias`); 0 (the default) = none. Training only: how
+      Megatron-Core applies them is an operation of its own (`_layer.moe_eager_time`).
+    - `glu_clamp`: 1 if the gated activation clamps its two inputs first (gpt-oss's
+      `swiglu_limit`: the gate to at most 7, the linear half to +-7); 0 (the default) = none.
+      Training only, as `expert_bias`.
     """
 
     layers: jax.Array = _F()
@@ -102,6 +108,8 @@ class Transformer(eqx.Module):
     q_lora_rank: jax.Array = _F(default=0)
     rope_head_dim: jax.Array = _F(default=0)
     v_head_dim: jax.Array = _F(default=0)
+    expert_bias: jax.Array = _F(default=0)
+    glu_clamp: jax.Array = _F(default=0)
 
     def __check_init__(self):
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -129,6 +137,9 @@ class Transformer(eqx.Module):
         check_integer("Transformer", "parallel_attention", self.parallel_attention, minimum=0)
         check_fraction("Transformer", "dropout", self.dropout)
         check_integer("Transformer", "dropout", self.dropout, minimum=0)
+        for name in ("expert_bias", "glu_clamp"):
+            check_fraction("Transformer", name, getattr(self, name))
+            check_integer("Transformer", name, getattr(self, name), minimum=0)
         if is_concrete(self.head_width, self.heads, self.hidden):
             # heads must divide hidden only where the head width is derived from it
             derived = np.asarray(self.head_width) == 0

@@ -3,10 +3,9 @@ term, from the functions the step itself adds up (`_layer`, `_layer_comm`, `_ter
 
 Nothing here is a second model: each operation's record is the `OpCost` the step's op
 functions return (`weight_gemm_ops`, `attention_core_ops`, `elementwise_op`, `moe_permute_op`,
-`moe_quantize_op`, `head_ops`: their `time`s are the ones `layer_costs` and `head_time` sum),
-each collective's
-time that of the step's collective functions, and each exposed time the `TrainingReport`'s
-own term. What is added is bookkeeping:
+`moe_quantize_op`, `moe_eager_op`, `head_ops`: their `time`s are the ones `layer_costs` and
+`head_time` sum), each collective's time that of the step's collective functions, and each
+exposed time the `TrainingReport`'s own term. What is added is bookkeeping:
 
 - per pass: the backward records are the forward ones scaled by the op's backward / forward
   time ratio (`OpTime`: 2 for GEMMs and element-wise kernels, 2.5 for a flash kernel, 1 for the
@@ -42,6 +41,8 @@ from ._layer import (
     elementwise_time,
     head_ops,
     layer_costs,
+    moe_eager_op,
+    moe_eager_time,
     moe_permute_op,
     moe_permute_time,
     moe_quantize_op,
@@ -79,7 +80,7 @@ from ._terms import (
 LAYER_OPS = ("elementwise", "qkv", "cp_all_gather", "attention_flash", "attention_scores",
              "attention_softmax", "attention_values", "out_proj", "tp_reduction",
              "sp_all_gather", "router", "moe_permute", "ep_all_to_all", "moe_quantize", "mlp_up",
-             "mlp_down", "shared_up", "shared_down", "dense_up", "dense_down")
+             "moe_eager", "mlp_down", "shared_up", "shared_down", "dense_up", "dense_down")
 #: The collectives among `LAYER_OPS`.
 LAYER_COLLECTIVES = ("cp_all_gather", "tp_reduction", "sp_all_gather", "ep_all_to_all")
 #: The rows of the LM head, loss and embedding (per micro-batch, forward + backward).
@@ -272,7 +273,9 @@ def detail_of_report(model: Transformer, system: System, plan: TrainingPlan, eff
              ({"moe_permute": moe_permute_op(model, plan, acc, eff)},
               _ratio(moe_permute_time(model, plan, acc, eff)), False),
              ({"moe_quantize": moe_quantize_op(model, plan, acc, eff)},
-              _ratio(moe_quantize_time(model, plan, acc, eff)), False)]
+              _ratio(moe_quantize_time(model, plan, acc, eff)), False),
+             ({"moe_eager": moe_eager_op(model, plan, acc, eff)},
+              _ratio(moe_eager_time(model, plan, acc, eff)), False)]
     forward, backward, recompute = {}, {}, {}
     for ops, ratio, is_attention in kinds:
         for name, cost in ops.items():

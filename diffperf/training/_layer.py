@@ -4,14 +4,16 @@ pipeline stage, each op a named function.
 Every op returns an `OpTime` (its forward and backward pass, s): the weight GEMMs with their
 exact local shapes (`weight_gemms`, a `LayerGemms` whose `time` is one), the attention core
 (`attention_core_time`), the element-wise kernels (`elementwise_time`) and a MoE layer's token
-permutation (`moe_permute_time`) and fp8 casts of its routed tokens (`moe_quantize_time`).
+permutation (`moe_permute_time`), fp8 casts of its routed tokens (`moe_quantize_time`) and the
+eager work around biased or clamped experts (`moe_eager_time`).
 `layer_costs` sums them, adds the recomputation (`recompute_time`) and the exposed tensor /
 context / expert parallel communication of `_layer_comm`, and returns a `LayerTimes`.
 `head_time` is the LM head, loss and embedding outside the layers.
 
 The times are the `time` of each kernel's `OpCost` record (FLOPs, bytes, the time of each
 resource: `costs.op_cost`, `costs.gemm_cost`); `weight_gemm_ops`, `attention_core_ops`,
-`elementwise_op`, `moe_permute_op`, `moe_quantize_op` and `head_ops` return those records,
+`elementwise_op`, `moe_permute_op`, `moe_quantize_op`, `moe_eager_op` and `head_ops` return
+those records,
 which `_detail.training_detail` reports per operation.
 """
 
@@ -386,6 +388,68 @@ def _moe_quantize_ops(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     return (share * fwd).where(on), (share * bwd).where(on)
 
 
+def moe_eager_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                   eff: Efficiency) -> OpTime:
+    """Eager element-wise work Megatron-Core runs around the routed experts of a model with
+    expert biases (`Transformer.expert_bias`) or a clamped gated activation (`glu_clamp`),
+    gpt-oss's, s (0 for other models).
+
+    From `TEGroupedMLP` (megatron/core/transformer/moe/experts.py at Megatron-LM 0d8e0714,
+    the Megatron-Bridge 25.11 pin) and `weighted_bias_quick_geglu_impl`
+    (megatron/core/fusions/fused_bias_geglu.py), in 16-bit activations of a bytes each, on the
+    R = moe_tokens * k routed tokens of this GPU, f' = f / etp:
+
+    - the clamp, outside the fused activation: the gate and the linear half of the up
+      projection's R x 2 f' output each clamped (read and write a half each), then
+      concatenated again (read and write the whole): 4 a B per element of R x 2 f', 3 kernels;
+      backward, each clamp's gradient reads the output gradient and its saved input and
+      writes one (3 a), and the two halves' gradients are concatenated (2 a): 5 a B per element;
+    - the down projection's bias (`_apply_bias`: a Python loop over the local experts, then
+      one `torch.cat`): per expert `b * p` (write a) and `t + b p` (read 2 a, write a), the
+      concatenation (2 a): 6 a B per element of R x h, 2 kernels per local expert + 1;
+      backward, per expert the two products of the gradient with the router weight and with
+      the bias materialised and reduced (3 a each), and the split's gradient concatenated
+      (2 a): 8 a B per element, 4 kernels per local expert + 1:
+
+        forward  = a R (4 c 2 f' + 6 b h) B,    backward = a R (5 c 2 f' + 8 b h) B
+
+    with c = `glu_clamp`, b = `expert_bias` (the up projection's bias is added inside the
+    fused activation, whose traffic `elementwise_op` counts). Not counted: the host operators
+    of the per-expert loop, and the recomputation of the clamp under Megatron's selective
+    recompute of `moe_act` (not modelled for the activation either). Inference engines fuse
+    both into their MoE kernels, so `infer` and `serve` have no such term."""
+    if model.known_dense():
+        return OpTime(jnp.zeros(()), jnp.zeros(()))
+    fwd, bwd = _moe_eager_ops(model, plan, acc, eff)
+    return OpTime(fwd.time, bwd.time)
+
+
+def moe_eager_op(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                 eff: Efficiency) -> OpCost:
+    """The forward `OpCost` of `moe_eager_time` (mean over the layers: 1 - r of them)."""
+    if model.known_dense():
+        return OpCost.zero()
+    return _moe_eager_ops(model, plan, acc, eff)[0]
+
+
+def _moe_eager_ops(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                   eff: Efficiency) -> tuple[OpCost, OpCost]:
+    """(forward, backward) `OpCost`s of `moe_eager_time`."""
+    etp, moe_tokens = expert_tokens(model, plan)
+    routed = moe_tokens * model.experts_per_token
+    a = activation_bytes(plan.precision)
+    clamp, bias = model.glu_clamp, model.expert_bias
+    up_width = (model.mlp_matrices - 1.0) * model.ffn_hidden / etp
+    local_experts = model.num_experts / plan.ep
+    fwd = op_cost(acc, eff, 0.0, a * routed * (4.0 * clamp * up_width + 6.0 * bias * model.hidden),
+                  kernels=3.0 * clamp + bias * (2.0 * local_experts + 1.0))
+    bwd = op_cost(acc, eff, 0.0, a * routed * (5.0 * clamp * up_width + 8.0 * bias * model.hidden),
+                  kernels=3.0 * clamp + bias * (4.0 * local_experts + 1.0))
+    share = 1.0 - model.dense_fraction
+    on = (model.num_experts > 1) & ((clamp > 0) | (bias > 0))
+    return (share * fwd).where(on), (share * bwd).where(on)
+
+
 def recompute_time(model: Transformer, plan: TrainingPlan, forward,
                    attention_forward) -> jax.Array:
     """Recomputation per layer, s: full * forward + (1 - full) * (the attention core under
@@ -404,9 +468,10 @@ def layer_costs(model: Transformer, plan: TrainingPlan, system: System,
                 eff: Efficiency) -> LayerTimes:
     """One layer's compute (the ops above) and exposed communication (`_layer_comm`), s.
 
-    forward = GEMMs + attention core + element-wise + permutation; backward likewise from each
-    op's backward; the async TP reductions hide behind the column-parallel weight-gradient
-    GEMMs, and the EP all-to-alls behind the compute those left (`_layer_comm.ep_comm`)."""
+    forward = GEMMs + attention core + element-wise + permutation + fp8 casts + eager expert
+    work; backward likewise from each op's backward; the async TP reductions hide behind the
+    column-parallel weight-gradient GEMMs, and the EP all-to-alls behind the compute those left
+    (`_layer_comm.ep_comm`)."""
     acc, net = system.accelerator, system.network
     weights = weight_gemms(model, plan, acc, eff)
     gemms = weights.time
@@ -414,10 +479,11 @@ def layer_costs(model: Transformer, plan: TrainingPlan, system: System,
     elementwise = elementwise_time(model, plan, acc, eff)
     permute = moe_permute_time(model, plan, acc, eff)
     quantize = moe_quantize_time(model, plan, acc, eff)
+    eager = moe_eager_time(model, plan, acc, eff)
     forward = (gemms.forward + attention.forward + elementwise.forward + permute.forward
-               + quantize.forward)
+               + quantize.forward + eager.forward)
     backward = (gemms.backward + attention.backward + elementwise.backward + permute.backward
-                + quantize.backward)
+                + quantize.backward + eager.backward)
     recompute = recompute_time(model, plan, forward, attention.forward)
     tp_exposed, tp_hidden = tp_comm(model, plan, net, eff, weights.qkv + weights.mlp_up)
     ep_exposed, ep_all = ep_comm(model, plan, net, eff,

@@ -47,8 +47,11 @@ TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_
 #: diffperf extension columns of rows of both kinds: 0/1, a parallel attention + MLP block
 #: (GPT-J, Falcon; empty or absent = 0, the sequential block), whether training applies
 #: dropout (empty or absent = 1, Korthikanti's GPT; 0 for Llama-style models), and whether the
-#: output head is tied to the embedding (empty or absent = 0); see `Transformer`.
-MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0, "dropout": 1.0, "tied_embeddings": 0.0}
+#: output head is tied to the embedding (empty or absent = 0), and whether the routed experts
+#: carry biases and clamp their gated activation's inputs (gpt-oss; empty or absent = 0); see
+#: `Transformer`.
+MODEL_OPTIONAL_FLAGS = {"parallel_attention": 0.0, "dropout": 1.0, "tied_embeddings": 0.0,
+                        "expert_bias": 0.0, "glu_clamp": 0.0}
 #: diffperf extension columns of rows of both kinds (empty or absent = 0): the per-head width
 #: where it is not hidden / heads (Gemma, Qwen3; 0 = hidden / heads; `Transformer.head_width`),
 #: the sliding-window attention of Mistral 7B v0.1 / Gemma (`Transformer.sliding_window`,
