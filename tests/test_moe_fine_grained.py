@@ -172,7 +172,7 @@ def test_fp8_casts_of_the_routed_tokens_by_hand():
 def test_biased_clamped_experts_eager_work_by_hand():
     """gpt-oss in Megatron-Core (`TEGroupedMLP` at Megatron-LM 0d8e0714): R = 2 x 2,048 x 4
     routed tokens per GPU, 16-bit (2 B). Clamp + concatenation of the R x 2 f up-projection
-    output: 4 x 2 B per element forward, 5 x 2 B backward, 3 kernels each way. The
+    output: 4 x 2 B per element forward in 3 kernels, PyTorch's clamp backward below. The
     down-projection bias, a loop over E / ep = 4 local experts: 6 x 2 B per element of R x h
     forward (2 kernels per expert + a concatenation), 8 x 2 B backward (4 per expert + 1)."""
     from diffperf.training._layer import _moe_eager_ops, moe_eager_op, moe_eager_time
@@ -182,9 +182,13 @@ def test_biased_clamped_experts_eager_work_by_hand():
     oss = dataclasses.replace(MOE, expert_bias=1, glu_clamp=1)
     fwd, bwd = _moe_eager_ops(oss, plan, acc, EFF)
     assert float(fwd.hbm_bytes) == pytest.approx(2 * r * (4 * 2 * F + 6 * H), rel=1e-6)
-    assert float(bwd.hbm_bytes) == pytest.approx(2 * r * (5 * 2 * F + 8 * H), rel=1e-6)
+    # backward clamp: PyTorch's clamp_backward. Linear half, where((x >= lo) & (x <= hi), g,
+    # 0): two comparisons (read 2, write a 1-byte mask) 6 B, the in-place `and` 3 B, the
+    # `where` (read 2 + 1, write 2) 5 B: 14 B. Gate half, where(x <= hi, g, 0): 3 + 5 = 8 B.
+    # The halves' gradients concatenated: 4 B. (14 + 8) / 2 + 4 = 15 B per element of R x 2 f
+    assert float(bwd.hbm_bytes) == pytest.approx(r * (15.0 * 2 * F + 2 * 8 * H), rel=1e-6)
     assert float(fwd.kernels) == 3 + 2 * local + 1
-    assert float(bwd.kernels) == 3 + 4 * local + 1
+    assert float(bwd.kernels) == (5 + 3 + 1) + 4 * local + 1
     assert float(fwd.flops) == 0.0
     # each flag alone carries its own part
     clamp_only = _moe_eager_ops(dataclasses.replace(MOE, glu_clamp=1), plan, acc, EFF)[0]
@@ -197,8 +201,11 @@ def test_biased_clamped_experts_eager_work_by_hand():
     assert float(moe_eager_op(oss, plan, acc, EFF).time) == pytest.approx(float(fwd.time))
     # models without biases or a clamp, and dense models, have no such work
     assert float(moe_eager_time(MOE, plan, acc, EFF).forward) == 0.0
-    dense = dataclasses.replace(oss, num_experts=1, experts_per_token=1, ffn_hidden=4 * H)
+    dense = dataclasses.replace(MOE, num_experts=1, experts_per_token=1, ffn_hidden=4 * H,
+                                glu_clamp=1)
     assert float(moe_eager_time(dense, _plan(ep=1), acc, EFF).backward) == 0.0
+    with pytest.raises(ValueError, match="expert_bias > 0 needs a MoE model"):
+        dataclasses.replace(dense, expert_bias=1)
     # in the step: slower by at least the op's time over L layers x 4 micro-batches (only
     # compute changes: the all-to-all may hide more behind it), and in the detail
     plain, biased = STEP(MOE, H100, plan, EFF), STEP(oss, H100, plan, EFF)

@@ -66,7 +66,8 @@ def random_plans(n: int, gpus: int = 1024, global_batch: int = 1536, seed: int =
         recompute_layers=np.zeros(n), offload_layers=np.zeros(n), fp32_gradients=np.ones(n),
         account_embedding_loss=np.zeros(n), fp32_optimizer_moments=np.ones(n),
         expert_tp=np.zeros(n), overlap_ep=np.zeros(n), fused_expert_gemm=np.zeros(n),
-        offload_optimizer=np.zeros(n), offload_weights=np.zeros(n))
+        offload_optimizer=np.zeros(n), offload_weights=np.zeros(n), recompute_norms=np.zeros(n),
+        recompute_moe_act=np.zeros(n), recompute_mla_up=np.zeros(n), recompute_mlp=np.zeros(n))
 
 
 def _slice(tree, i, j):

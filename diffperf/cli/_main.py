@@ -30,7 +30,7 @@ from ..explore._what_if import (
 )
 from ..feasibility import explain
 from ..plots._validation_plot import validation_plot
-from ..specs._training_plan import TrainingPlan, layer_count_error
+from ..specs._training_plan import RECOMPUTE_MODULES, TrainingPlan, layer_count_error
 from ..training._layer import layer_costs
 from ..training._notes import training_notes, utilisation_notes
 from ..training._offload import offload_traffic
@@ -116,6 +116,10 @@ def _add_train(sub):
                     help="sequences per optimizer step (default 1536)")
     pl.add_argument("--seq-len", type=int, default=None, help="default: the model's")
     pl.add_argument("--recompute", default="selective", choices=["none", "selective", "full"])
+    pl.add_argument("--recompute-modules", default="", metavar="LIST",
+                    help="modules whose outputs are recomputed instead of stored, comma-separated: "
+                         "layernorm, moe_act, mla_up_proj, mlp (Megatron-core's selective "
+                         "--recompute-modules beside core_attn, which is --recompute selective)")
     pl.add_argument("--recompute-layers", type=int, default=0,
                     help="layers per pipeline chunk fully recomputed, the rest follow --recompute "
                          "(Megatron's --recompute-method block --recompute-num-layers; default 0)")
@@ -234,9 +238,21 @@ def _train_inputs(args):
                         expert_tp=args.expert_tp, overlap_ep=int(args.overlap_ep),
                         fused_expert_gemm=int(args.fused_expert_gemm),
                         offload_optimizer=args.offload_optimizer,
-                        offload_weights=int(args.offload_weights))
+                        offload_weights=int(args.offload_weights),
+                        **recompute_module_flags(args.recompute_modules))
     plan = with_plan_fields(plan, unflagged)
     return model, system, plan, _load_efficiency(args.efficiency, args.gpu), choice
+
+
+def recompute_module_flags(text: str) -> dict[str, int]:
+    """`TrainingPlan`'s recompute-module flags from a comma-separated --recompute-modules list
+    (raises CliError naming an unknown module)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown:
+        raise CliError(f"--recompute-modules: unknown module {unknown[0]!r}; known: "
+                       f"{', '.join(RECOMPUTE_MODULES)}")
+    return {field: int(name in names) for name, field in RECOMPUTE_MODULES.items()}
 
 
 def training_summary(report, system) -> dict:
@@ -331,6 +347,8 @@ def _print_training(args, s: dict, plan, layers: float, choice) -> None:
     rc = {0: "none", 1: "selective", 2: "full"}[int(np.asarray(plan.recompute))]
     if args.recompute_layers and rc != "full":
         rc += f" + {args.recompute_layers} full layers/chunk"
+    if args.recompute_modules and rc != "full":
+        rc += f" + modules {args.recompute_modules}"
     if args.offload_layers:
         chunk = float(np.asarray(plan.chunk_layers(layers)))
         kept = chunk - (args.recompute_layers if rc != "full" else chunk)

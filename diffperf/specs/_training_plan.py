@@ -18,6 +18,10 @@ from ._hardware import PRECISION_CODES, PRECISIONS
 
 RECOMPUTE = {0: "none", 1: "selective", 2: "full"}
 RECOMPUTE_CODES = {v: k for k, v in RECOMPUTE.items()}
+#: Megatron-core's selective `recompute_modules` the plan can name, with their plan field
+#: ("core_attn", the attention core, is `recompute` = selective).
+RECOMPUTE_MODULES = {"layernorm": "recompute_norms", "moe_act": "recompute_moe_act",
+                     "mla_up_proj": "recompute_mla_up", "mlp": "recompute_mlp"}
 ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 ZERO_CODES = {v: k for k, v in ZERO.items()}
 
@@ -117,6 +121,15 @@ class TrainingPlan(eqx.Module):
       `account_for_embedding_in_pipeline_split` / `account_for_loss_in_pipeline_split`, used by
       NVIDIA's Llama-3.1 405B recipes): layers + 2 slots over pp * vp chunks, so the first and
       the last chunk each hold one transformer layer fewer. No effect with pp = 1.
+    - `recompute_norms`, `recompute_moe_act`, `recompute_mla_up`, `recompute_mlp`: 1 to discard
+      a module's output in the forward pass and rerun the module before the backward pass
+      needs it (Megatron-core's selective `recompute_modules` "layernorm", "moe_act",
+      "mla_up_proj", "mlp"; 0, the default, keeps the output): the two layer norms; the routed
+      experts' activation (with its clamp, `Transformer.glu_clamp`); MLA's query and KV
+      up-projections; the MLP of a dense model or of a MoE model's dense-MLP layers. Each
+      trades its recomputed forward time for the 16-bit outputs it no longer stores, on the
+      layers that are not fully recomputed (`diffperf.training._layer.module_recompute_ops`,
+      `_memory`).
     - `zero3_per_matrix`: ZeRO-3 collective granularity: 0 one transformer layer per gather /
       reduce-scatter (FSDP units: PyTorch FSDP, Megatron-FSDP), 1 one per weight matrix
       (DeepSpeed ZeRO-3 gathers parameter by parameter; biases and norms stay replicated). The
@@ -151,6 +164,10 @@ class TrainingPlan(eqx.Module):
     fused_expert_gemm: jax.Array = _F(default=0)
     offload_optimizer: jax.Array = _F(default=0)
     offload_weights: jax.Array = _F(default=0)
+    recompute_norms: jax.Array = _F(default=0)
+    recompute_moe_act: jax.Array = _F(default=0)
+    recompute_mla_up: jax.Array = _F(default=0)
+    recompute_mlp: jax.Array = _F(default=0)
 
     def __check_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vp"):
@@ -159,7 +176,7 @@ class TrainingPlan(eqx.Module):
         for name in ("sequence_parallel", "flash_attention", "overlap_tp", "overlap_tp_backward",
                      "overlap_dp", "zero3_per_matrix", "fp32_gradients", "account_embedding_loss",
                      "fp32_optimizer_moments", "overlap_ep", "fused_expert_gemm",
-                     "offload_weights"):
+                     "offload_weights", *RECOMPUTE_MODULES.values()):
             check_choice("TrainingPlan", name, getattr(self, name), {0: "off", 1: "on"})
         check_choice("TrainingPlan", "recompute", self.recompute, RECOMPUTE)
         for name in ("recompute_layers", "offload_layers"):

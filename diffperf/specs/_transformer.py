@@ -24,7 +24,8 @@ _OPTIONAL_SIZES = ("head_width", "sliding_window", "global_layers", "dense_layer
 _MOE = ("num_experts", 1, "a MoE model (num_experts > 1)")
 _MLA = ("kv_lora_rank", 0, "multi-head latent attention (kv_lora_rank > 0)")
 #: Fields that only mean something when another field exceeds a threshold.
-_NEEDS = {"dense_layers": _MOE, "shared_ffn_hidden": _MOE, "q_lora_rank": _MLA,
+_NEEDS = {"dense_layers": _MOE, "shared_ffn_hidden": _MOE, "expert_bias": _MOE,
+          "q_lora_rank": _MLA,
           "rope_head_dim": _MLA, "v_head_dim": _MLA}
 
 

@@ -10,7 +10,8 @@ exposed time the `TrainingReport`'s own term. What is added is bookkeeping:
 - per pass: the backward records are the forward ones scaled by the op's backward / forward
   time ratio (`OpTime`: 2 for GEMMs and element-wise kernels, 2.5 for a flash kernel, 1 for the
   MoE permutation, about (h + 2 f) / (h + f) for a gated MoE layer's fp8 casts); the
-  recomputation records are `recompute_time` applied to every field.
+  recomputation records are `recompute_time` applied to every field, plus the modules
+  selective recomputation reruns (`module_recompute_ops`) on the layers not fully recomputed.
 - per communication term of the step: its link time L (the collectives' time if nothing hid
   them: the step's function with the term's overlap switched off), the part hidden H (by the
   mechanism that hides it: GEMM-collective and asynchronous overlap for TP, the fixed fractions
@@ -41,6 +42,7 @@ from ._layer import (
     elementwise_time,
     head_ops,
     layer_costs,
+    module_recompute_ops,
     moe_eager_op,
     moe_eager_time,
     moe_permute_op,
@@ -282,6 +284,9 @@ def detail_of_report(model: Transformer, system: System, plan: TrainingPlan, eff
             forward[name] = cost
             backward[name] = ratio * cost
             recompute[name] = _recomputed(model, plan, cost, is_attention)
+    # modules rerun by selective recomputation (`module_recompute_time`), on top
+    for name, cost in module_recompute_ops(model, plan, acc, eff).items():
+        recompute[name] = recompute[name] + (1.0 - full) * cost
 
     # ---- the collectives of a layer (link times, before any overlap)
     one, sp_ag, bwd = _block_reductions(model, plan, net, eff)

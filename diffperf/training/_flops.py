@@ -45,14 +45,33 @@ def model_flops_per_step(model: Transformer, plan: TrainingPlan,
     return plan.global_batch * model.seq_len * per_token
 
 
+def _module_gemm_flops_per_token(model: Transformer, plan: TrainingPlan) -> jax.Array:
+    """Forward GEMM FLOPs per token of one layer that selective module recomputation reruns:
+    MLA's up-projections from its latents (`recompute_mla_up`: 2 a (q_lora d_qk + c_kv (d +
+    d_v)); without a query latent the queries come from h directly, not an up-projection) and
+    the dense MLPs (`recompute_mlp`: 2 m h f of a dense model, the dense-MLP layers' share r of
+    2 m h f_d in a MoE model)."""
+    h, r = model.hidden, model.dense_fraction
+    mla_up = 2.0 * model.mla * model.heads * (model.q_lora_rank * model.qk_dim
+                                              + model.kv_lora_rank
+                                              * (model.head_dim + model.v_dim))
+    dense_model = jnp.where(model.num_experts > 1, 0.0, 1.0 - r)
+    mlp = 2.0 * model.mlp_matrices * h * (dense_model * model.ffn_hidden
+                                          + r * model.dense_width)
+    return plan.recompute_mla_up * mla_up + plan.recompute_mlp * mlp
+
+
 def hardware_flops_per_step(model: Transformer, plan: TrainingPlan) -> jax.Array:
     """Model FLOPs plus the recomputed forward: the whole layer (full or `recompute_layers`,
     Narayanan's Eq. 3 for full:
     96 B s L h^2 (1 + s/(6h) + V/(16 L h))) or the attention core (selective, unfused attention
-    only: a flash kernel's own recomputation is part of its backward pass, not counted here)."""
+    only: a flash kernel's own recomputation is part of its backward pass, not counted here),
+    and on the other layers the GEMMs of recomputed modules (`_module_gemm_flops_per_token`)."""
     gemm, attn = _layer_flops_per_token(model)
     selective = jnp.where(plan.flash_attention > 0, 0.0, attn)  # flash: inside its backward
     full = plan.recomputed_fraction(model.layers)  # incl. `recompute_layers` (block method)
-    extra = full * (gemm + attn) + (1.0 - full) * jnp.where(plan.recompute == 1, selective, 0.0)
+    extra = full * (gemm + attn) + (1.0 - full) * (
+        jnp.where(plan.recompute == 1, selective, 0.0)
+        + _module_gemm_flops_per_token(model, plan))
     tokens = plan.global_batch * model.seq_len
     return model_flops_per_step(model, plan) + tokens * model.layers * extra

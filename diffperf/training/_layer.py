@@ -399,11 +399,16 @@ def moe_eager_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     (megatron/core/fusions/fused_bias_geglu.py), in 16-bit activations of a bytes each, on the
     R = moe_tokens * k routed tokens of this GPU, f' = f / etp:
 
-    - the clamp, outside the fused activation: the gate and the linear half of the up
-      projection's R x 2 f' output each clamped (read and write a half each), then
-      concatenated again (read and write the whole): 4 a B per element of R x 2 f', 3 kernels;
-      backward, each clamp's gradient reads the output gradient and its saved input and
-      writes one (3 a), and the two halves' gradients are concatenated (2 a): 5 a B per element;
+    - the clamp of a gated activation, outside the fused activation: the gate and the
+      linear half of the up projection's R x 2 f' output each clamped (read and write a half
+      each), then concatenated again (read and write the whole): 4 a B per element of
+      R x 2 f', 3 kernels. Backward, PyTorch's `clamp_backward` is
+      `where((x >= lo).logical_and_(x <= hi), grad, 0)` on the linear half (a zero scalar,
+      two comparisons reading a and writing a 1-byte mask each, the in-place `and` reading two
+      masks and writing one, the `where` reading a + 1 and writing a: 4 a + 6 B, 5 kernels)
+      and `where(x <= hi, grad, 0)` on the gate half (3 a + 2 B, 3 kernels); the halves'
+      gradients are concatenated (2 a, 1 kernel): (5.5 a + 4) B per element of R x 2 f',
+      9 kernels;
     - the down projection's bias (`_apply_bias`: a Python loop over the local experts, then
       one `torch.cat`): per expert `b * p` (write a) and `t + b p` (read 2 a, write a), the
       concatenation (2 a): 6 a B per element of R x h, 2 kernels per local expert + 1;
@@ -411,13 +416,16 @@ def moe_eager_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
       the bias materialised and reduced (3 a each), and the split's gradient concatenated
       (2 a): 8 a B per element, 4 kernels per local expert + 1:
 
-        forward  = a R (4 c 2 f' + 6 b h) B,    backward = a R (5 c 2 f' + 8 b h) B
+        forward  = R (4 a c 2 f' + 6 a b h) B,
+        backward = R ((5.5 a + 4) c 2 f' + 8 a b h) B
 
-    with c = `glu_clamp`, b = `expert_bias` (the up projection's bias is added inside the
-    fused activation, whose traffic `elementwise_op` counts). Not counted: the host operators
-    of the per-expert loop, and the recomputation of the clamp under Megatron's selective
-    recompute of `moe_act` (not modelled for the activation either). Inference engines fuse
-    both into their MoE kernels, so `infer` and `serve` have no such term."""
+    with c = `glu_clamp` (on gated MLPs only), b = `expert_bias`. The up projection's bias is
+    added in Transformer Engine's grouped GEMM (`linear_fc1` is built with
+    `skip_bias_add=False`), so it has no eager traffic. Not counted: the host operators of the
+    per-expert loop and a few tiny launches of the backward (the router weights' split and
+    gradient accumulation, one bias-gradient add per expert). Selective recomputation of
+    `moe_act` reruns the clamp (`module_recompute_ops`). Inference engines fuse both into their
+    MoE kernels, so `infer` and `serve` have no such term."""
     if model.known_dense():
         return OpTime(jnp.zeros(()), jnp.zeros(()))
     fwd, bwd = _moe_eager_ops(model, plan, acc, eff)
@@ -438,16 +446,93 @@ def _moe_eager_ops(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     etp, moe_tokens = expert_tokens(model, plan)
     routed = moe_tokens * model.experts_per_token
     a = activation_bytes(plan.precision)
-    clamp, bias = model.glu_clamp, model.expert_bias
+    clamp, bias = model.glu_clamp * model.gated_mlp, model.expert_bias  # GLUs clamp only
     up_width = (model.mlp_matrices - 1.0) * model.ffn_hidden / etp
     local_experts = model.num_experts / plan.ep
-    fwd = op_cost(acc, eff, 0.0, a * routed * (4.0 * clamp * up_width + 6.0 * bias * model.hidden),
+    fwd = op_cost(acc, eff, 0.0,
+                  routed * (4.0 * a * clamp * up_width + 6.0 * a * bias * model.hidden),
                   kernels=3.0 * clamp + bias * (2.0 * local_experts + 1.0))
-    bwd = op_cost(acc, eff, 0.0, a * routed * (5.0 * clamp * up_width + 8.0 * bias * model.hidden),
-                  kernels=3.0 * clamp + bias * (4.0 * local_experts + 1.0))
+    bwd = op_cost(acc, eff, 0.0,
+                  routed * ((5.5 * a + 4.0) * clamp * up_width + 8.0 * a * bias * model.hidden),
+                  kernels=9.0 * clamp + bias * (4.0 * local_experts + 1.0))
     share = 1.0 - model.dense_fraction
     on = (model.num_experts > 1) & ((clamp > 0) | (bias > 0))
     return (share * fwd).where(on), (share * bwd).where(on)
+
+
+def module_recompute_ops(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                         eff: Efficiency) -> dict[str, OpCost]:
+    """The forward `OpCost`s of the modules selective recomputation reruns before the backward
+    pass (`TrainingPlan.recompute_norms`, `recompute_moe_act`, `recompute_mla_up`,
+    `recompute_mlp`; Megatron-core's `recompute_modules`), one layer and micro-batch, mean over
+    the layers, keyed by the `_detail.LAYER_OPS` operation whose forward they repeat:
+
+    - `elementwise`: the two layer norms (read and write tokens x h each, 2 kernels; the norm
+      part of `elementwise_op`), the routed experts' activation (reads the up projection's
+      2 f' and writes f' per routed token, 1 kernel) and a dense MLP's activation;
+    - `moe_eager`: the clamp before the experts' activation (`moe_eager_time`'s forward
+      clamp: 4 a B per element of R x 2 f', 3 kernels), which the activation's recomputation
+      reruns;
+    - `qkv`: MLA's query and KV up-projections, tokens x (a / t) d_qk from the query latent
+      (none without one) and tokens x (a / t) (d + d_v) from the KV latent (RoPE's
+      element-wise work left out);
+    - `mlp_up`, `mlp_down` (a dense model) or `dense_up`, `dense_down` (a MoE model's
+      dense-MLP layers): the MLP GEMMs.
+
+    Each is zero unless its flag is on; `module_recompute_time` applies them to the layers
+    that are not fully recomputed."""
+    ab, t, p = activation_bytes(plan.precision), plan.tp, plan.precision
+    h, r = model.hidden, model.dense_fraction
+    tokens = local_tokens(model, plan)
+    sp_div = jnp.where(plan.sequence_parallel > 0, t, 1.0)
+    norm_elems = tokens * h / sp_div
+    act_bytes = ab * (2.0 + model.gated_mlp)
+    norms = plan.recompute_norms * op_cost(acc, eff, 16.0 * norm_elems, 4.0 * ab * norm_elems,
+                                           kernels=2.0)
+    moe = jnp.where(model.num_experts > 1, 1.0, 0.0)
+    routed_act = tokens * (1.0 - r) * model.experts_per_token * model.ffn_hidden / t
+    moe_act = ((plan.recompute_moe_act * moe) * op_cost(
+        acc, eff, 8.0 * routed_act, act_bytes * routed_act, kernels=1.0)).where(routed_act > 0)
+    etp, moe_tokens = expert_tokens(model, plan)
+    up_width = (model.mlp_matrices - 1.0) * model.ffn_hidden / etp
+    clamped = plan.recompute_moe_act * moe * model.glu_clamp * model.gated_mlp * (1.0 - r)
+    clamp = clamped * op_cost(acc, eff, 0.0,
+                              4.0 * ab * moe_tokens * model.experts_per_token * up_width,
+                              kernels=3.0)
+    # The MLP of a dense model (`_moe_mlp`'s single expert) or of a MoE model's dense layers.
+    _, _, moe_ops = _moe_mlp(model, plan, acc, eff)
+    _, _, dense_ops = _dense_mlp(model, plan, acc, eff)
+    dense_model = (1.0 - moe) * (1.0 - r)
+    mlp = plan.recompute_mlp
+    dense_act = tokens * (dense_model * model.ffn_hidden + r * model.dense_width) / t
+    mlp_act = (mlp * op_cost(acc, eff, 8.0 * dense_act, act_bytes * dense_act,
+                             kernels=1.0)).where(dense_act > 0)
+    ops = {"elementwise": norms + moe_act + mlp_act, "moe_eager": clamp,
+           "mlp_up": (mlp * dense_model) * moe_ops["mlp_up"],
+           "mlp_down": (mlp * dense_model) * moe_ops["mlp_down"],
+           "dense_up": (mlp * r) * dense_ops["dense_up"],
+           "dense_down": (mlp * r) * dense_ops["dense_down"], "qkv": OpCost.zero()}
+    if not model.known_absent("kv_lora_rank"):
+        heads = model.heads / t
+        has_q = jnp.where(model.q_lora_rank > 0, 1.0, 0.0)  # no latent: no query up-projection
+        q_lora = jnp.where(model.q_lora_rank > 0, model.q_lora_rank, h)
+        c_kv = jnp.where(model.kv_lora_rank > 0, model.kv_lora_rank, h)
+        q_up = has_q * gemm_cost(acc, eff, tokens, heads * model.qk_dim, q_lora, p,
+                                 act_bytes=ab)
+        kv_up = gemm_cost(acc, eff, tokens, heads * (model.head_dim + model.v_dim), c_kv, p,
+                          act_bytes=ab)
+        ops["qkv"] = (plan.recompute_mla_up * model.mla) * (q_up + kv_up)
+    return ops
+
+
+def module_recompute_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                          eff: Efficiency) -> jax.Array:
+    """Selective recomputation of modules per layer and micro-batch, s: (1 - full) times the
+    summed forward times of `module_recompute_ops` (the fully recomputed share of the layers
+    reruns everything anyway, `recompute_time`)."""
+    full = plan.recomputed_fraction(model.layers)
+    return (1.0 - full) * sum(op.time for op in
+                              module_recompute_ops(model, plan, acc, eff).values())
 
 
 def recompute_time(model: Transformer, plan: TrainingPlan, forward,
@@ -484,7 +569,8 @@ def layer_costs(model: Transformer, plan: TrainingPlan, system: System,
                + quantize.forward + eager.forward)
     backward = (gemms.backward + attention.backward + elementwise.backward + permute.backward
                 + quantize.backward + eager.backward)
-    recompute = recompute_time(model, plan, forward, attention.forward)
+    recompute = (recompute_time(model, plan, forward, attention.forward)
+                 + module_recompute_time(model, plan, acc, eff))
     tp_exposed, tp_hidden = tp_comm(model, plan, net, eff, weights.qkv + weights.mlp_up)
     ep_exposed, ep_all = ep_comm(model, plan, net, eff,
                                  forward + backward + recompute - tp_hidden, acc.num_sms)

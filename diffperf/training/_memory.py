@@ -200,6 +200,25 @@ def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Arr
     qk, v = model.qk_dim, model.v_dim
     attention = (2.0 * a * qk + 2.0 * g * (qk + v) + attn_out * a * v) / model.hidden
     mlp_hidden = (2.0 * (1.0 + model.gated_mlp) + q) * kf_h
+    # Selectively recomputed modules (`TrainingPlan.recompute_norms` ...) do not keep their
+    # 16-bit outputs: the layer norms' (the QKV input, and the MLP input where it is not
+    # dispatched: a dense MLP's, a shared expert's), the routed experts' activation output (the
+    # down projection's input), MLA's Q, K and V (what the attention core keeps), a dense MLP's
+    # inner tensors (only its input stays). Under fp8 / fp4 a linear layer keeps its own
+    # quantised copy of its input, so a recomputed norm or activation frees nothing counted here.
+    moe = jnp.where(model.num_experts > 1, 1.0, 0.0)
+    has_shared = jnp.where(shared > 0, 1.0, 0.0)
+    undispatched = moe * ((1.0 - dense) * has_shared + dense) + (1.0 - moe)
+    sixteen = jnp.where(low, 0.0, 2.0)
+    replicated = replicated - plan.recompute_norms * sixteen * (1.0 + undispatched)
+    dense_mlp = ((1.0 - moe) * (1.0 - dense) * model.ffn_hidden
+                 + dense * model.dense_width) / model.hidden
+    mlp_hidden = (mlp_hidden
+                  - plan.recompute_moe_act * moe * sixteen * (1.0 - dense)
+                  * model.experts_per_token * model.ffn_hidden / model.hidden
+                  - plan.recompute_mlp * (2.0 * (1.0 + model.gated_mlp) + q) * dense_mlp)
+    attention = attention - (plan.recompute_mla_up * model.mla
+                             * (2.0 * a * qk + 2.0 * g * (qk + v)) / model.hidden)
     sharded = attention + mlp_hidden
     sp = plan.sequence_parallel > 0
     per_token = jnp.where(sp, (replicated + sharded) / t, replicated + sharded / t)

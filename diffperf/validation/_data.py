@@ -43,7 +43,8 @@ INFER = ("batch", "input_len", "output_len")
 TRAIN_OPTIONAL_FLAGS = {"overlap_tp": 1.0, "overlap_tp_backward": 1.0, "overlap_dp": 1.0,
                         "zero3_per_matrix": 0.0, "fp32_gradients": 1.0,
                         "account_embedding_loss": 0.0, "fp32_optimizer_moments": 1.0,
-                        "overlap_ep": 0.0, "fused_expert_gemm": 0.0}
+                        "overlap_ep": 0.0, "fused_expert_gemm": 0.0, "recompute_norms": 0.0,
+                        "recompute_moe_act": 0.0, "recompute_mla_up": 0.0, "recompute_mlp": 0.0}
 #: diffperf extension columns of rows of both kinds: 0/1, a parallel attention + MLP block
 #: (GPT-J, Falcon; empty or absent = 0, the sequential block), whether training applies
 #: dropout (empty or absent = 1, Korthikanti's GPT; 0 for Llama-style models), and whether the
@@ -425,7 +426,11 @@ def train_specs(row: BenchmarkRow):
                         recompute_layers=v.get("recompute_layers", 0),
                         offload_layers=v.get("offload_layers", 0),
                         expert_tp=v.get("expert_tp", 0), overlap_ep=v.get("overlap_ep", 0),
-                        fused_expert_gemm=v.get("fused_expert_gemm", 0))
+                        fused_expert_gemm=v.get("fused_expert_gemm", 0),
+                        recompute_norms=v.get("recompute_norms", 0),
+                        recompute_moe_act=v.get("recompute_moe_act", 0),
+                        recompute_mla_up=v.get("recompute_mla_up", 0),
+                        recompute_mlp=v.get("recompute_mlp", 0))
     problem = layer_count_error(v["layers"], v["pp"], v["vp"], v["recompute"] == "full",
                                 v.get("recompute_layers", 0), v.get("offload_layers", 0))
     if problem:
