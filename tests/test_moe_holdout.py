@@ -36,20 +36,20 @@ def test_holdout_rows_are_valid_not_in_the_fit_and_no_worse_than_measured():
     assert all("does not fit in HBM" in w["warning"] for w in result["warnings"])
     s = result["summary"]["tokens_per_s_per_gpu"]
     assert s["n"] == 36
-    assert s["mape"] <= 21.5  # 19.7 % (README); 22.0 before gpt-oss's eager expert work
+    assert s["mape"] <= 21.5  # 19.5 % (README); 22.0 before gpt-oss's eager expert work
     # (`moe_eager`) and the recipes' recomputed modules, 27.3 before the dropless runtime's
     # host work (`megatron-core-dropless`); 33.2 before issue 37's fp8 k loop, routed token
     # casts and all-to-all SMs; 39.0 before per-expert launches and the all-to-all fraction
     apes = np.array([r["ape"] for r in result["rows"]])
-    assert np.median(apes) <= 16.0  # 13.9 %
-    # NVIDIA's tuned Megatron Core runs of DeepSeek-V3 and Qwen3-235B: 11.8 %
+    assert np.median(apes) <= 15.0  # 13.0 %
+    # NVIDIA's tuned Megatron Core runs of DeepSeek-V3 and Qwen3-235B: 11.7 %
     mcore = [r["ape"] for r in result["rows"] if r["id"].startswith("mcore26-")]
     assert len(mcore) == 9 and np.mean(mcore) <= 14.0
-    # gpt-oss-120b: within 2x either way (predicted / measured 1.24-1.89 since Megatron-Core's
-    # eager bias loop and clamp around its experts and its recipes' recomputed modules count;
-    # 1.47-2.05 without)
+    # gpt-oss-120b: predicted / measured 1.24-1.88 since Megatron-Core's eager bias loop and
+    # clamp around its experts and its recipes' recomputed modules count (1.47-2.05 without);
+    # the bound leaves room to improve, not to overshoot
     oss = [r["predicted"] / r["measured"] for r in result["rows"] if "gpt-oss" in r["id"]]
-    assert len(oss) == 4 and all(0.5 < q < 2.0 for q in oss)
+    assert len(oss) == 4 and all(0.8 < q < 2.0 for q in oss)
 
 
 @pytest.mark.slow

@@ -248,6 +248,9 @@ def recompute_module_flags(text: str) -> dict[str, int]:
     """`TrainingPlan`'s recompute-module flags from a comma-separated --recompute-modules list
     (raises CliError naming an unknown module)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
+    if "core_attn" in names:
+        raise CliError("--recompute-modules: core_attn is --recompute selective (the attention "
+                       "core); list the other modules here")
     unknown = [n for n in names if n not in RECOMPUTE_MODULES]
     if unknown:
         raise CliError(f"--recompute-modules: unknown module {unknown[0]!r}; known: "

@@ -124,12 +124,15 @@ class TrainingPlan(eqx.Module):
     - `recompute_norms`, `recompute_moe_act`, `recompute_mla_up`, `recompute_mlp`: 1 to discard
       a module's output in the forward pass and rerun the module before the backward pass
       needs it (Megatron-core's selective `recompute_modules` "layernorm", "moe_act",
-      "mla_up_proj", "mlp"; 0, the default, keeps the output): the two layer norms; the routed
-      experts' activation (with its clamp, `Transformer.glu_clamp`); MLA's query and KV
-      up-projections; the MLP of a dense model or of a MoE model's dense-MLP layers. Each
-      trades its recomputed forward time for the 16-bit outputs it no longer stores, on the
+      "mla_up_proj", "mlp"; 0, the default, keeps the output): the layer norms that are
+      modules of their own (with Transformer Engine, MLA's input norm and a MoE layer's
+      pre-MLP norm: the others are fused into the next linear layer and are not recomputed);
+      the routed experts' activation (with its clamp, `Transformer.glu_clamp`); MLA's query
+      and KV up-projections; the MLP of a dense model or of a MoE model's dense-MLP layers.
+      Each trades its recomputed forward time for the outputs it no longer stores, on the
       layers that are not fully recomputed (`diffperf.training._layer.module_recompute_ops`,
-      `_memory`).
+      `_memory`). Megatron-core honours them with `recompute_granularity` selective; here
+      they combine with any `recompute` (none = its selective mode without "core_attn").
     - `zero3_per_matrix`: ZeRO-3 collective granularity: 0 one transformer layer per gather /
       reduce-scatter (FSDP units: PyTorch FSDP, Megatron-FSDP), 1 one per weight matrix
       (DeepSpeed ZeRO-3 gathers parameter by parameter; biases and norms stay replicated). The

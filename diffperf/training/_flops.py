@@ -47,13 +47,13 @@ def model_flops_per_step(model: Transformer, plan: TrainingPlan,
 
 def _module_gemm_flops_per_token(model: Transformer, plan: TrainingPlan) -> jax.Array:
     """Forward GEMM FLOPs per token of one layer that selective module recomputation reruns:
-    MLA's up-projections from its latents (`recompute_mla_up`: 2 a (q_lora d_qk + c_kv (d +
-    d_v)); without a query latent the queries come from h directly, not an up-projection) and
-    the dense MLPs (`recompute_mlp`: 2 m h f of a dense model, the dense-MLP layers' share r of
-    2 m h f_d in a MoE model)."""
+    MLA's query and KV up-projections (`recompute_mla_up`: 2 a (q_in d_qk + c_kv (d + d_v)),
+    q_in the query latent, or h where the queries are projected from h directly, which
+    Megatron-core reruns in the same checkpoint) and the dense MLPs (`recompute_mlp`: 2 m h f
+    of a dense model, the dense-MLP layers' share r of 2 m h f_d in a MoE model)."""
     h, r = model.hidden, model.dense_fraction
-    mla_up = 2.0 * model.mla * model.heads * (model.q_lora_rank * model.qk_dim
-                                              + model.kv_lora_rank
+    q_in = jnp.where(model.q_lora_rank > 0, model.q_lora_rank, h)
+    mla_up = 2.0 * model.mla * model.heads * (q_in * model.qk_dim + model.kv_lora_rank
                                               * (model.head_dim + model.v_dim))
     dense_model = jnp.where(model.num_experts > 1, 0.0, 1.0 - r)
     mlp = 2.0 * model.mlp_matrices * h * (dense_model * model.ffn_hidden

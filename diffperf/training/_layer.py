@@ -22,7 +22,9 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from .._checks import is_concrete
 from ..costs._attention import fused_attention_rate
 from ..costs._gemm import gemm_cost
 from ..costs._roofline import OpCost, op_cost
@@ -464,18 +466,26 @@ def module_recompute_ops(model: Transformer, plan: TrainingPlan, acc: Accelerato
                          eff: Efficiency) -> dict[str, OpCost]:
     """The forward `OpCost`s of the modules selective recomputation reruns before the backward
     pass (`TrainingPlan.recompute_norms`, `recompute_moe_act`, `recompute_mla_up`,
-    `recompute_mlp`; Megatron-core's `recompute_modules`), one layer and micro-batch, mean over
-    the layers, keyed by the `_detail.LAYER_OPS` operation whose forward they repeat:
+    `recompute_mlp`; Megatron-core's `recompute_modules` at Megatron-LM 0d8e0714), one layer
+    and micro-batch, mean over the layers, keyed by the `_detail.LAYER_OPS` operation whose
+    forward they repeat. `CheckpointWithoutOutput` (layernorm, moe_act, mla_up_proj) copies
+    each recomputed output back into the storage it freed: one more read and write of it.
 
-    - `elementwise`: the two layer norms (read and write tokens x h each, 2 kernels; the norm
-      part of `elementwise_op`), the routed experts' activation (reads the up projection's
-      2 f' and writes f' per routed token, 1 kernel) and a dense MLP's activation;
+    - `elementwise`: the layer norms that exist as modules of their own (with Transformer
+      Engine a norm in front of a linear layer is fused into it and is no module: the input
+      norm is one only before MLA's down-projections, the pre-MLP norm only in front of a MoE
+      layer's router): read tokens x h, write it, copy it back, 4 a B per element, 1 kernel
+      + 1 copy each; the routed experts' activation (reads the up projection's 2 f', writes
+      f' per routed token and copies it back, 1 kernel + 1 copy); a dense MLP's activation and
+      its fused norm (`mlp`: `tensor_parallel.checkpoint` reruns the whole module from its
+      input; its tensor-parallel reduction is not counted again);
     - `moe_eager`: the clamp before the experts' activation (`moe_eager_time`'s forward
       clamp: 4 a B per element of R x 2 f', 3 kernels), which the activation's recomputation
       reruns;
-    - `qkv`: MLA's query and KV up-projections, tokens x (a / t) d_qk from the query latent
-      (none without one) and tokens x (a / t) (d + d_v) from the KV latent (RoPE's
-      element-wise work left out);
+    - `qkv`: MLA's query projection (from the query latent, or from h without one) and KV
+      up-projection GEMMs, plus their element-wise work: the two latent norms (read and write
+      q_lora + c_kv per token), RoPE on the query's and the key's rotary parts, the copy-back
+      of Q, K and V (2 a B per element of each);
     - `mlp_up`, `mlp_down` (a dense model) or `dense_up`, `dense_down` (a MoE model's
       dense-MLP layers): the MLP GEMMs.
 
@@ -487,41 +497,55 @@ def module_recompute_ops(model: Transformer, plan: TrainingPlan, acc: Accelerato
     sp_div = jnp.where(plan.sequence_parallel > 0, t, 1.0)
     norm_elems = tokens * h / sp_div
     act_bytes = ab * (2.0 + model.gated_mlp)
-    norms = plan.recompute_norms * op_cost(acc, eff, 16.0 * norm_elems, 4.0 * ab * norm_elems,
-                                           kernels=2.0)
     moe = jnp.where(model.num_experts > 1, 1.0, 0.0)
+    # Norms that are modules: MLA's input norm (every layer), a MoE layer's pre-MLP norm.
+    separate_norms = model.mla + moe * (1.0 - r)
+    norms = (plan.recompute_norms * separate_norms) * op_cost(
+        acc, eff, 8.0 * norm_elems, 4.0 * ab * norm_elems, kernels=2.0)
     routed_act = tokens * (1.0 - r) * model.experts_per_token * model.ffn_hidden / t
     moe_act = ((plan.recompute_moe_act * moe) * op_cost(
-        acc, eff, 8.0 * routed_act, act_bytes * routed_act, kernels=1.0)).where(routed_act > 0)
+        acc, eff, 8.0 * routed_act, (act_bytes + 2.0 * ab) * routed_act, kernels=2.0)).where(
+        routed_act > 0)
     etp, moe_tokens = expert_tokens(model, plan)
     up_width = (model.mlp_matrices - 1.0) * model.ffn_hidden / etp
     clamped = plan.recompute_moe_act * moe * model.glu_clamp * model.gated_mlp * (1.0 - r)
     clamp = clamped * op_cost(acc, eff, 0.0,
                               4.0 * ab * moe_tokens * model.experts_per_token * up_width,
                               kernels=3.0)
-    # The MLP of a dense model (`_moe_mlp`'s single expert) or of a MoE model's dense layers.
-    _, _, moe_ops = _moe_mlp(model, plan, acc, eff)
-    _, _, dense_ops = _dense_mlp(model, plan, acc, eff)
+    # The MLP of a dense model (`_moe_mlp`'s single expert) or of a MoE model's dense layers,
+    # with its fused pre-MLP norm (read and write tokens x h).
     dense_model = (1.0 - moe) * (1.0 - r)
     mlp = plan.recompute_mlp
     dense_act = tokens * (dense_model * model.ffn_hidden + r * model.dense_width) / t
-    mlp_act = (mlp * op_cost(acc, eff, 8.0 * dense_act, act_bytes * dense_act,
-                             kernels=1.0)).where(dense_act > 0)
+    dense_share = dense_model + r
+    mlp_act = (mlp * op_cost(acc, eff, 8.0 * dense_act + 8.0 * dense_share * norm_elems,
+                             act_bytes * dense_act + 2.0 * ab * dense_share * norm_elems,
+                             kernels=2.0)).where(dense_act > 0)
     ops = {"elementwise": norms + moe_act + mlp_act, "moe_eager": clamp,
-           "mlp_up": (mlp * dense_model) * moe_ops["mlp_up"],
-           "mlp_down": (mlp * dense_model) * moe_ops["mlp_down"],
-           "dense_up": (mlp * r) * dense_ops["dense_up"],
-           "dense_down": (mlp * r) * dense_ops["dense_down"], "qkv": OpCost.zero()}
+           "mlp_up": OpCost.zero(), "mlp_down": OpCost.zero(), "dense_up": OpCost.zero(),
+           "dense_down": OpCost.zero(), "qkv": OpCost.zero()}
+    known_moe = is_concrete(model.num_experts) and bool(np.all(np.asarray(model.num_experts) > 1))
+    if not (known_moe and model.known_absent("dense_layers")):
+        # (a MoE model without dense layers has no dense MLP: kept out of its trace)
+        _, _, moe_ops = _moe_mlp(model, plan, acc, eff)
+        _, _, dense_ops = _dense_mlp(model, plan, acc, eff)
+        ops |= {"mlp_up": (mlp * dense_model) * moe_ops["mlp_up"],
+                "mlp_down": (mlp * dense_model) * moe_ops["mlp_down"],
+                "dense_up": (mlp * r) * dense_ops["dense_up"],
+                "dense_down": (mlp * r) * dense_ops["dense_down"]}
     if not model.known_absent("kv_lora_rank"):
         heads = model.heads / t
-        has_q = jnp.where(model.q_lora_rank > 0, 1.0, 0.0)  # no latent: no query up-projection
-        q_lora = jnp.where(model.q_lora_rank > 0, model.q_lora_rank, h)
+        q_in = jnp.where(model.q_lora_rank > 0, model.q_lora_rank, h)  # no latent: from h
         c_kv = jnp.where(model.kv_lora_rank > 0, model.kv_lora_rank, h)
-        q_up = has_q * gemm_cost(acc, eff, tokens, heads * model.qk_dim, q_lora, p,
-                                 act_bytes=ab)
+        q_up = gemm_cost(acc, eff, tokens, heads * model.qk_dim, q_in, p, act_bytes=ab)
         kv_up = gemm_cost(acc, eff, tokens, heads * (model.head_dim + model.v_dim), c_kv, p,
                           act_bytes=ab)
-        ops["qkv"] = (plan.recompute_mla_up * model.mla) * (q_up + kv_up)
+        latent_norms = tokens * (model.q_lora_rank + model.kv_lora_rank)
+        rope = tokens * (heads + 1.0) * model.rope_head_dim
+        qkv_out = tokens * heads * (2.0 * model.qk_dim + model.v_dim)
+        extra = op_cost(acc, eff, 8.0 * latent_norms + 6.0 * rope,
+                        2.0 * ab * (latent_norms + rope + qkv_out), kernels=5.0)
+        ops["qkv"] = (plan.recompute_mla_up * model.mla) * (q_up + kv_up + extra)
     return ops
 
 

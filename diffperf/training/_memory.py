@@ -200,21 +200,22 @@ def _layer_bytes(model: Transformer, plan: TrainingPlan, keep_scores) -> jax.Arr
     qk, v = model.qk_dim, model.v_dim
     attention = (2.0 * a * qk + 2.0 * g * (qk + v) + attn_out * a * v) / model.hidden
     mlp_hidden = (2.0 * (1.0 + model.gated_mlp) + q) * kf_h
-    # Selectively recomputed modules (`TrainingPlan.recompute_norms` ...) do not keep their
-    # 16-bit outputs: the layer norms' (the QKV input, and the MLP input where it is not
-    # dispatched: a dense MLP's, a shared expert's), the routed experts' activation output (the
-    # down projection's input), MLA's Q, K and V (what the attention core keeps), a dense MLP's
-    # inner tensors (only its input stays). Under fp8 / fp4 a linear layer keeps its own
-    # quantised copy of its input, so a recomputed norm or activation frees nothing counted here.
+    # Selectively recomputed modules (`TrainingPlan.recompute_norms` ...; Megatron-LM 0d8e0714)
+    # free what stored their outputs. Norms that are modules of their own (with Transformer
+    # Engine, MLA's input norm and a MoE layer's pre-MLP norm; the others are fused into the
+    # next linear layer): MLA's down-projections' input and a shared expert's input (q each;
+    # under fp8 those linears then save the 16-bit original, which is freed; the router's
+    # 16-bit input, also freed, is not counted above). The routed experts' activation: the
+    # down projection's input (q, likewise). MLA's up-projections: Q, K and V, what the
+    # attention core keeps. A dense MLP: everything but its input.
     moe = jnp.where(model.num_experts > 1, 1.0, 0.0)
     has_shared = jnp.where(shared > 0, 1.0, 0.0)
-    undispatched = moe * ((1.0 - dense) * has_shared + dense) + (1.0 - moe)
-    sixteen = jnp.where(low, 0.0, 2.0)
-    replicated = replicated - plan.recompute_norms * sixteen * (1.0 + undispatched)
+    norm_outputs = model.mla + moe * (1.0 - dense) * has_shared
+    replicated = replicated - plan.recompute_norms * q * norm_outputs
     dense_mlp = ((1.0 - moe) * (1.0 - dense) * model.ffn_hidden
                  + dense * model.dense_width) / model.hidden
     mlp_hidden = (mlp_hidden
-                  - plan.recompute_moe_act * moe * sixteen * (1.0 - dense)
+                  - plan.recompute_moe_act * moe * q * (1.0 - dense)
                   * model.experts_per_token * model.ffn_hidden / model.hidden
                   - plan.recompute_mlp * (2.0 * (1.0 + model.gated_mlp) + q) * dense_mlp)
     attention = attention - (plan.recompute_mla_up * model.mla

@@ -253,9 +253,9 @@ host_table.round(2)
 
 # %% [markdown]
 # **Finding.** On the 36 runs the fit never saw, the MoE training rate is predicted with a
-# MAPE of 19.7 % (DeepSeek-V3 10 %, Qwen3-235B 15 %, Qwen3-30B-A3B 30 %, gpt-oss 46 %), too
-# fast on 23 (27.3 % and 25 before the dropless runtime's host work; 22.0 % and 24 before the
-# eager work around gpt-oss's biased, clamped experts and the recipes' recomputed modules);
+# MAPE of 19.5 % (DeepSeek-V3 10 %, Qwen3-235B 15 %, Qwen3-30B-A3B 30 %, gpt-oss 45 %), too
+# fast on 24 (27.3 % and 25 before the dropless runtime's host work; 22.0 % before the eager
+# work around gpt-oss's biased, clamped experts and the recipes' recomputed modules);
 # 33 of the 36
 # measurements (92 %) lie inside their 90 % interval: all 13 of DeepSeek-V3, 11 of 12 of
 # Qwen3-235B, 6 of 7 of Qwen3-30B-A3B and 3 of 4 of gpt-oss, whose misses are larger than
