@@ -361,18 +361,31 @@ def moe_quantize_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     in one multi-tensor cast-transpose launch). A dense GEMM's casts stay in the
     fitted `matmul_lowp`; the routed tokens' are k times a dense layer's per token and
     meet GEMMs only f wide, so for narrow experts they are a real share of the layer."""
-    if model.known_dense():
-        return OpTime(jnp.zeros(()), jnp.zeros(()))
-    fwd, bwd = _moe_quantize_ops(model, plan, acc, eff)
-    return OpTime(fwd.time, bwd.time)
+    return _routed_op_time(_moe_quantize_ops, model, plan, acc, eff)
 
 
 def moe_quantize_op(model: Transformer, plan: TrainingPlan, acc: Accelerator,
                     eff: Efficiency) -> OpCost:
     """The forward `OpCost` of `moe_quantize_time` (mean over the layers: 1 - r of them)."""
+    return _routed_forward_op(_moe_quantize_ops, model, plan, acc, eff)
+
+
+def _routed_op_time(ops, model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                    eff: Efficiency) -> OpTime:
+    """The `OpTime` of a routed-expert op whose `ops(model, plan, acc, eff)` returns its
+    (forward, backward) `OpCost`s; zero, and out of the trace, for a known dense model."""
+    if model.known_dense():
+        return OpTime(jnp.zeros(()), jnp.zeros(()))
+    fwd, bwd = ops(model, plan, acc, eff)
+    return OpTime(fwd.time, bwd.time)
+
+
+def _routed_forward_op(ops, model: Transformer, plan: TrainingPlan, acc: Accelerator,
+                       eff: Efficiency) -> OpCost:
+    """The forward `OpCost` of such an op (`_routed_op_time`); zero for a known dense model."""
     if model.known_dense():
         return OpCost.zero()
-    return _moe_quantize_ops(model, plan, acc, eff)[0]
+    return ops(model, plan, acc, eff)[0]
 
 
 def _moe_quantize_ops(model: Transformer, plan: TrainingPlan, acc: Accelerator,
@@ -428,18 +441,13 @@ def moe_eager_time(model: Transformer, plan: TrainingPlan, acc: Accelerator,
     gradient accumulation, one bias-gradient add per expert). Selective recomputation of
     `moe_act` reruns the clamp (`module_recompute_ops`). Inference engines fuse both into their
     MoE kernels, so `infer` and `serve` have no such term."""
-    if model.known_dense():
-        return OpTime(jnp.zeros(()), jnp.zeros(()))
-    fwd, bwd = _moe_eager_ops(model, plan, acc, eff)
-    return OpTime(fwd.time, bwd.time)
+    return _routed_op_time(_moe_eager_ops, model, plan, acc, eff)
 
 
 def moe_eager_op(model: Transformer, plan: TrainingPlan, acc: Accelerator,
                  eff: Efficiency) -> OpCost:
     """The forward `OpCost` of `moe_eager_time` (mean over the layers: 1 - r of them)."""
-    if model.known_dense():
-        return OpCost.zero()
-    return _moe_eager_ops(model, plan, acc, eff)[0]
+    return _routed_forward_op(_moe_eager_ops, model, plan, acc, eff)
 
 
 def _moe_eager_ops(model: Transformer, plan: TrainingPlan, acc: Accelerator,
