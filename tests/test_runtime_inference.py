@@ -333,9 +333,11 @@ def test_fp8_prefill_attention_rate_by_hand():
     """`Runtime.fp8_prefill_attention` with a KV cache of 8 bits or fewer: the prefill attention
     kernel runs at the FP8 peak times FlashAttention-3's FP8 / FP16 share, (1200 / 1979) /
     (740 / 989) = 0.8104 (its abstract, H100): on an H100 (FP8 peak 2x the 16-bit one) the
-    attention's compute time falls by 2 x 0.8104 = 1.621; a 16-bit cache and a GPU without FP8
-    keep the 16-bit kernel, and so does a B200, whose exponentials bind first; half the work in
-    FP8 adds the two halves' times."""
+    FLOP part of the attention's time falls by 2 x 0.8104 = 1.621 (the fixed time of its
+    query tiles, 10.3 us x (w + 1.07) per layer with w = 4 x 64 x 64 tiles / 132 SMs, does
+    not); a 16-bit cache and a GPU
+    without FP8 keep the 16-bit kernel, and so does a B200, whose exponentials bind first; half
+    the work in FP8 adds the two halves' times."""
     h100 = dp.system("dgx-h100")
     eff = dp.default_efficiency("h100-sxm5-80gb")
     plan = dp.InferencePlan(tp=1, batch=4, input_len=8192, output_len=2,
@@ -348,8 +350,10 @@ def test_fp8_prefill_attention_rate_by_hand():
         return float(ops["prefill"]["attention"].compute)
 
     t16, t8 = compute(h100, plan, 0.0, eff), compute(h100, plan, 1.0, eff)
-    assert t16 / t8 == pytest.approx(2.0 * (1200 / 1979) / (740 / 989), rel=1e-3)
-    assert t16 / t8 == pytest.approx(1.621, abs=0.002)
+    tiles = 80 * 10.3e-6 * (4 * 64 * 64 / 132 + 1.07)  # all 80 layers' tile time, s
+    assert (t16 - tiles) / (t8 - tiles) == pytest.approx(2.0 * (1200 / 1979) / (740 / 989),
+                                                         rel=1e-3)
+    assert (t16 - tiles) / (t8 - tiles) == pytest.approx(1.621, abs=0.002)
     half = compute(h100, plan, 0.5, eff)
     assert half == pytest.approx(0.5 * (t16 + t8), rel=1e-5)
     bf16_cache = eqx.tree_at(lambda p: p.kv_precision, plan, jnp.asarray(1.0))
@@ -370,7 +374,9 @@ def test_fp8_prefill_attention_rate_by_hand():
     # so the FP8 kernel runs 0.8104 x 4.5 / 2.25 = 1.62x the 16-bit one again
     b300 = dp.system("hgx-b300")
     eff_u = dp.default_efficiency("b300")
-    assert compute(b300, plan, 0.0, eff_u) / compute(b300, plan, 1.0, eff_u) == pytest.approx(
+    tiles_u = 80 * 10.3e-6 * (4 * 64 * 64 / 148 + 1.07)  # a B300 has 148 SMs
+    assert ((compute(b300, plan, 0.0, eff_u) - tiles_u) / (compute(b300, plan, 1.0, eff_u)
+                                                           - tiles_u)) == pytest.approx(
         2.0 * (1200 / 1979) / (740 / 989), rel=1e-3)
 
 

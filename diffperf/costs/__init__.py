@@ -2,7 +2,10 @@
 of one operation, the GEMM model, the fused-attention rate and the collectives (time = FLOPs /
 rate, bytes / bandwidth, and the smooth maximum of the two)."""
 
-from ._attention import fused_attention_rate as fused_attention_rate
+from ._attention import (
+    fused_attention_rate as fused_attention_rate,
+    prefill_attention_time as prefill_attention_time,
+)
 from ._collectives import (
     all_gather as all_gather,
     all_reduce as all_reduce,

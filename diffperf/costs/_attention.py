@@ -58,3 +58,57 @@ def fused_attention_rate(acc: Accelerator, eff: Efficiency, precision, q_len, ke
     # flops_fp8 = 0 (no FP8 tensor cores) leaves rate_8 = rate_16
     rate_8 = jnp.maximum(rate_16, jnp.minimum(acc.flops_fp8, p_exp) * FP8_ATTENTION_SHARE * size)
     return 1.0 / ((1.0 - fp8) / rate_16 + fp8 / rate_8)
+
+
+#: Query rows of one tile of a fused attention kernel (one thread block's queries):
+#: FlashAttention-2 / -3 and TensorRT-LLM's context FMHA use 128 at head width 128.
+ATTENTION_Q_TILE = 128.0
+#: Fixed time of one query tile of a forward (prefill) fused attention kernel, s, on the SM
+#: that runs it: loading the tile's queries, the causal diagonal block and writing the output
+#: (its length does not shrink with the tensor cores: the same on A100, H100 and B200).
+#: Fitted with `PREFILL_WAVE_LOSS` and one `Efficiency.prefill_attention` per engine and GPU
+#: to NVIDIA's measured context-attention kernels (`benchmarks_data/
+#: attention_kernels_published.csv`: its 814 bf16 head-128 kernels of 50 us or more, with a
+#: 5 us fixed cost per call; RMS log error 0.15; `python calibration/attention_kernels.py
+#: --fit`): 10.3 us.
+PREFILL_TILE_TIME = 10.3e-6
+#: Waves w0 of query tiles (tiles / SMs) that the kernel's tail and the causal imbalance of its
+#: tiles cost: the time grows by (w + w0) / w, so one wave of tiles runs at 48 % of the rate of
+#: many. Fitted with `PREFILL_TILE_TIME`.
+PREFILL_WAVE_LOSS = 1.07
+
+
+def prefill_attention_time(acc: Accelerator, eff: Efficiency, precision, flops, tiles, q_len,
+                           keys, head_dim, fp8=0.0) -> jax.Array:
+    """Time of a forward-only (prefill) fused causal attention kernel doing `flops` FLOPs in
+    `tiles` query tiles (batch x heads x ceil(q_len / `ATTENTION_Q_TILE`)), s:
+
+        t = (flops / R + tau * tiles / SMs) * (w + w0) / w,   w = tiles / SMs,
+        R = P_16 * e_prefill / ((1 - fp8) + fp8 / g_8)
+
+    with e_prefill = `Efficiency.prefill_attention`, tau = `PREFILL_TILE_TIME`, w0 =
+    `PREFILL_WAVE_LOSS`, and g_8 the FP8 kernel's gain over the 16-bit one
+    (`fused_attention_rate`'s ratio at this shape: 1.62x on Hopper, 1 on B200, 1 without FP8
+    tensor cores) for the share `fp8` of the work run in FP8. The fixed time per tile makes a
+    short prompt's kernel slow per FLOP (a 512-token prompt at full occupancy reaches about
+    a third of the rate of a 16k one on an H100), the partial wave a single short prompt's
+    (batch 1 x 32 heads x 4 tiles fills one wave of 132 SMs). The training path keeps
+    `fused_attention_rate` (its backward is fitted with it)."""
+    busy = prefill_attention_busy_time(acc, eff, precision, flops, tiles, q_len, keys,
+                                       head_dim, fp8)
+    waves = jnp.maximum(tiles / acc.num_sms, 1e-9)  # > 0: no prompt costs 0, not 0 x inf
+    return busy * (waves + PREFILL_WAVE_LOSS) / waves
+
+
+def prefill_attention_busy_time(acc: Accelerator, eff: Efficiency, precision, flops, tiles,
+                                q_len, keys, head_dim, fp8=0.0) -> jax.Array:
+    """`prefill_attention_time` without its partial-wave loss, flops / R + tau x tiles / SMs,
+    s: the time of the same work in a kernel of many waves. A kernel of w waves takes
+    busy x (w + w0) / w, so n prompts alike take (n + w0 SMs / tiles_1) x the busy time of one
+    (tiles_1 its tiles): the serving simulator's affine prefill cost
+    (`diffperf.inference.iteration_cost`)."""
+    p16 = peak_matmul_flops(acc, jnp.minimum(precision, 1.0))
+    gain = (fused_attention_rate(acc, eff, precision, q_len, keys, head_dim, 1.0)
+            / fused_attention_rate(acc, eff, precision, q_len, keys, head_dim, 0.0))
+    rate = p16 * eff.prefill_attention / ((1.0 - fp8) + fp8 / gain)
+    return flops / rate + PREFILL_TILE_TIME * tiles / acc.num_sms

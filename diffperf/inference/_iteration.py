@@ -20,10 +20,14 @@ and the LM head on the `emitting` rows that sample a token. Its time is
   are proportional to them, so (the smooth roofline being homogeneous of degree one) its time is
   exactly linear in the summed context L (keys read: min(context, window) in sliding-window
   layers, `Transformer.cached_tokens`).
-- A_pre(q, n) = smax(c q, m n): the fused prefill attention's FLOPs are proportional to the causal
-  query-key pairs q of the chunks and its Q / K / V / O traffic to their tokens; c and m are
-  those of `infer`'s prefill attention at the deployment's typical prompt length (its kernel
-  rate and, with a sliding window, its share of the keys are taken at that length). The
+- A_pre(q, n) = smax(c (q + q0), m n): the fused prefill attention's FLOPs and query tiles are
+  proportional to the causal query-key pairs q of the chunks, and its Q / K / V / O traffic to
+  their tokens; c and m are those of `infer`'s prefill attention at the deployment's typical
+  prompt length (its kernel time per pair with the fixed time of its query tiles, and, with a
+  sliding window, its share of the keys are taken at that length), and q0 its partial-wave
+  loss (`diffperf.costs.prefill_attention_time`: a kernel of w waves of tiles takes (w + w0) /
+  w times its busy time, so prompts alike take c (q + q0) with q0 = w0 SMs / tiles per pair),
+  as `infer`'s for b such prompts. The
   traffic term counts all `tokens` of the iteration (decode tokens included: at most
   `max_num_seqs` tokens of Q / K / V / O, next to the chunks' pairs).
 - launches(g): each kernel costs the eager launch (1 - g) or a CUDA-graph replay g, with
@@ -51,6 +55,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..costs._attention import PREFILL_WAVE_LOSS
 from ..costs._cost import network_cost
 from ..costs._roofline import exposed_after_overlap, smooth_max
 from ..presets import resolve_efficiency
@@ -66,6 +71,7 @@ from ._infer import (
     _pass_ops,
     _prefill_activation_bytes,
     _prefill_attention,
+    _prefill_attention_busy,
     weight_bytes_per_gpu,
 )
 
@@ -90,6 +96,7 @@ class IterationCost(eqx.Module):
     decode_launch: jax.Array  # eager launch time of the decode attention kernels (all layers)
     decode_kernels: jax.Array
     prefill_per_pair: jax.Array  # c: prefill attention compute time per query-key pair
+    prefill_wave_pairs: jax.Array  # q0: the kernel's partial-wave loss, as query-key pairs
     prefill_per_token: jax.Array  # m: prefill attention HBM time per token
     prefill_launch: jax.Array
     prefill_kernels: jax.Array
@@ -147,13 +154,19 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
     s = plan.input_len
     pre = _prefill_attention(model, one, system, eff, x, runtime)
     pairs = 0.5 * s * s
+    # the kernel's time without its partial-wave loss, and that loss as pairs: n prompts of
+    # the typical length take (n + w0 SMs / tiles_1) x one prompt's busy time
+    busy, tiles = _prefill_attention_busy(model, one, system, eff, x, runtime)
+    wave_pairs = pairs * PREFILL_WAVE_LOSS * system.accelerator.num_sms / jnp.maximum(tiles,
+                                                                                      1e-9)
     host = host_scale(eff, system.accelerator)
     return IterationCost(
         grid=grid, body=body, body_launch=body_launch, body_kernels=body_kernels, head=head,
         head_launch=head_launch, head_kernels=head_kernels,
         decode_per_key=layers * dec.roofline, decode_launch=layers * dec.launch,
         decode_kernels=layers * dec.kernels,
-        prefill_per_pair=layers * pre.compute / pairs, prefill_per_token=layers * pre.memory / s,
+        prefill_per_pair=layers * busy / pairs, prefill_wave_pairs=wave_pairs,
+        prefill_per_token=layers * pre.memory / s,
         prefill_launch=layers * pre.launch, prefill_kernels=layers * pre.kernels,
         replayed=graph_kernel_time(eff, runtime), prefill_graph=runtime.prefill_graph,
         decode_graph=runtime.decode_graph, graph_max_tokens=runtime.graph_max_tokens,
@@ -207,8 +220,9 @@ def iteration_base(cost: IterationCost, tokens, emitting, has_decode, prefill_pa
                                                                cost.body_kernels))
     head, head_launch, head_kernels = _on_grid(cost, m + pad, (cost.head, cost.head_launch,
                                                                cost.head_kernels))
-    prefill = jnp.where(has_prefill > 0, smooth_max(cost.prefill_per_pair * prefill_pairs,
-                                                    cost.prefill_per_token * n), 0.0)
+    prefill = jnp.where(has_prefill > 0, smooth_max(
+        cost.prefill_per_pair * (prefill_pairs + cost.prefill_wave_pairs),
+        cost.prefill_per_token * n), 0.0)
     emits = emitting > 0
     eager = (body_launch + jnp.where(emits, head_launch, 0.0)
              + jnp.where(has_decode, cost.decode_launch, 0.0)

@@ -62,6 +62,15 @@ class Efficiency(eqx.Module):
       no effect on runtimes whose host times are 0, such as the default). Inference and
       serving multiply it by the accelerator's `host_time_factor` (the host CPU's speed:
       2.75 on Grace); training uses it alone.
+    - `prefill_attention`: fraction of the 16-bit dense peak a forward-only fused attention
+      kernel (an inference engine's prefill / context attention) reaches on long prompts at
+      full occupancy, (0, 1] (`diffperf.costs.prefill_attention_time`, which adds the kernel's
+      fixed time per query tile and its partial-wave loss). 0.59: the median of the values
+      fitted to NVIDIA's measured context-attention kernels of vLLM 0.14 (A100 0.56, H100
+      0.60), SGLang 0.5.14 (FlashAttention-3, H100 0.78) and TensorRT-LLM 1.0 / 1.3 (A100
+      0.45, H100 0.58, B200 0.61), `benchmarks_data/attention_kernels_published.csv`
+      (`python calibration/attention_kernels.py --fit`). Not fitted to end-to-end
+      rows (`attention` is, for training's forward + backward kernels and decode).
     """
 
     matmul_peak: jax.Array = _F(default=0.85)
@@ -84,10 +93,11 @@ class Efficiency(eqx.Module):
     per_head_attention: jax.Array = _F(default=0.15)
     memory_reserve: jax.Array = _F(default=2e9)
     host_overhead: jax.Array = _F(default=1.0)
+    prefill_attention: jax.Array = _F(default=0.59)
 
     def __check_init__(self):
         for name in ("matmul_peak", "matmul_lowp", "attention", "vector", "hbm", "l2", "nvlink",
-                     "all_to_all", "scaleout", "per_head_attention"):
+                     "all_to_all", "scaleout", "per_head_attention", "prefill_attention"):
             check_fraction("Efficiency", name, getattr(self, name), allow_zero=False)
         for name in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "zero3_overlap"):
             check_fraction("Efficiency", name, getattr(self, name))

@@ -48,7 +48,7 @@ def ideal_efficiency() -> Efficiency:
                       scaleout=1.0,
                       kernel_overhead=0.0, collective_overhead=0.0, tp_overlap=1.0,
                       dp_overlap=1.0, pp_overlap=1.0, cp_overlap=1.0, zero3_overlap=1.0,
-                      per_head_attention=1.0, memory_reserve=0.0)
+                      per_head_attention=1.0, memory_reserve=0.0, prefill_attention=1.0)
 
 
 def _without_launch_cost(stacked):
