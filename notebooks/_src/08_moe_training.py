@@ -253,7 +253,7 @@ host_table.round(2)
 
 # %% [markdown]
 # **Finding.** On the 36 runs the fit never saw, the MoE training rate is predicted with a
-# MAPE of 19.5 % (DeepSeek-V3 10 %, Qwen3-235B 15 %, Qwen3-30B-A3B 30 %, gpt-oss 45 %), too
+# MAPE of 19.6 % (DeepSeek-V3 10 %, Qwen3-235B 15 %, Qwen3-30B-A3B 30 %, gpt-oss 45 %), too
 # fast on 24 (27.3 % and 25 before the dropless runtime's host work; 22.0 % before the eager
 # work around gpt-oss's biased, clamped experts and the recipes' recomputed modules);
 # 33 of the 36
@@ -261,6 +261,6 @@ host_table.round(2)
 # Qwen3-235B, 6 of 7 of Qwen3-30B-A3B and 3 of 4 of gpt-oss, whose misses are larger than
 # their expert count and width explain. For DeepSeek-V3 on
 # 256 GB200 the expert layout moves the step by little once it fits (EP 8 needs 209 GB per
-# GPU): from EP 16 to EP 64 the step goes from 8.47 to 8.23 s, per-expert GEMM launches cost
-# 0.24 s (3 %) at 16 experts per GPU and 0.05 s at 4, and the exposed all-to-all, 1.4-1.5 s
+# GPU): from EP 16 to EP 64 the step goes from 8.45 to 8.22 s, per-expert GEMM launches cost
+# 0.23 s (3 %) at 16 experts per GPU and 0.05 s at 4, and the exposed all-to-all, 1.4-1.5 s
 # (17-18 % of the step), is what hiding it behind another micro-batch removes (17-19 % faster).
