@@ -63,8 +63,8 @@ def test_every_hardware_and_efficiency_gradient_is_finite(batched_grads):
     leaves = _leaves_by_name(batched_grads)
     # Accelerator (incl. host_bandwidth, host_memory, host_memory_bandwidth, host_time_factor
     # and sfu_ratio: their gradients are 0 in training), Network (incl. the nvlink_sharp flag),
-    # Efficiency.
-    assert len(leaves) == 16 + 6 + 20
+    # Efficiency (incl. prefill_attention: 0 in training).
+    assert len(leaves) == 16 + 6 + 21
     for name, g in leaves.items():
         assert g.shape == (len(PLANS),), name
         assert np.all(np.isfinite(g)), (name, g)
