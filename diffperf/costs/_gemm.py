@@ -50,6 +50,17 @@ MMA_ROWS = 16
 #: k = 512, 990 at k = 1,536, 1,025-1,099 at k = 2,048, 1,288-1,304 at k = 7,168 and 1,358 at
 #: k = 16,384 (m = 4,096-8,192, n >= 4,096), elements.
 K_LOOP_FP8 = 644.0
+#: Most a dense 4-bit (NVFP4) linear layer of an inference engine runs above the same GPU's FP8
+#: tensor peak, ratio: the tensor cores run 2x (B200, GB200) or 3x (B300, GB300) the FP8 rate,
+#: but the engine's block-scaled GEMMs do not keep them fed. In NVIDIA's measured TensorRT-LLM
+#: 1.3 linear layers (AIConfigurator @095f58a5, `gemm_perf.parquet`, m >= 2,048, n and k >=
+#: 4,096: 2,259 shapes per GPU) an NVFP4 GEMM takes 1 / 1.48 (B200), 1 / 1.57 (GB200), 1 / 1.67
+#: (B300) and 1 / 1.61 (GB300) of the FP8 one's time at the same shape: 0.39, 0.37, 0.31 and 0.29
+#: of the FP4 peak, against 0.48-0.55 of the FP8 peak for FP8. The median of the four
+#: (`split_k_gemm_cost`'s `fp4_cap`). Not applied to MoE experts (TensorRT-LLM's TRTLLM-Gen MoE
+#: kernels reach the model's uncapped FP4 rate within 20 %, `tests/test_moe_kernels_published.py`)
+#: nor to training GEMMs (no measurement).
+FP4_GEMM_OVER_FP8 = 1.59
 
 
 def gemm_flops(m, n, k, batch=1.0) -> jax.Array:
@@ -150,7 +161,7 @@ def gemm_cost(acc: Accelerator, eff: Efficiency, m, n, k, precision, batch=1.0,
 
 
 def split_k_gemm_cost(acc: Accelerator, eff: Efficiency, m, n, k, math, w_bytes, a_bytes,
-                      groups=1.0, peak_fraction=1.0) -> Cost:
+                      groups=1.0, peak_fraction=1.0, fp4_cap=True) -> Cost:
     """`groups` independent (m x k) @ (k x n) GEMMs in one kernel: weights (k x n) at
     `w_bytes` per element, activations in and out at `a_bytes`, on `peak_fraction` of the
     tensor peak (`InferencePlan.gemm_peak_fraction`); a `Cost`.
@@ -161,10 +172,16 @@ def split_k_gemm_cost(acc: Accelerator, eff: Efficiency, m, n, k, math, w_bytes,
     reduce the partial sums (they stay in L2: no extra HBM traffic counted). The cheaper of the
     two is taken, as a library's heuristic would: skinny decode GEMMs split, GEMMs close to one
     tile per SM do not. The cost is continuous in m; between the switch and one tile per SM it
-    falls by up to one kernel launch as fewer SMs sit idle."""
+    falls by up to one kernel launch as fewer SMs sit idle. A 4-bit GEMM runs against at most
+    `FP4_GEMM_OVER_FP8` x the FP8 peak where `fp4_cap` (a bool or boolean array) is true; False
+    for MoE experts."""
     flops = gemm_flops(m, n, k, groups)
     nbytes = gemm_hbm_bytes(m, n, k, w_bytes, a_bytes, groups)
-    rate = peak_matmul_flops(acc, math) * peak_fraction * matmul_efficiency(eff, m, n, k, math)
+    peak = peak_matmul_flops(acc, math)
+    if fp4_cap is not False:  # a dense 4-bit GEMM: at most FP4_GEMM_OVER_FP8 x the FP8 peak
+        peak = jnp.where(jnp.asarray(fp4_cap) & (jnp.asarray(math) >= 3), jnp.minimum(
+            peak, jnp.maximum(FP4_GEMM_OVER_FP8 * acc.flops_fp8, 1.0)), peak)
+    rate = peak * peak_fraction * matmul_efficiency(eff, m, n, k, math)
     busy = jnp.clip(groups * m * n / TILE**2 / acc.num_sms, 1e-6, 1.0)
     split = compute_cost(acc, eff, flops, nbytes, rate, 2.0, GEMM_SHARPNESS)
     whole = compute_cost(acc, eff, flops, nbytes, rate * busy, 1.0, GEMM_SHARPNESS)

@@ -233,7 +233,8 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     # (`costs.k_loop_loss`; forward only: the factor of the GEMM's own depth k)
     ge = g if model.known_dense() else lambda m, n, k, groups: split_k_gemm_cost(
         acc, eff, m, n, k, x.math, x.wb, x.ab, groups,
-        x.peak_fraction / jnp.where(x.moe, k_loop_forward(k, x.math), 1.0))
+        x.peak_fraction / jnp.where(x.moe, k_loop_forward(k, x.math), 1.0),
+        fp4_cap=jnp.logical_not(x.moe))
     moe = 1.0 - x.dense
     factor = jnp.where(x.moe, expert_time_factor, 1.0)  # a dense model's MLP is not an expert
     def slowed(c):
