@@ -55,7 +55,9 @@ def test_infer_cli_widens_and_says_why_for_an_unseen_gpu_precision_or_hardware(c
     assert main(base + ["--gpu", "dgx-b200", "--precision", "fp4"]) == 0
     iv = json.loads(capsys.readouterr().out)["e2e_latency_interval_s"]
     assert "no calibrated inference run on b200" in iv["note"]
-    assert "no calibrated inference run at fp4 GEMM precision" in iv["note"]
+    # FP4 widens it too, but at the 2026-11-29 fit by x1.03 only (the held-out FP4 rows are
+    # predicted within 8-10 % since dense NVFP4 GEMMs run at their measured rate), below the
+    # 5 % at which a reason is named; the GPU's x1.30 is
     assert _width(iv) > 1.3 * narrow
     # what-if hardware is outside every calibrated measurement: an unseen GPU
     assert main(h100 + ["--set", "hbm_bandwidth=x2"]) == 0
