@@ -94,10 +94,16 @@ def prefill_attention_time(acc: Accelerator, eff: Efficiency, precision, flops, 
     a third of the rate of a 16k one on an H100), the partial wave a single short prompt's
     (batch 1 x 32 heads x 4 tiles fills one wave of 132 SMs). The training path keeps
     `fused_attention_rate` (its backward is fitted with it)."""
-    busy = prefill_attention_busy_time(acc, eff, precision, flops, tiles, q_len, keys,
-                                       head_dim, fp8)
+    return (prefill_attention_busy_time(acc, eff, precision, flops, tiles, q_len, keys,
+                                        head_dim, fp8)
+            * prefill_wave_factor(acc, tiles))
+
+
+def prefill_wave_factor(acc: Accelerator, tiles) -> jax.Array:
+    """(w + w0) / w, w = `tiles` / SMs, w0 = `PREFILL_WAVE_LOSS`: how much longer than its busy
+    time a prefill attention kernel of `tiles` query tiles takes (>= 1)."""
     waves = jnp.maximum(tiles / acc.num_sms, 1e-9)  # > 0: no prompt costs 0, not 0 x inf
-    return busy * (waves + PREFILL_WAVE_LOSS) / waves
+    return (waves + PREFILL_WAVE_LOSS) / waves
 
 
 def prefill_attention_busy_time(acc: Accelerator, eff: Efficiency, precision, flops, tiles,

@@ -52,7 +52,9 @@ MMA_ROWS = 16
 K_LOOP_FP8 = 644.0
 #: Most a dense 4-bit (NVFP4) linear layer of an inference engine runs above the same GPU's FP8
 #: tensor peak, ratio: the tensor cores run 2x (B200, GB200) or 3x (B300, GB300) the FP8 rate,
-#: but the engine's block-scaled GEMMs do not keep them fed. In NVIDIA's measured TensorRT-LLM
+#: but the engine's block-scaled GEMMs reach far less of it (whether operand and scale-factor
+#: delivery or the kernels' tactics bind, the tables do not say: a measured ratio, not a
+#: mechanism). In NVIDIA's measured TensorRT-LLM
 #: 1.3 linear layers (AIConfigurator @095f58a5, `gemm_perf.parquet`, m >= 2,048, n and k >=
 #: 4,096: 2,259 shapes per GPU) an NVFP4 GEMM takes 1 / 1.48 (B200), 1 / 1.57 (GB200), 1 / 1.67
 #: (B300) and 1 / 1.61 (GB300) of the FP8 one's time at the same shape: 0.39, 0.37, 0.31 and 0.29

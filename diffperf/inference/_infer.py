@@ -49,7 +49,7 @@ from ..costs._attention import (
     ATTENTION_Q_TILE,
     fused_attention_rate,
     prefill_attention_busy_time,
-    prefill_attention_time,
+    prefill_wave_factor,
 )
 from ..costs._cost import Cost, compute_cost, network_cost
 from ..costs._gemm import MMA_ROWS, k_loop_forward, split_k_gemm_cost
@@ -290,7 +290,7 @@ def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
                        eff: Efficiency, x: _Dims, runtime: Runtime) -> Cost:
     """Causal self-attention over the prompt, one layer: fused (flash) or QK^T, softmax, AV.
     The fused kernel skips the blocks outside the causal mask and a sliding window, and runs
-    at the forward kernel's measured law (`prefill_attention_time`: its rate on long prompts,
+    at the forward kernel's measured law (`costs.prefill_attention_time`: its rate on long prompts,
     a fixed time per query tile of b x heads x ceil(s / 128), the loss of a partial wave);
     the unfused path computes the whole s x s product. With a KV cache of 8 bits or fewer, a
     runtime that runs its context attention in FP8 (`Runtime.fp8_prefill_attention`) gets the
@@ -301,13 +301,12 @@ def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
     core = 0.5 * (x.qk + x.v)  # = d for standard attention
     qkvo = b * s * (x.heads + x.kv) * (x.qk + x.v) * x.ab
     flash_flops = 2.0 * bh * s * keys * core  # 4 b a s^2 d, halved by the causal mask
-    fp8 = jnp.where(plan.kv_precision >= 2.0, runtime.fp8_prefill_attention, 0.0)
     acc = system.accelerator
-    tiles = bh * ceil_div(s, ATTENTION_Q_TILE)
-    flash_time = prefill_attention_time(acc, eff, x.math, flash_flops, tiles, s, keys, core, fp8)
+    busy, tiles = _prefill_attention_busy(model, plan, system, eff, x, runtime)
     flash = eqx.tree_at(lambda c: c.compute,
                         compute_cost(acc, eff, flash_flops, qkvo, 1.0,
-                                     ATTENTION_KERNELS_PREFILL_FUSED), flash_time)
+                                     ATTENTION_KERNELS_PREFILL_FUSED),
+                        busy * prefill_wave_factor(acc, tiles))
     scores = bh * s * s
     rate = peak_matmul_flops(acc, jnp.minimum(x.math, 1.0)) * matmul_efficiency(
         eff, s, s, core, 1.0)
@@ -319,12 +318,13 @@ def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
 def _prefill_attention_busy(model: Transformer, plan: InferencePlan, system: System,
                             eff: Efficiency, x: _Dims, runtime: Runtime):
     """(busy time, query tiles) of one layer's fused prefill attention kernel
-    (`prefill_attention_busy_time`: without the partial-wave loss) for `plan.batch` prompts of
-    `plan.input_len` tokens, (s, tiles)."""
+    (`prefill_attention_busy_time`: without the partial-wave loss, which
+    `prefill_wave_factor(tiles)` adds) for `plan.batch` prompts of `plan.input_len` tokens,
+    (s, tiles): 2 b a s keys d FLOPs in b a ceil(s / 128) tiles."""
     b, s = plan.batch, plan.input_len
-    keys = model.attended_keys(s)
-    core = 0.5 * (x.qk + x.v)
-    flops = 2.0 * b * x.heads * s * keys * core
+    keys = model.attended_keys(s)  # = s without a sliding window
+    core = 0.5 * (x.qk + x.v)  # = d for standard attention
+    flops = 2.0 * b * x.heads * s * keys * core  # 4 b a s^2 d, halved by the causal mask
     fp8 = jnp.where(plan.kv_precision >= 2.0, runtime.fp8_prefill_attention, 0.0)
     tiles = b * x.heads * ceil_div(s, ATTENTION_Q_TILE)
     return (prefill_attention_busy_time(system.accelerator, eff, x.math, flops, tiles, s, keys,

@@ -55,7 +55,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..costs._attention import PREFILL_WAVE_LOSS
+from ..costs._attention import prefill_wave_factor
 from ..costs._cost import network_cost
 from ..costs._roofline import exposed_after_overlap, smooth_max
 from ..presets import resolve_efficiency
@@ -154,18 +154,21 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
     s = plan.input_len
     pre = _prefill_attention(model, one, system, eff, x, runtime)
     pairs = 0.5 * s * s
-    # the kernel's time without its partial-wave loss, and that loss as pairs: n prompts of
-    # the typical length take (n + w0 SMs / tiles_1) x one prompt's busy time
+    # a fused kernel's time without its partial-wave loss, and that loss as pairs: n prompts
+    # of the typical length take (n + w0 SMs / tiles_1) x one prompt's busy time; the unfused
+    # path (`plan.flash_attention` 0) has no such loss
     busy, tiles = _prefill_attention_busy(model, one, system, eff, x, runtime)
-    wave_pairs = pairs * PREFILL_WAVE_LOSS * system.accelerator.num_sms / jnp.maximum(tiles,
-                                                                                      1e-9)
+    flash = plan.flash_attention > 0
+    per_pair = jnp.where(flash, busy, pre.compute) / pairs
+    wave_pairs = jnp.where(flash, pairs * (prefill_wave_factor(system.accelerator, tiles) - 1.0),
+                           0.0)
     host = host_scale(eff, system.accelerator)
     return IterationCost(
         grid=grid, body=body, body_launch=body_launch, body_kernels=body_kernels, head=head,
         head_launch=head_launch, head_kernels=head_kernels,
         decode_per_key=layers * dec.roofline, decode_launch=layers * dec.launch,
         decode_kernels=layers * dec.kernels,
-        prefill_per_pair=layers * busy / pairs, prefill_wave_pairs=wave_pairs,
+        prefill_per_pair=layers * per_pair, prefill_wave_pairs=wave_pairs,
         prefill_per_token=layers * pre.memory / s,
         prefill_launch=layers * pre.launch, prefill_kernels=layers * pre.kernels,
         replayed=graph_kernel_time(eff, runtime), prefill_graph=runtime.prefill_graph,
