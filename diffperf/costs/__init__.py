@@ -20,6 +20,7 @@ from ._cost import (
     kernel_time as kernel_time,
     network_cost as network_cost,
 )
+from ._engine_all_reduce import engine_all_reduce as engine_all_reduce
 from ._gemm import (
     L2_REUSE as L2_REUSE,
     MMA_ROWS as MMA_ROWS,

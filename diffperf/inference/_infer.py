@@ -52,6 +52,7 @@ from ..costs._attention import (
     prefill_wave_factor,
 )
 from ..costs._cost import Cost, compute_cost, network_cost
+from ..costs._engine_all_reduce import engine_all_reduce
 from ..costs._gemm import MMA_ROWS, k_loop_forward, split_k_gemm_cost
 from ..costs._roofline import bytes_per_element, ceil_div, peak_matmul_flops
 from ..feasibility import divides, tp_divides_mlps, whole_counts
@@ -377,8 +378,9 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
     per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens,
                                             runtime.elementwise_kernels)
     msg = tokens * x.h * x.sb
+    # the engine's own one-shot / two-shot kernels for small messages (`Runtime.custom_allreduce`)
     tensor_parallel = model.tp_reductions_per_pass * network_cost(
-        coll.all_reduce(net, eff, msg, plan.tp), msg)
+        engine_all_reduce(net, eff, msg, plan.tp, runtime.custom_allreduce), msg)
     # attention DP: each MoE layer all-gathers every rank's tokens to the experts and
     # reduce-scatters their outputs back, an all-reduce's traffic of the gathered tokens
     gathered = msg * x.dp

@@ -103,12 +103,18 @@ class Runtime(eqx.Module):
       experts) take 2.4-3.2x the model's time for Qwen3-30B-A3B's experts, 1.7-2.3x for
       Qwen3-235B-A22B's, 1.0-1.3x for DeepSeek-V3's (docs/accuracy.md). It acts on the routed
       experts of MoE models only.
+    - `custom_allreduce`: 1 if the engine's tensor-parallel all-reduce inside an NVLink domain
+      runs its own one-shot / two-shot peer-to-peer kernels for small messages and NCCL for
+      large ones (TensorRT-LLM's `AllReduceStrategy.AUTO`, vLLM's and SGLang's custom
+      all-reduce), 0 if every all-reduce is NCCL's ring; in [0, 1]
+      (`diffperf.costs.engine_all_reduce`: a 16-KB all-reduce over 8 H100s 4-5 us instead of
+      NCCL's about 20). Inference and serving only; training always uses NCCL.
 
-    The default (every host time 0, no graphs, fused element-wise kernels) is the runtime of
-    the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM 0.x tables without
-    CUDA graphs): its host never binds beyond the per-kernel launch the hardware model already
-    charges, and predictions are those of the model without a host stream. Named presets:
-    `diffperf.presets.runtime`.
+    The default (every host time 0, no graphs, fused element-wise kernels, NCCL's all-reduce)
+    is the runtime of the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM
+    0.x tables without CUDA graphs): its host never binds beyond the per-kernel launch the
+    hardware model already charges, and predictions are those of the model without a host
+    stream. Named presets: `diffperf.presets.runtime`.
     """
 
     host_op_time: jax.Array = _F(default=0.0)
@@ -134,6 +140,7 @@ class Runtime(eqx.Module):
     host_seq_time: jax.Array = _F(default=0.0)
     fp8_prefill_attention: jax.Array = _F(default=0.0)
     moe_gemm_time_factor: jax.Array = _F(default=1.0)
+    custom_allreduce: jax.Array = _F(default=0.0)
 
     def __check_init__(self):
         for name in ("host_op_time", "host_backward_op_time", "host_collective_time",
@@ -146,5 +153,5 @@ class Runtime(eqx.Module):
         check_positive("Runtime", "moe_gemm_time_factor", self.moe_gemm_time_factor)
         check_at_least("Runtime", "graph_pad_ratio", self.graph_pad_ratio, 1.0)
         for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync",
-                     "moe_layer_sync", "fp8_prefill_attention"):
+                     "moe_layer_sync", "fp8_prefill_attention", "custom_allreduce"):
             check_fraction("Runtime", name, getattr(self, name))

@@ -48,10 +48,13 @@ predictions: nothing is fitted, every choice below is fixed in advance.
   longest prompt fits in), no chunking. Slots and KV blocks: the benchmark scripts' config
   (`LMDEPLOY_CONFIG`), the cache as `kv_cache_tokens`, 128-token blocks.
   Row columns `max_num_seqs`, `max_num_batched_tokens`, `chunked_prefill` override the preset.
-- runtime preset: TensorRT engines (0.14, LMDeploy's C++ TurboMind) -> `megatron-core`
-  (its description: TensorRT-LLM 0.x without CUDA graphs, the host never binds); trtllm-bench's
-  0.17 TensorRT engines -> `trtllm-engine` (the same, with FP8 context attention in FP8
-  engines, as its build sets); TensorRT-LLM PyTorch backend -> `trtllm`; vLLM -> `vllm`;
+- runtime preset: TensorRT-LLM's TensorRT engines (0.14 behind Triton, trtllm-bench's 0.17)
+  -> `trtllm-engine` (C++ runtime without CUDA graphs, the host never binds; the engine's own
+  all-reduce kernels; FP8 context attention in FP8 engines, as trtllm-bench's build sets: the
+  0.14 rows are bf16); LMDeploy's C++ TurboMind -> `megatron-core` (the same host, NCCL's
+  all-reduce: v0.1's LlamaTritonModel reads `enable_custom_all_reduce` with default 0 and
+  never hands FasterTransformer's custom all-reduce to the model); TensorRT-LLM PyTorch
+  backend -> `trtllm`; vLLM -> `vllm`;
   SGLang -> `sglang`, except SGLang 0.4.1 serving DeepSeek-V3 -> `sglang-0.4-deepseek-eager`
   (that release turns CUDA graphs off for DeepseekV3ForCausalLM, and the 2-node rows pass
   --disable-cuda-graph).
@@ -267,7 +270,7 @@ def engine_label(rec: dict) -> str:
 
 
 #: Engine label (+ detail) -> (engine preset, runtime preset), see the module docstring.
-ENGINE_RULES = {"TRT-LLM 0.14 (Triton)": ("trtllm-0.14-triton", "megatron-core"),
+ENGINE_RULES = {"TRT-LLM 0.14 (Triton)": ("trtllm-0.14-triton", "trtllm-engine"),
                 "TRT-LLM TensorRT engine 0.17": ("trtllm", "trtllm-engine"),
                 "TRT-LLM PyTorch backend": ("trtllm", "trtllm"),
                 TRTLLM_BENCH_RULE: ("trtllm", "trtllm-bench"),
