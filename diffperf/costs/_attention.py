@@ -63,19 +63,34 @@ def fused_attention_rate(acc: Accelerator, eff: Efficiency, precision, q_len, ke
 #: Query rows of one tile of a fused attention kernel (one thread block's queries):
 #: FlashAttention-2 / -3 and TensorRT-LLM's context FMHA use 128 at head width 128.
 ATTENTION_Q_TILE = 128.0
-#: Fixed time of one query tile of a forward (prefill) fused attention kernel, s, on the SM
-#: that runs it: loading the tile's queries, the causal diagonal block and writing the output
-#: (its length does not shrink with the tensor cores: the same on A100, H100 and B200).
-#: Fitted with `PREFILL_WAVE_LOSS` and one `Efficiency.prefill_attention` per engine and GPU
-#: to NVIDIA's measured context-attention kernels (`benchmarks_data/
-#: attention_kernels_published.csv`: its 814 bf16 head-128 kernels of 50 us or more, with a
-#: 5 us fixed cost per call; RMS log error 0.15; `python calibration/attention_kernels.py
-#: --fit`): 10.3 us.
-PREFILL_TILE_TIME = 10.3e-6
+#: Fixed time of one query tile of a forward (prefill) fused attention kernel on the SM that
+#: runs it, s: tau = `PREFILL_TILE_TIME_FIXED` + `PREFILL_TILE_TIME_PER_WIDTH` x head_dim / 128.
+#: Loading the tile's queries, the causal diagonal block and writing the output move head_dim
+#: elements per row (the part that grows with the head width); the rest (the kernel's setup,
+#: the diagonal block's softmax, the pipeline's fill and drain) does not. Its length does not
+#: shrink with the tensor cores: the same on A100, H100 and B200. Fitted with
+#: `PREFILL_WAVE_LOSS`, `PREFILL_SFU_SHARE` and one `Efficiency.prefill_attention` per engine
+#: and GPU to NVIDIA's measured context-attention kernels (`benchmarks_data/
+#: attention_kernels_published.csv`: its 1,749 bf16 kernels of 50 us or more at head widths
+#: 64, 128 and 256, with and without a 128-token sliding window, with a 5 us fixed cost per
+#: call; RMS log error 0.16; `python calibration/attention_kernels.py --fit`): 5.52 + 4.99 x
+#: head_dim / 128 us (10.5 us at head width 128, 8.0 at 64, 15.5 at 256).
+PREFILL_TILE_TIME_FIXED = 5.52e-6
+#: The part of a query tile's fixed time that grows with the head width, s per 128 (fitted).
+PREFILL_TILE_TIME_PER_WIDTH = 4.99e-6
 #: Waves w0 of query tiles (tiles / SMs) that the kernel's tail and the causal imbalance of its
-#: tiles cost: the time grows by (w + w0) / w, so one wave of tiles runs at 48 % of the rate of
-#: many. Fitted with `PREFILL_TILE_TIME`.
-PREFILL_WAVE_LOSS = 1.07
+#: tiles cost: the time grows by (w + w0) / w, so one wave of tiles runs at 47 % of the rate of
+#: many. Fitted with the tile time.
+PREFILL_WAVE_LOSS = 1.11
+#: Share of the special-function unit's exponential rate a prefill attention kernel reaches
+#: where the softmax binds (fitted with the tile time): on a B200 at head width 64 (gpt-oss)
+#: one exponential per 256 FLOPs caps the kernel at 0.78 x 1.2 = 0.93 PFLOP/s, 0.41 of the
+#: 16-bit peak, where NVIDIA's measured 16k-token kernels run 1.35x slower than the tensor-core
+#: rate alone says (FlashAttention-4: Blackwell's forward pass is bound by the exponentials).
+PREFILL_SFU_SHARE = 0.775
+#: p of the p-norm smooth minimum of the tensor-core rate and the exponentials' rate (at a tie
+#: the rate is 2^(-1/8) = 0.917 of either).
+PREFILL_SFU_SHARPNESS = 8.0
 
 
 def prefill_attention_time(acc: Accelerator, eff: Efficiency, precision, flops, tiles, q_len,
@@ -84,12 +99,18 @@ def prefill_attention_time(acc: Accelerator, eff: Efficiency, precision, flops, 
     `tiles` query tiles (batch x heads x ceil(q_len / `ATTENTION_Q_TILE`)), s:
 
         t = (flops / R + tau * tiles / SMs) * (w + w0) / w,   w = tiles / SMs,
-        R = P_16 * e_prefill / ((1 - fp8) + fp8 / g_8)
+        R = R_16 / ((1 - fp8) + fp8 / g_8),
+        R_16 = (( P_16 e_prefill)^-p + (P_exp s_sfu)^-p)^(-1/p),   P_exp = 4 d x exp/s
 
-    with e_prefill = `Efficiency.prefill_attention`, tau = `PREFILL_TILE_TIME`, w0 =
-    `PREFILL_WAVE_LOSS`, and g_8 the FP8 kernel's gain over the 16-bit one
-    (`fused_attention_rate`'s ratio at this shape: 1.62x on Hopper, 1 on B200, 1 without FP8
-    tensor cores) for the share `fp8` of the work run in FP8. The fixed time per tile makes a
+    with e_prefill = `Efficiency.prefill_attention`, tau = `prefill_tile_time(d)` (d =
+    `head_dim`), w0 = `PREFILL_WAVE_LOSS`, P_exp the FLOP rate at which the special-function
+    unit returns the softmax's one exponential per score (4 d FLOPs per score; GPUs with FP8
+    tensor cores, as in `fused_attention_rate`; none on the others), s_sfu =
+    `PREFILL_SFU_SHARE`, p = `PREFILL_SFU_SHARPNESS`, and g_8 the FP8 kernel's gain over the
+    16-bit one (`fused_attention_rate`'s ratio at this shape: 1.62x on Hopper, 1 on B200, 1
+    without FP8 tensor cores) for the share `fp8` of the work run in FP8. The exponentials
+    bind at narrow heads on Blackwell (head width 64 on a B200: 0.93 PFLOP/s against 1.33 from
+    the tensor cores). The fixed time per tile makes a
     short prompt's kernel slow per FLOP (a 512-token prompt at full occupancy reaches about
     a third of the rate of a 16k one on an H100), the partial wave a single short prompt's
     (batch 1 x 32 heads x 4 tiles fills one wave of 132 SMs). The training path keeps
@@ -116,5 +137,18 @@ def prefill_attention_busy_time(acc: Accelerator, eff: Efficiency, precision, fl
     p16 = peak_matmul_flops(acc, jnp.minimum(precision, 1.0))
     gain = (fused_attention_rate(acc, eff, precision, q_len, keys, head_dim, 1.0)
             / fused_attention_rate(acc, eff, precision, q_len, keys, head_dim, 0.0))
-    rate = p16 * eff.prefill_attention / ((1.0 - fp8) + fp8 / gain)
-    return flops / rate + PREFILL_TILE_TIME * tiles / acc.num_sms
+    tensor = p16 * eff.prefill_attention
+    # the exponentials' rate relative to the tensor cores' (no cap without FP8 tensor cores,
+    # whose SFU-to-FP32 ratio the constant does not describe)
+    exp_rate = (4.0 * head_dim * acc.vector_flops * EXP_PER_VECTOR_FLOP * acc.sfu_ratio
+                * PREFILL_SFU_SHARE)
+    ratio = jnp.where(acc.flops_fp8 > 0, tensor / jnp.maximum(exp_rate, 1e-30), 0.0)
+    rate_16 = tensor * (1.0 + ratio ** PREFILL_SFU_SHARPNESS) ** (-1.0 / PREFILL_SFU_SHARPNESS)
+    rate = rate_16 / ((1.0 - fp8) + fp8 / gain)
+    return flops / rate + prefill_tile_time(head_dim) * tiles / acc.num_sms
+
+
+def prefill_tile_time(head_dim) -> jax.Array:
+    """Fixed time of one query tile of a prefill attention kernel at head width `head_dim`, s:
+    `PREFILL_TILE_TIME_FIXED` + `PREFILL_TILE_TIME_PER_WIDTH` x head_dim / 128."""
+    return PREFILL_TILE_TIME_FIXED + PREFILL_TILE_TIME_PER_WIDTH * head_dim / 128.0

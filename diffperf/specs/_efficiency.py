@@ -66,9 +66,10 @@ class Efficiency(eqx.Module):
       kernel (an inference engine's prefill / context attention) reaches on long prompts at
       full occupancy, (0, 1] (`diffperf.costs.prefill_attention_time`, which adds the kernel's
       fixed time per query tile and its partial-wave loss). 0.59: the median of the values
-      fitted to NVIDIA's measured context-attention kernels of vLLM 0.14 (A100 0.56, H100
-      0.60), SGLang 0.5.14 (FlashAttention-3, H100 0.78) and TensorRT-LLM 1.0 / 1.3 (A100
-      0.45, H100 0.58, B200 0.61), `benchmarks_data/attention_kernels_published.csv`
+      fitted to NVIDIA's measured context-attention kernels of vLLM 0.14 (A100 0.57, H100
+      0.60), SGLang 0.5.14 (FlashAttention-3, H100 0.77) and TensorRT-LLM 1.0 / 1.3 (A100
+      0.45, H100 0.54, B200 0.64) at head widths 64-256, `benchmarks_data/
+      attention_kernels_published.csv`
       (`python calibration/attention_kernels.py --fit`). Not fitted to end-to-end
       rows (`attention` is, for training's forward + backward kernels and decode).
     """
