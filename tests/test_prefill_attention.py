@@ -90,6 +90,31 @@ def test_the_head_width_sets_the_tile_time_and_where_the_exponentials_bind():
     assert rate(a100, eff_a, 64.0) == pytest.approx(float(a100.flops_bf16) * 0.59, rel=1e-5)
 
 
+def test_gradients_where_the_exponentials_bind_and_at_no_width():
+    """d t / d (head width, vector FLOP/s) against finite differences on a B200 at width 64,
+    where the exponentials' cap binds: a faster special-function unit never slows the kernel;
+    every GPU's time and gradient stay finite at width 0 (no attention)."""
+    b200, eff_b = dp.gpu("b200"), dp.default_efficiency("b200")
+    flops, tiles = _shape(8, 64, 8192, 64.0)
+
+    def t(d, vec):
+        acc = eqx.tree_at(lambda a: a.vector_flops, b200, vec)
+        return prefill_attention_time(acc, eff_b, 1.0, flops, tiles, 8192.0, 8192.0, d)
+
+    d0, v0 = jnp.asarray(64.0), jnp.asarray(75e12)
+    gd, gv = jax.grad(t, argnums=(0, 1))(d0, v0)
+    assert float(gd) == pytest.approx(float((t(d0 + 0.5, v0) - t(d0 - 0.5, v0)) / 1.0),
+                                      rel=2e-2)
+    assert float(gv) == pytest.approx(float((t(d0, v0 * 1.001) - t(d0, v0 * 0.999))
+                                            / (0.002 * 75e12)), rel=2e-2)
+    assert float(gv) < 0
+    for gpu in ("a100-sxm4-80gb", "h100-sxm5-80gb", "b200"):
+        acc, eff = dp.gpu(gpu), dp.default_efficiency(gpu)
+        f = lambda d, acc=acc, eff=eff: prefill_attention_time(  # noqa: E731
+            acc, eff, 1.0, 0.0, 128.0, 1024.0, 1024.0, d)
+        assert np.isfinite(float(f(0.0))) and np.isfinite(float(jax.grad(f)(0.0)))
+
+
 def test_short_prompts_and_single_waves_run_slower_per_flop():
     """The fixed time per query tile makes short prompts slow per FLOP; a partial wave makes a
     lone prompt slower than a full batch of them; longer prompts and more heads never take

@@ -107,7 +107,8 @@ def prefill_attention_time(acc: Accelerator, eff: Efficiency, precision, flops, 
     unit returns the softmax's one exponential per score (4 d FLOPs per score; GPUs with FP8
     tensor cores, as in `fused_attention_rate`; none on the others), s_sfu =
     `PREFILL_SFU_SHARE`, p = `PREFILL_SFU_SHARPNESS`, and g_8 the FP8 kernel's gain over the
-    16-bit one (`fused_attention_rate`'s ratio at this shape: 1.62x on Hopper, 1 on B200, 1
+    16-bit one (`fused_attention_rate`'s ratio at this shape; at head width 128: 1.62x on
+    Hopper, 1 on B200, 1
     without FP8 tensor cores) for the share `fp8` of the work run in FP8. The exponentials
     bind at narrow heads on Blackwell (head width 64 on a B200: 0.93 PFLOP/s against 1.33 from
     the tensor cores). The fixed time per tile makes a
@@ -135,15 +136,19 @@ def prefill_attention_busy_time(acc: Accelerator, eff: Efficiency, precision, fl
     (tiles_1 its tiles): the serving simulator's affine prefill cost
     (`diffperf.inference.iteration_cost`)."""
     p16 = peak_matmul_flops(acc, jnp.minimum(precision, 1.0))
-    gain = (fused_attention_rate(acc, eff, precision, q_len, keys, head_dim, 1.0)
-            / fused_attention_rate(acc, eff, precision, q_len, keys, head_dim, 0.0))
+    width = jnp.maximum(head_dim, 1e-3)  # a zero width is no attention: keep the rates finite
+    gain = (fused_attention_rate(acc, eff, precision, q_len, keys, width, 1.0)
+            / fused_attention_rate(acc, eff, precision, q_len, keys, width, 0.0))
     tensor = p16 * eff.prefill_attention
-    # the exponentials' rate relative to the tensor cores' (no cap without FP8 tensor cores,
-    # whose SFU-to-FP32 ratio the constant does not describe)
-    exp_rate = (4.0 * head_dim * acc.vector_flops * EXP_PER_VECTOR_FLOP * acc.sfu_ratio
-                * PREFILL_SFU_SHARE)
-    ratio = jnp.where(acc.flops_fp8 > 0, tensor / jnp.maximum(exp_rate, 1e-30), 0.0)
-    rate_16 = tensor * (1.0 + ratio ** PREFILL_SFU_SHARPNESS) ** (-1.0 / PREFILL_SFU_SHARPNESS)
+    # the exponentials' rate (no cap without FP8 tensor cores, whose SFU-to-FP32 ratio the
+    # constant does not describe), combined as m (1 + (m / M)^p)^(-1/p) with m, M the smaller
+    # and larger rate: the p-norm of the reciprocals, with no overflow when one is tiny
+    exp_rate = jnp.where(acc.flops_fp8 > 0,
+                         4.0 * width * acc.vector_flops * EXP_PER_VECTOR_FLOP * acc.sfu_ratio
+                         * PREFILL_SFU_SHARE, jnp.inf)
+    low, high = jnp.minimum(tensor, exp_rate), jnp.maximum(tensor, exp_rate)
+    ratio = jnp.where(jnp.isfinite(high), low / jnp.where(jnp.isfinite(high), high, 1.0), 0.0)
+    rate_16 = low * (1.0 + ratio ** PREFILL_SFU_SHARPNESS) ** (-1.0 / PREFILL_SFU_SHARPNESS)
     rate = rate_16 / ((1.0 - fp8) + fp8 / gain)
     return flops / rate + prefill_tile_time(head_dim) * tiles / acc.num_sms
 

@@ -26,7 +26,10 @@ takes 3.7-5.2 us, where NCCL's ring (its LL protocol's 14 steps and the call's f
 takes about 20; from about 8 MB up the engines' times are NCCL's.
 
 A group that leaves the NVLink domain (the engines' peer-to-peer kernels need every rank in
-one domain) always runs NCCL's hierarchical ring."""
+one domain) or has more than `ENGINE_ALL_REDUCE_MAX_RANKS` ranks (vLLM's and SGLang's custom
+all-reduce take 2-8 GPUs; the fit saw 2, 4 and 8 on 8-GPU boards, so larger NVLink domains such
+as NVL72 would be an extrapolation) always runs NCCL's hierarchical ring. The time is the
+kernel's as measured in CUDA-graph replays; an eager pass charges it no separate launch."""
 
 from __future__ import annotations
 
@@ -46,21 +49,25 @@ ENGINE_ALL_REDUCE_LATENCY_PER_RANK = 0.20e-6
 ONE_SHOT_BANDWIDTH = 0.68
 #: Fraction of the ring's achieved NVLink bandwidth a two-shot kernel reaches (fitted).
 TWO_SHOT_BANDWIDTH = 0.56
+#: Largest tensor-parallel group the engines' own all-reduce kernels serve (vLLM's and
+#: SGLang's custom all-reduce: 2, 4, 6 or 8 GPUs); larger groups run NCCL's ring.
+ENGINE_ALL_REDUCE_MAX_RANKS = 8.0
 
 
 def engine_all_reduce(net: Network, eff: Efficiency, size, n, custom=1.0) -> jax.Array:
     """Time of an inference engine's all-reduce of `size` bytes over `n` tensor-parallel
     ranks, s: the smooth minimum of its one-shot kernel, its two-shot kernel and NCCL's ring
-    (`all_reduce`) when the group fits in one NVLink domain (module docstring), NCCL's ring
-    otherwise. `custom` in [0, 1] is the share of the engine's kernels (0: NCCL only, the
-    model's all-reduce before engines' kernels were modelled); 0 for a group of one."""
+    (`all_reduce`) when the group fits in one NVLink domain and has at most
+    `ENGINE_ALL_REDUCE_MAX_RANKS` ranks (module docstring), NCCL's ring otherwise. `custom`
+    in [0, 1] is the share of the engine's kernels (0: NCCL only, the model's all-reduce
+    before engines' kernels were modelled); 0 for a group of one."""
     n = jnp.asarray(n, dtype=jnp.result_type(float))
     nccl = all_reduce(net, eff, size, n)
     bw = net.nvlink_bandwidth * eff.nvlink
     barrier = ENGINE_ALL_REDUCE_LATENCY + ENGINE_ALL_REDUCE_LATENCY_PER_RANK * (n - 2.0)
     one_shot = barrier + (n - 1.0) * size / (ONE_SHOT_BANDWIDTH * bw)
     two_shot = 2.0 * barrier + 2.0 * (n - 1.0) / n * size / (TWO_SHOT_BANDWIDTH * bw)
-    in_domain = (n > 1.0) & (n <= net.nvlink_domain)
+    in_domain = (n > 1.0) & (n <= jnp.minimum(net.nvlink_domain, ENGINE_ALL_REDUCE_MAX_RANKS))
     safe = [jnp.where(in_domain, t, 1.0) for t in (one_shot, two_shot, nccl)]
     fastest = jnp.where(in_domain, smooth_min_of(safe), nccl)
     return jnp.where(n > 1.0, (1.0 - custom) * nccl + custom * fastest, 0.0)

@@ -118,7 +118,9 @@ class Accelerator(eqx.Module):
       results per SM per clock against 128 FP32 lanes (Hopper, Blackwell: CUDA C++
       Programming Guide, "Throughput of Native Arithmetic Instructions"), ratio: the
       exponentials per second are `vector_flops` / 16 x `sfu_ratio`; they cap an FP8
-      attention kernel's rate (`diffperf.costs.fused_attention_rate`). 1 by default; 2 on
+      attention kernel's rate (`diffperf.costs.fused_attention_rate`) and, on GPUs with FP8
+      tensor cores, the prefill attention kernel's at narrow heads
+      (`diffperf.costs.prefill_attention_time`: a B200 at head width 64). 1 by default; 2 on
       Blackwell Ultra (B300 / GB300: "doubling SFU throughput over the standard NVIDIA
       Blackwell architecture", NVIDIA technical blog "Making Softmax More Efficient with
       NVIDIA Blackwell Ultra").

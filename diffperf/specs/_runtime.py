@@ -107,8 +107,9 @@ class Runtime(eqx.Module):
       runs its own one-shot / two-shot peer-to-peer kernels for small messages and NCCL for
       large ones (TensorRT-LLM's `AllReduceStrategy.AUTO`, vLLM's and SGLang's custom
       all-reduce), 0 if every all-reduce is NCCL's ring; in [0, 1]
-      (`diffperf.costs.engine_all_reduce`: a 16-KB all-reduce over 8 H100s 4-5 us instead of
-      NCCL's about 20). Inference and serving only; training always uses NCCL.
+      (`diffperf.costs.engine_all_reduce`: a 16-KB all-reduce over 8 H100s measured at 3.7-5.2
+      us, where the model's NCCL ring charges about 20), for groups of 2-8 GPUs. Inference and
+      serving only (not the attention-data-parallel MoE gather); training always uses NCCL.
 
     The default (every host time 0, no graphs, fused element-wise kernels, NCCL's all-reduce)
     is the runtime of the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM
