@@ -298,12 +298,10 @@ def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
     FP8 kernel's gain (`fused_attention_rate`)."""
     b, s = plan.batch, plan.input_len
     bh = b * x.heads
-    keys = model.attended_keys(s)  # = s without a sliding window
     core = 0.5 * (x.qk + x.v)  # = d for standard attention
     qkvo = b * s * (x.heads + x.kv) * (x.qk + x.v) * x.ab
-    flash_flops = 2.0 * bh * s * keys * core  # 4 b a s^2 d, halved by the causal mask
     acc = system.accelerator
-    busy, tiles = _prefill_attention_busy(model, plan, system, eff, x, runtime)
+    busy, tiles, flash_flops = _prefill_attention_busy(model, plan, system, eff, x, runtime)
     flash = eqx.tree_at(lambda c: c.compute,
                         compute_cost(acc, eff, flash_flops, qkvo, 1.0,
                                      ATTENTION_KERNELS_PREFILL_FUSED),
@@ -318,10 +316,10 @@ def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
 
 def _prefill_attention_busy(model: Transformer, plan: InferencePlan, system: System,
                             eff: Efficiency, x: _Dims, runtime: Runtime):
-    """(busy time, query tiles) of one layer's fused prefill attention kernel
+    """(busy time, query tiles, FLOPs) of one layer's fused prefill attention kernel
     (`prefill_attention_busy_time`: without the partial-wave loss, which
-    `prefill_wave_factor(tiles)` adds) for `plan.batch` prompts of `plan.input_len` tokens,
-    (s, tiles): 2 b a s keys d FLOPs in b a ceil(s / 128) tiles."""
+    `prefill_wave_factor(tiles)` adds) for `plan.batch` prompts of `plan.input_len` tokens:
+    2 b a s keys d FLOPs in b a ceil(s / 128) tiles."""
     b, s = plan.batch, plan.input_len
     keys = model.attended_keys(s)  # = s without a sliding window
     core = 0.5 * (x.qk + x.v)  # = d for standard attention
@@ -329,7 +327,7 @@ def _prefill_attention_busy(model: Transformer, plan: InferencePlan, system: Sys
     fp8 = jnp.where(plan.kv_precision >= 2.0, runtime.fp8_prefill_attention, 0.0)
     tiles = b * x.heads * ceil_div(s, ATTENTION_Q_TILE)
     return (prefill_attention_busy_time(system.accelerator, eff, x.math, flops, tiles, s, keys,
-                                        core, fp8), tiles)
+                                        core, fp8), tiles, flops)
 
 
 def _decode_attention(model: Transformer, plan: InferencePlan, system: System,

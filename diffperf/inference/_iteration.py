@@ -157,7 +157,7 @@ def iteration_cost(model: Transformer, system: System, plan: InferencePlan, max_
     # a fused kernel's time without its partial-wave loss, and that loss as pairs: n prompts
     # of the typical length take (n + w0 SMs / tiles_1) x one prompt's busy time; the unfused
     # path (`plan.flash_attention` 0) has no such loss
-    busy, tiles = _prefill_attention_busy(model, one, system, eff, x, runtime)
+    busy, tiles, _ = _prefill_attention_busy(model, one, system, eff, x, runtime)
     flash = plan.flash_attention > 0
     per_pair = jnp.where(flash, busy, pre.compute) / pairs
     wave_pairs = jnp.where(flash, pairs * (prefill_wave_factor(system.accelerator, tiles) - 1.0),
