@@ -72,6 +72,9 @@ from ._host import graph_kernel_time, graph_padded_batch, graph_share, host_scal
 ELEMENTWISE_KERNELS = 4.0
 #: Extra kernels per MoE layer: router softmax + top-k, token permute, un-permute + combine.
 MOE_KERNELS = 3.0
+#: Of those, the permutation's two (the permuted copy, or the routing-index sort of engines that
+#: gather inside the GEMM, and the combine), charged with their traffic (`moe_permute`).
+MOE_PERMUTE_KERNELS = 2.0
 #: Kernels of the attention core, as TensorRT-LLM 0.9's GPT attention plugin launches them
 #: (`gptAttentionCommon.cpp`, `enqueueContext` / `enqueueGeneration`). Decode: one kernel
 #: (masked MHA or XQA, with RoPE and the KV-cache write fused in).
@@ -91,7 +94,8 @@ OP_KINDS = {
     "out_proj": "gemm", "router": "gemm", "mlp_up": "gemm", "mlp_down": "gemm",
     "shared_mlp_up": "gemm", "shared_mlp_down": "gemm", "dense_mlp_up": "gemm",
     "dense_mlp_down": "gemm",
-    "elementwise": "elementwise", "tp_allreduce": "tp_comm", "pp_send_recv": "pp_comm",
+    "elementwise": "elementwise", "moe_permute": "elementwise", "tp_allreduce": "tp_comm",
+    "pp_send_recv": "pp_comm",
     "lm_head": "gemm", "logits_gather": "tp_comm", "final": "elementwise",
 }
 KINDS = ("gemm", "attention", "elementwise", "tp_comm", "pp_comm")
@@ -282,9 +286,42 @@ def _elementwise(model: Transformer, system: System, eff: Efficiency, x: _Dims,
               + rope * 2.0 * x.ab + tokens * x.cache * x.kb)  # RoPE, KV write
     flops = 2.0 * th * 5.0 + 2.0 * th + act * 8.0 + rope * 6.0
     kernels = (kernels_per_layer - model.parallel_attention
-               + jnp.where(x.moe, (1.0 - x.dense) * MOE_KERNELS, 0.0))
+               + jnp.where(x.moe, (1.0 - x.dense) * (MOE_KERNELS - MOE_PERMUTE_KERNELS), 0.0))
     acc = system.accelerator
     return compute_cost(acc, eff, flops, nbytes, acc.vector_flops * eff.vector, kernels)
+
+
+def moe_permute_cost(model: Transformer, system: System, eff: Efficiency, x: _Dims, tokens,
+                     permute_copy) -> Cost:
+    """The token permutation around one MoE layer's routed experts on one GPU, mean over the
+    layers (the MoE layers' share 1 - r); zero for a dense model. Two memory-bound kernels
+    (`MOE_PERMUTE_KERNELS`):
+
+        bytes = c (T h s + R h a) + R h s + T h s
+
+    - the permuted copy (c = `Runtime.moe_permute_copy`): read the T tokens entering the
+      layer, write each of their routed rows to its expert's contiguous block, R rows of h
+      elements at the GEMM's activation bytes a (TensorRT-LLM's CUTLASS / DeepGEMM backends
+      quantise in this pass: `expandInputRowsKernel`); engines whose first expert GEMM gathers
+      its rows by index (vLLM's and SGLang's Triton `fused_moe`, `sorted_token_ids`) skip it
+      (c = 0; their index sort stays one kernel);
+    - the combine: read the R expert-output rows (16 bit, s) and write the T weighted sums
+      (TensorRT-LLM's `finalizeMoeRoutingKernel`, vLLM's `moe_sum`).
+
+    T are the tokens entering the experts (x attention-DP ranks), R = the busiest
+    expert-parallel GPU's experts x the mean tokens per picked expert (as its grouped GEMMs).
+    The expert GEMMs' own reads and writes of those rows are in their costs. Traffic against
+    the experts' math grows as 1 / (expert width): narrow fine-grained experts pay most.
+    Training counts Megatron's permutation separately (`training.moe_permute_time`)."""
+    routed = tokens * jnp.where(x.moe, x.dp, 1.0)
+    rows = (routed * model.experts_per_token / experts_touched(model, routed)
+            * busiest_gpu_experts(model, routed, x.ep))
+    nbytes = (permute_copy * (routed * x.h * x.sb + rows * x.h * x.ab)
+              + rows * x.h * x.sb + routed * x.h * x.sb)
+    share = jnp.where(x.moe, 1.0 - x.dense, 0.0)
+    acc = system.accelerator
+    return share * compute_cost(acc, eff, 0.0, nbytes, acc.vector_flops * eff.vector,
+                                MOE_PERMUTE_KERNELS)
 
 
 def _prefill_attention(model: Transformer, plan: InferencePlan, system: System,
@@ -375,6 +412,8 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
     per_layer["attention"] = attention
     per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens,
                                             runtime.elementwise_kernels)
+    per_layer["moe_permute"] = moe_permute_cost(model, system, eff, x, tokens,
+                                                runtime.moe_permute_copy)
     msg = tokens * x.h * x.sb
     # the engine's own one-shot / two-shot kernels for small messages (`Runtime.custom_allreduce`)
     tensor_parallel = model.tp_reductions_per_pass * network_cost(

@@ -3,7 +3,7 @@
 Kernel benchmarks (TensorRT-LLM's MoE backends, vLLM's and SGLang's fused_moe) time the module
 that turns a layer's hidden states into its routed experts' output for `tokens` tokens:
 
-    t = t_router + t_experts + kernels * t_kernel
+    t = t_router + t_experts + t_permute + kernels * t_kernel
 
 - `t_router`: the router GEMM (tokens x hidden x experts), 1 kernel (2 when it splits its k
   loop); left out with `router_gemm=False`, for benchmarks that take the router's logits as
@@ -13,8 +13,10 @@ that turns a layer's hidden states into its routed experts' output for `tokens` 
   (`diffperf.inference.busiest_gpu_experts`), 1-2 kernels each; both at their roofline times
   (`diffperf.costs.split_k_gemm_cost`, with the low-precision k loop of the routed experts),
   times the runtime's `moe_gemm_time_factor` (1 by default);
-- the layer's `MOE_KERNELS` routing kernels (top-k, permutation, un-permutation), which the
-  model charges as kernels only (no bytes: their traffic is not modelled);
+- `t_permute`: the token permutation's traffic (`diffperf.inference.moe_permute_cost`: the
+  permuted copy where `Runtime.moe_permute_copy` says the engine writes one, and the
+  combine), at HBM bandwidth;
+- the layer's `MOE_KERNELS` routing kernels (top-k, permutation, un-permutation);
 - `t_kernel`: each kernel's fixed cost, `graph_kernel_time` (graph node + tail) when the
   runtime replays the pass from a CUDA graph, else the eager launch plus the tail.
 
@@ -35,17 +37,18 @@ from ..presets import resolve_efficiency
 from ..specs import InferencePlan, Runtime, System, Transformer
 from ..specs._efficiency import Efficiency
 from ._host import graph_kernel_time, graph_padded_batch, graph_share
-from ._infer import MOE_KERNELS, _dims, _layer_gemms, rank_plan
+from ._infer import MOE_KERNELS, _dims, _layer_gemms, moe_permute_cost, rank_plan
 
 
 class MoeModuleTime(eqx.Module):
     """One MoE layer's expert module on one GPU, s: `router` (the router GEMM) and `experts`
-    (the routed experts' up and down GEMMs) at their roofline times, `fixed` the fixed costs
-    of all its kernels (those two ops' and the routing kernels'), `total` their sum;
-    `kernels`, count."""
+    (the routed experts' up and down GEMMs) at their roofline times, `permute` the token
+    permutation's traffic time, `fixed` the fixed costs of all its kernels (those ops' and the
+    routing kernels'), `total` their sum; `kernels`, count."""
 
     router: jax.Array
     experts: jax.Array
+    permute: jax.Array
     fixed: jax.Array
     total: jax.Array
     kernels: jax.Array
@@ -79,7 +82,9 @@ def moe_module_time(model: Transformer, system: System, plan: InferencePlan, tok
                        + graph * graph_kernel_time(eff, runtime))
     router = ops["router"].roofline if router_gemm else jnp.zeros_like(tokens)
     experts = ops["mlp_up"].roofline + ops["mlp_down"].roofline
+    permute = (moe_permute_cost(model, system, eff, x, tokens, runtime.moe_permute_copy).roofline
+               / jnp.where(moe, share, 1.0))
     zero = jnp.zeros_like(tokens)
-    parts = [jnp.where(moe, v, zero) for v in (router, experts, fixed, kernels)]
-    return MoeModuleTime(router=parts[0], experts=parts[1], fixed=parts[2],
-                         total=parts[0] + parts[1] + parts[2], kernels=parts[3])
+    parts = [jnp.where(moe, v, zero) for v in (router, experts, permute, fixed, kernels)]
+    return MoeModuleTime(router=parts[0], experts=parts[1], permute=parts[2], fixed=parts[3],
+                         total=parts[0] + parts[1] + parts[2] + parts[3], kernels=parts[4])

@@ -110,6 +110,12 @@ class Runtime(eqx.Module):
       (`diffperf.costs.engine_all_reduce`: a 16-KB all-reduce over 8 H100s measured at 3.7-5.2
       us, where the model's NCCL ring charges about 20), for groups of 2-8 GPUs. Inference and
       serving only (not the attention-data-parallel MoE gather); training always uses NCCL.
+    - `moe_permute_copy`: 1 if the engine copies each routed token row into its expert's
+      contiguous block before the expert GEMMs (TensorRT-LLM's CUTLASS and DeepGEMM MoE
+      backends, the default), 0 if the first expert GEMM gathers its rows by index (vLLM's
+      and SGLang's Triton `fused_moe`); in [0, 1]. Both still pay the combine (read the routed
+      rows, write the tokens). Inference and serving only
+      (`diffperf.inference.moe_permute_cost`); training counts Megatron's permutation itself.
 
     The default (every host time 0, no graphs, fused element-wise kernels, NCCL's all-reduce)
     is the runtime of the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM
@@ -142,6 +148,7 @@ class Runtime(eqx.Module):
     fp8_prefill_attention: jax.Array = _F(default=0.0)
     moe_gemm_time_factor: jax.Array = _F(default=1.0)
     custom_allreduce: jax.Array = _F(default=0.0)
+    moe_permute_copy: jax.Array = _F(default=1.0)
 
     def __check_init__(self):
         for name in ("host_op_time", "host_backward_op_time", "host_collective_time",
@@ -154,5 +161,6 @@ class Runtime(eqx.Module):
         check_positive("Runtime", "moe_gemm_time_factor", self.moe_gemm_time_factor)
         check_at_least("Runtime", "graph_pad_ratio", self.graph_pad_ratio, 1.0)
         for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync",
-                     "moe_layer_sync", "fp8_prefill_attention", "custom_allreduce"):
+                     "moe_layer_sync", "fp8_prefill_attention", "custom_allreduce",
+                     "moe_permute_copy"):
             check_fraction("Runtime", name, getattr(self, name))

@@ -13,7 +13,12 @@ router GEMM (TensorRT-LLM's blog), 0 where the benchmark takes the router's logi
 Benchmark harnesses replay the module from a CUDA graph (vLLM's `benchmark_moe.py`, SGLang's
 tuning script) or time its kernels alone, so every kernel is costed at the graph-replay fixed
 cost (`Runtime(decode_graph=1)`, no size limit): an assumption the TensorRT-LLM blog does not
-state."""
+state.
+
+Only TensorRT-LLM's CUTLASS backend writes a permuted copy of the routed rows before its expert
+GEMMs (`expandInputRowsKernel`); Triton's `fused_moe` and the TRTLLM-Gen kernels (also behind
+FlashInfer's entry points) gather the rows by index inside the first GEMM
+(`Runtime.moe_permute_copy` 0 for them, `kernel_runtime`)."""
 
 from __future__ import annotations
 
@@ -30,6 +35,15 @@ MOE_KERNELS_CSV = Path(BENCHMARKS_DATA) / "moe_kernels_published.csv"
 
 #: Kernel benchmarks replay the module from a CUDA graph (module docstring).
 BENCHMARK_RUNTIME = Runtime(decode_graph=1.0)
+#: The kernels that write a permuted copy of the routed rows (module docstring).
+PERMUTED_COPY_KERNELS = ("cutlass",)
+
+
+def kernel_runtime(kernel: str) -> Runtime:
+    """`BENCHMARK_RUNTIME` with the kernel family's permuted copy (`Runtime.moe_permute_copy`:
+    1 for TensorRT-LLM's CUTLASS backend, 0 for the kernels that gather rows inside the GEMM)."""
+    copy = 1.0 if kernel in PERMUTED_COPY_KERNELS else 0.0
+    return Runtime(decode_graph=1.0, moe_permute_copy=copy)
 
 
 @dataclass(frozen=True)
@@ -79,11 +93,11 @@ def read_moe_kernel_rows(path: str | Path = MOE_KERNELS_CSV) -> list[MoeKernelRo
 
 def predict_moe_kernel_row(row: MoeKernelRow, efficiency=None) -> float:
     """The model's time of the row's module, microseconds (`moe_module_time` under
-    `BENCHMARK_RUNTIME`, with the GPU's shipped efficiency factors unless given)."""
+    `kernel_runtime(row.kernel)`, with the GPU's shipped efficiency factors unless given)."""
     model = presets.model(row.model)
     system = presets.system(row.system)
     eff = presets.resolve_efficiency(efficiency, row.gpu)
-    t = moe_module_time(model, system, row.plan, row.tokens, BENCHMARK_RUNTIME, eff,
+    t = moe_module_time(model, system, row.plan, row.tokens, kernel_runtime(row.kernel), eff,
                         router_gemm=row.router_gemm)
     return float(t.total) * 1e6
 
