@@ -181,6 +181,9 @@ def _buckets(t: dict, in_support: np.ndarray) -> dict:
     out["MoE models"] = col("moe") > 0
     out["host-issuing runtime (eager)"] = col("host_issuing") > 0
     out["small training GEMMs (< 100 GFLOP)"] = col("small_kernel") > 0
+    served = np.array([d.quantity.startswith("serve") for d in t["descriptors"]])
+    out["served by vLLM / SGLang (Python scheduler)"] = col("python_engine") > 0
+    out["served by TensorRT-LLM / LMDeploy"] = served & (col("python_engine") == 0)
     train = np.array([d.kind == "train" for d in t["descriptors"]])
     out["multi-node training runs"] = (col("nodes") > 0) & train
     out["multi-node inference / serving"] = (col("nodes") > 0) & ~train

@@ -170,3 +170,30 @@ def test_sweep_covariates_under_vmap_equal_the_loop():
     widths = jax.vmap(lambda x: sweep_half_width(
         model, sweep_covariates(base, model.support, x, 4.0), "step_time"))(g)
     assert np.all(np.diff(np.asarray(widths)) >= -1e-12)
+
+
+def test_python_scheduled_serving_engines_have_their_own_covariate():
+    """`python_engine`: 1 for a served quantity of vLLM / SGLang (their scheduler, API server
+    and per-step work run in Python, the served errors the simulator leaves largest), 0 for
+    TensorRT-LLM, LMDeploy-style engines and for every static (non-served) quantity; the
+    shipped error model widens those intervals and says why."""
+    from diffperf.calibrate._uncertainty import load_uncertainty
+    row = {**TRAIN_ROW, "num_gpus": 1, "tp": 1, "pp": 1}
+    support = support_of([descriptor(row, "throughput")])
+    flag = lambda q, engine: dict(zip(COVARIATES, covariates(  # noqa: E731
+        descriptor(row, q, engine, load="online" if q.startswith("serve") else ""),
+        support)))["python_engine"]
+    assert flag("serve_ttft", "vllm") == 1.0
+    assert flag("serve_throughput", "vllm-a100") == 1.0
+    assert flag("serve_token_latency", "sglang") == 1.0
+    assert flag("serve_ttft", "trtllm") == 0.0
+    assert flag("serve_ttft", "trtllm-0.14-triton") == 0.0
+    assert flag("throughput", "vllm") == 0.0
+    em = load_uncertainty().error_model
+    vllm = descriptor(row, "serve_token_latency", "vllm", load="online")
+    trt = descriptor(row, "serve_token_latency", "trtllm", load="online")
+    slope = dict(zip(em.names, em.coef))["python_engine"]
+    assert slope > 0
+    assert em.for_descriptor(vllm) == pytest.approx(em.for_descriptor(trt) * math.exp(slope))
+    assert any("vllm serving engine" in r for r in em.reasons(vllm))
+    assert not any("serving engine" in r for r in em.reasons(trt))

@@ -91,7 +91,9 @@ NOVELTY = ("gpu_unseen", "precision_unseen", "serve_gpu_unseen", "serve_precisio
 SERVE_COPIES = {"serve_gpu_unseen": "gpu_unseen", "serve_precision_unseen": "precision_unseen"}
 #: Regime covariates (slopes of either sign).
 REGIME = ("moe", "narrow_experts", "host_issuing", "small_kernel", "nodes", "serve_offline",
-          "serve_closed_loop", "attention_dp")
+          "serve_closed_loop", "attention_dp", "python_engine")
+#: Serving engine families whose scheduler runs in Python.
+PYTHON_ENGINES = ("vllm", "sglang")
 #: Every covariate, in the order of `ErrorModel.coef`.
 COVARIATES = tuple(f"q:{q}" for q in QUANTITY_KINDS) + NOVELTY + REGIME
 
@@ -288,6 +290,7 @@ def covariates(d: Descriptor, support: dict) -> np.ndarray:
     c["serve_offline"] = float(d.load == "offline")
     c["serve_closed_loop"] = float(d.load == "closed")
     c["attention_dp"] = float(d.attention_dp)
+    c["python_engine"] = float(d.quantity.startswith("serve") and d.runtime in PYTHON_ENGINES)
     return np.array([c[k] for k in COVARIATES], dtype=np.float64)
 
 
@@ -316,6 +319,7 @@ def _reason_text(name: str, d: Descriptor, support: dict) -> str:
         "serve_offline": "all requests at once (offline throughput)",
         "serve_closed_loop": "a fixed number of clients (closed loop)",
         "attention_dp": "attention data parallelism (no calibrated run used it)",
+        "python_engine": f"{d.runtime} serving engine (Python scheduler)",
     }[name]
 
 
