@@ -309,10 +309,15 @@ def moe_permute_cost(model: Transformer, system: System, eff: Efficiency, x: _Di
       (TensorRT-LLM's `finalizeMoeRoutingKernel`, vLLM's `moe_sum`).
 
     T are the tokens entering the experts (x attention-DP ranks), R = the busiest
-    expert-parallel GPU's experts x the mean tokens per picked expert (as its grouped GEMMs).
-    The expert GEMMs' own reads and writes of those rows are in their costs. Traffic against
-    the experts' math grows as 1 / (expert width): narrow fine-grained experts pay most.
-    Training counts Megatron's permutation separately (`training.moe_permute_time`)."""
+    expert-parallel GPU's experts x the mean tokens per picked expert (as its grouped GEMMs):
+    with expert parallelism each GPU is ASSUMED to copy and combine only its own experts' rows
+    (no published timing with ep > 1 separates it; NVIDIA's measured EP splits of the whole
+    module do not shrink with ep as the model's GEMMs do, calibration/EXPERIMENTS.md). The
+    expert GEMMs' own reads and writes of those rows are in their costs (the down GEMM writes
+    its output at the activation bytes a, which the combine reads at 16 bit: the GEMM model's
+    convention for every output, kept). Traffic against the experts' math grows as
+    1 / (expert width): narrow fine-grained experts pay most. Training counts Megatron's
+    permutation separately (`moe_permute_time` in diffperf/training/_layer.py)."""
     routed = tokens * jnp.where(x.moe, x.dp, 1.0)
     rows = (routed * model.experts_per_token / experts_touched(model, routed)
             * busiest_gpu_experts(model, routed, x.ep))

@@ -13,9 +13,9 @@ that turns a layer's hidden states into its routed experts' output for `tokens` 
   (`diffperf.inference.busiest_gpu_experts`), 1-2 kernels each; both at their roofline times
   (`diffperf.costs.split_k_gemm_cost`, with the low-precision k loop of the routed experts),
   times the runtime's `moe_gemm_time_factor` (1 by default);
-- `t_permute`: the token permutation's traffic (`diffperf.inference.moe_permute_cost`: the
-  permuted copy where `Runtime.moe_permute_copy` says the engine writes one, and the
-  combine), at HBM bandwidth;
+- `t_permute`: the token permutation's traffic (`moe_permute_cost` in
+  `diffperf/inference/_infer.py`: the permuted copy where `Runtime.moe_permute_copy` says
+  the engine writes one, and the combine), at HBM bandwidth;
 - the layer's `MOE_KERNELS` routing kernels (top-k, permutation, un-permutation);
 - `t_kernel`: each kernel's fixed cost, `graph_kernel_time` (graph node + tail) when the
   runtime replays the pass from a CUDA graph, else the eager launch plus the tail.

@@ -115,7 +115,10 @@ class Runtime(eqx.Module):
       backends, the default), 0 if the first expert GEMM gathers its rows by index (vLLM's
       and SGLang's Triton `fused_moe`); in [0, 1]. Both still pay the combine (read the routed
       rows, write the tokens). Inference and serving only
-      (`diffperf.inference.moe_permute_cost`); training counts Megatron's permutation itself.
+      (`moe_permute_cost` in diffperf/inference/_infer.py); training counts Megatron's
+      permutation itself. The TensorRT-LLM presets keep 1, the CUTLASS backend's default through
+      1.x; its TRTLLM-Gen backend (gpt-oss on Blackwell where a row names it) and its Triton
+      backend (gpt-oss on Hopper) gather inside the GEMM, which the presets do not separate.
 
     The default (every host time 0, no graphs, fused element-wise kernels, NCCL's all-reduce)
     is the runtime of the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM
