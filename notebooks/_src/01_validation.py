@@ -143,9 +143,9 @@ print(f"calibrated, parameters   {ci.format('s', 4)}")
 # points from 7.0 % to 3.6 % (3.8 % leave-one-out); held out (leave one source out), errors are
 # -0.1 to 2.2 points higher (the CV columns are the shipped fit's, over every calibration row:
 # for step time they include the 720 vTrain runs of `train_vtrain_h2048.csv`, 8.9 %). The
-# largest errors remain in TensorRT-LLM throughput (8.2 %) and TTFT (10.5 %). Every one of the
+# largest errors remain in TensorRT-LLM throughput (8.1 %) and TTFT (10.4 %). Every one of the
 # 245 runs is predicted to fit in its GPUs' memory, as it did. On IMEC's own 11 training values
 # the physical defaults are closer (3.7 %) than the fit (6.5 %); on the papers' printed values
 # for the same runs the fit is closer (3.0 % against 5.1 %). GPT-3 175B on 64 A100 is predicted
-# at 14.04 s (90 % interval 12.5-15.8 s, with the error model's width) against 12.9 s measured
+# at 14.03 s (90 % interval 12.4-15.9 s, with the error model's width) against 12.9 s measured
 # (physical defaults: 13.21 s).
