@@ -63,6 +63,19 @@ K_LOOP_FP8 = 644.0
 #: kernels reach the model's uncapped FP4 rate within 20 %, `tests/test_moe_kernels_published.py`)
 #: nor to training GEMMs (no measurement).
 FP4_GEMM_OVER_FP8 = 1.59
+#: Share of the 16-bit tensor rate a weight-only 4-bit MoE expert GEMM (MXFP4 / NVFP4 / int4
+#: weights x 16-bit activations: gpt-oss on Hopper) issues on a GPU with FP8 tensor cores,
+#: ratio: its kernels dequantise the weights to 16 bit inside the main loop, on the CUDA cores,
+#: once per row tile (a measured ratio, not a model of that work). Fitted (least squares in
+#: log) to NVIDIA's measured TensorRT-LLM 1.3 Triton MoE backend in W4A16 on H100 and H200
+#: (AIConfigurator @095f58a5 `moe_perf.parquet`, `moe_dtype` w4a16_mxfp4, gpt-oss-20b / 120b on
+#: one GPU, balanced routing, 1-16,384 tokens: 81 modules): the kernels level off at 375-385
+#: TFLOP/s (39 % of the 16-bit peak) where the model's 16-bit rate gave 1.7-1.8x that; RMS log
+#: 0.40 -> 0.21, MAPE 27.7 -> 16.9 % (`benchmarks_data/moe_kernels_published.csv`, the
+#: `triton` rows). Blackwell's TRTLLM-Gen W4A16 modules run slower still (2.6-5.3x the model):
+#: the share is a lower bound of the slowdown there. Not applied on GPUs without FP8 tensor
+#: cores (Ampere's Marlin kernels: no measurement), to dense layers, nor to training.
+W4A16_MOE_PEAK_SHARE = 0.62
 
 
 def gemm_flops(m, n, k, batch=1.0) -> jax.Array:

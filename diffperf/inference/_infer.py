@@ -53,7 +53,7 @@ from ..costs._attention import (
 )
 from ..costs._cost import Cost, compute_cost, network_cost
 from ..costs._engine_all_reduce import engine_all_reduce
-from ..costs._gemm import MMA_ROWS, k_loop_forward, split_k_gemm_cost
+from ..costs._gemm import MMA_ROWS, W4A16_MOE_PEAK_SHARE, k_loop_forward, split_k_gemm_cost
 from ..costs._roofline import bytes_per_element, ceil_div, peak_matmul_flops
 from ..feasibility import divides, tp_divides_mlps, whole_counts
 from ..presets import resolve_efficiency
@@ -235,10 +235,14 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     g = lambda m, n, k, groups=1.0: split_k_gemm_cost(acc, eff, m, n, k, x.math, x.wb, x.ab,
                                                       groups, x.peak_fraction)
     # the routed experts' grouped GEMMs pay the fp8 / fp4 k loop's fixed cost per tile
-    # (`costs.k_loop_loss`; forward only: the factor of the GEMM's own depth k)
+    # (`costs.k_loop_loss`; forward only: the factor of the GEMM's own depth k); with 4-bit
+    # weights and 16-bit math (weight-only, W4A16) they issue `W4A16_MOE_PEAK_SHARE` of the
+    # 16-bit rate on GPUs with FP8 tensor cores (the measured kernels' dequantisation)
+    w4a16 = x.moe & (x.wb < 1.0) & (x.math <= 1.0) & (acc.flops_fp8 > 0)
     ge = g if model.known_dense() else lambda m, n, k, groups: split_k_gemm_cost(
         acc, eff, m, n, k, x.math, x.wb, x.ab, groups,
-        x.peak_fraction / jnp.where(x.moe, k_loop_forward(k, x.math), 1.0),
+        x.peak_fraction / jnp.where(x.moe, k_loop_forward(k, x.math), 1.0)
+        * jnp.where(w4a16, W4A16_MOE_PEAK_SHARE, 1.0),
         fp4_cap=jnp.logical_not(x.moe))
     moe = 1.0 - x.dense
     factor = jnp.where(x.moe, expert_time_factor, 1.0)  # a dense model's MLP is not an expert
