@@ -148,12 +148,13 @@ def test_w4a16_share_acts_on_weight_only_4bit_experts_of_fp8_gpus(monkeypatch):
     for system, plan in ((h100, w4a8), (a100, w4a16)):
         assert float(experts(system, plan, W4A16_MOE_PEAK_SHARE).experts) == pytest.approx(
             float(experts(system, plan, 1.0).experts))
-    dense = dp.model("llama3-8b")
-    step = lambda share: dp.infer(dense, h100, InferencePlan(  # noqa: E731
-        batch=64.0, input_len=2048, output_len=2, weight_precision="int4",
-        activation_precision="bf16")).ttft if monkeypatch.setattr(
-        infer_module, "W4A16_MOE_PEAK_SHARE", share) is None else None
-    assert float(step(W4A16_MOE_PEAK_SHARE)) == pytest.approx(float(step(1.0)))
+    def dense_ttft(share):
+        monkeypatch.setattr(infer_module, "W4A16_MOE_PEAK_SHARE", share)
+        plan = InferencePlan(batch=64.0, input_len=2048, output_len=2,
+                             weight_precision="int4", activation_precision="bf16")
+        return float(dp.infer(dp.model("llama3-8b"), h100, plan).ttft)
+
+    assert dense_ttft(W4A16_MOE_PEAK_SHARE) == pytest.approx(dense_ttft(1.0))
 
 
 def test_triton_fused_moe_while_it_streams_weights():

@@ -217,6 +217,16 @@ def busiest_gpu_experts(model: Transformer, tokens, ep) -> jax.Array:
     return jnp.minimum(busiest, jnp.maximum(local, 1.0))
 
 
+def _expert_rows(model: Transformer, x: _Dims, tokens):
+    """(tokens entering the experts, mean tokens per picked expert, experts of the busiest
+    expert-parallel GPU) of one MoE layer for `tokens` tokens per attention rank: with
+    attention data parallelism (`x.dp` ranks) the experts see every rank's tokens; uniform
+    top-k routing (`experts_touched`, `busiest_gpu_experts`)."""
+    routed = tokens * jnp.where(x.moe, x.dp, 1.0)
+    per_expert = routed * model.experts_per_token / experts_touched(model, routed)
+    return routed, per_expert, busiest_gpu_experts(model, routed, x.ep)
+
+
 def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
                  tokens, expert_time_factor=1.0) -> dict[str, Cost]:
     """Weight GEMMs of one layer for `tokens` tokens (M = tokens), mean over the layers: a
@@ -226,11 +236,7 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
     mean tokens per picked expert. With attention data parallelism (`x.dp` ranks) the experts
     see the tokens of all ranks, `tokens` x dp. The routed experts' compute and memory times
     are multiplied by `expert_time_factor` (`Runtime.moe_gemm_time_factor`)."""
-    k_top = model.experts_per_token
-    routed = tokens * jnp.where(x.moe, x.dp, 1.0)
-    touched = experts_touched(model, routed)
-    per_expert = routed * k_top / touched
-    local = busiest_gpu_experts(model, routed, x.ep)
+    _, per_expert, local = _expert_rows(model, x, tokens)
     acc = system.accelerator
     g = lambda m, n, k, groups=1.0: split_k_gemm_cost(acc, eff, m, n, k, x.math, x.wb, x.ab,
                                                       groups, x.peak_fraction)
@@ -322,9 +328,8 @@ def moe_permute_cost(model: Transformer, system: System, eff: Efficiency, x: _Di
     convention for every output, kept). Traffic against the experts' math grows as
     1 / (expert width): narrow fine-grained experts pay most. Training counts Megatron's
     permutation separately (`moe_permute_time` in diffperf/training/_layer.py)."""
-    routed = tokens * jnp.where(x.moe, x.dp, 1.0)
-    rows = (routed * model.experts_per_token / experts_touched(model, routed)
-            * busiest_gpu_experts(model, routed, x.ep))
+    routed, per_expert, local = _expert_rows(model, x, tokens)
+    rows = per_expert * local  # the busiest GPU's routed rows, as its grouped GEMMs'
     nbytes = (permute_copy * (routed * x.h * x.sb + rows * x.h * x.ab)
               + rows * x.h * x.sb + routed * x.h * x.sb)
     share = jnp.where(x.moe, 1.0 - x.dense, 0.0)

@@ -26,6 +26,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+import equinox as eqx
+
 from .. import presets
 from .._paths import BENCHMARKS_DATA
 from ..inference import moe_module_time
@@ -43,7 +45,7 @@ def kernel_runtime(kernel: str) -> Runtime:
     """`BENCHMARK_RUNTIME` with the kernel family's permuted copy (`Runtime.moe_permute_copy`:
     1 for TensorRT-LLM's CUTLASS backend, 0 for the kernels that gather rows inside the GEMM)."""
     copy = 1.0 if kernel in PERMUTED_COPY_KERNELS else 0.0
-    return Runtime(decode_graph=1.0, moe_permute_copy=copy)
+    return eqx.tree_at(lambda r: r.moe_permute_copy, BENCHMARK_RUNTIME, copy)
 
 
 @dataclass(frozen=True)
