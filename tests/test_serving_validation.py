@@ -3,8 +3,11 @@ end-to-end check of the simulator against TensorRT-LLM 0.14's online table."""
 
 import math
 
+import equinox as eqx
+import jax.numpy as jnp
 import pytest
 
+from diffperf.inference import infer
 from diffperf.validation._serving_rows import (
     SERVING_FILES,
     SkipRow,
@@ -104,13 +107,27 @@ def test_skip_reasons(rows):
     with pytest.raises(SkipRow) as e:
         serving_case(rows["sglang-vllm060-a100-llama-3.1-8b-tp1-sglang-sharegpt-qps4"])
     assert e.value.kind == "lengths missing"
+    bad = dict(rows["trtllm014-serve-h100-llama-3.1-8b-tp1-467x16-qps2.0"], vocab="")
     with pytest.raises(SkipRow) as e:
-        serving_case(rows["trtllm017-h100-mistral-7b-tp1-128x128"])
+        serving_case(bad)
     assert e.value.kind == "architecture missing"
     bad = dict(rows["trtllm014-serve-h100-llama-3.1-8b-tp1-467x16-qps2.0"], gpu_preset="")
     with pytest.raises(SkipRow) as e:
         serving_case(bad)
     assert e.value.kind == "no gpu preset"
+
+
+def test_ambiguous_mistral_vocab_predicts_alike(rows):
+    """TensorRT-LLM 0.17's "Mistral 7B" leaves its release open (vocab 32,000 or 32,768): the
+    row maps with 32,000 (`AMBIGUOUS_VOCAB`), and the other vocabulary moves the predicted
+    throughput of its longest-output case by less than 0.1 % (the LM head's 3.1 M of 7.2 B
+    weights)."""
+    c = serving_case(rows["trtllm017-h100-mistral-7b-tp1-128x4096"])
+    assert float(c.model.vocab) == 32000.0
+    other = eqx.tree_at(lambda m: m.vocab, c.model, jnp.asarray(32768.0))
+    plan = eqx.tree_at(lambda p: p.batch, c.plan, jnp.asarray(64.0))
+    tput = [float(infer(m, c.system, plan, runtime=c.runtime).throughput) for m in (c.model, other)]
+    assert 0.0 < tput[0] / tput[1] - 1.0 < 1e-3
 
 
 @pytest.mark.slow
@@ -153,6 +170,10 @@ def test_sglang_041_deepseek_rows_run_eager(rows):
     other = next(r for i, r in rows.items() if r["engine"] == "SGLang"
                  and not i.startswith("sglang-dsv3") and r["gpu_preset"])
     assert serving_case(other).runtime_name == "sglang"
+    # the README's "BF16" runs load the checkpoint's FP8 block-wise weights (no --quantization;
+    # 671 B weights in bf16 would not fit 8 x 141 GB): fp8 GEMMs, a bf16 KV cache
+    bf16 = serving_case(rows["sglang-dsv3-datacrunch-h200x8-bf16-1024x1024-qps1"]).plan
+    assert (float(bf16.weight_precision), float(bf16.kv_precision)) == (2.0, 1.0)
 
 
 def test_gpt_oss_rows_run_the_checkpoints_precisions(rows):

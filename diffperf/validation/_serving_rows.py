@@ -4,13 +4,15 @@ predictions: nothing is fitted, every choice below is fixed in advance.
 
 **Row -> specs** (`serving_case`):
 
-- model: the architecture columns (`row_model`); system: the `gpu_preset` column's preset
-  (rows without one are skipped); plan: `tp`, `pp`, `ep` (empty: 1; with attention DP and an
-  empty `ep`, `ep = tp` when it divides the experts: trtllm-bench `--ep` = `--tp` in those
-  commands), `precision` for weights and GEMMs, `kv_precision` (empty: the row's precision,
-  except an fp4 row whose KV is stored in fp8: NVFP4 checkpoints keep an FP8 KV cache; and
-  bf16 for the fp8 / fp4 rows of vLLM, SGLang and trtllm-serve on checkpoints without a
-  KV-cache quantization, whose default cache dtype is the model's: `default_kv_precision`).
+- model: the architecture columns (`row_model`; an empty vocabulary the source leaves
+  ambiguous between releases that predict alike: `AMBIGUOUS_VOCAB`); system: the `gpu_preset`
+  column's preset (rows without one are skipped); plan: `tp`, `pp`, `ep` (empty: 1; with
+  attention DP and an empty `ep`, `ep = tp` when it divides the experts: trtllm-bench `--ep` =
+  `--tp` in those commands), `precision` for weights and GEMMs, `kv_precision` (empty: the
+  row's precision, except an fp4 row whose KV is stored in fp8: NVFP4 checkpoints keep an FP8
+  KV cache; and bf16 for the fp8 / fp4 rows of vLLM, SGLang and trtllm-serve on checkpoints
+  without a KV-cache quantization, whose default cache dtype is the model's:
+  `default_kv_precision`).
   gpt-oss rows run the checkpoint's MXFP4 MoE weights whatever the precision column says:
   4-bit weights, bf16 activations (fp8 for TensorRT-LLM on Blackwell), `gpt_oss_precisions`.
   `attention_dp` 1 -> `InferencePlan.attention_dp` (each of the tp GPUs an attention rank
@@ -167,6 +169,13 @@ METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e
 
 _ARCH = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
          "num_experts", "experts_per_token")
+#: Vocabulary of a model whose published rows leave it empty because the source does not say
+#: which release ran, where every candidate gives the same prediction: TensorRT-LLM 0.17's
+#: "Mistral 7B" is v0.1 (vocab 32,000, 4,096-token sliding window) or v0.3 (32,768, full
+#: attention). The vocabularies differ by 3.1 M of 7.2 B weights (0.04 %); the window binds
+#: only past 4,096 tokens (the 128 x 4,096 rows' last 128 tokens). v0.1's vocabulary is
+#: taken, without its window; the choice moves a prediction by less than 0.1 %.
+AMBIGUOUS_VOCAB = {"Mistral-7B": 32000.0}
 
 
 class SkipRow(ValueError):
@@ -355,6 +364,8 @@ def _model_values(rec: dict, runtime_name: str) -> dict:
     v = {}
     for c in _ARCH:
         x = _num(rec, c)
+        if x is None and c == "vocab":
+            x = AMBIGUOUS_VOCAB.get(rec.get("model", ""))
         if x is None:
             if c in ("num_experts", "experts_per_token"):
                 x = 1.0
