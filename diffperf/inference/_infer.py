@@ -43,7 +43,9 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from .._checks import is_concrete
 from ..costs import _collectives as coll
 from ..costs._attention import (
     ATTENTION_Q_TILE,
@@ -64,6 +66,7 @@ from ..specs._inference_plan import InferencePlan
 from ..specs._runtime import Runtime
 from ..specs._transformer import Transformer
 from ._host import graph_kernel_time, graph_padded_batch, graph_share, host_scale, host_wait
+from ._moe_gemm_factors import measured_gemm_factor
 
 #: Element-wise kernels per layer and step (TensorRT-LLM style fusion): input RMSNorm,
 #: residual-add + post-attention RMSNorm, SwiGLU / GeLU activation, final residual add (one
@@ -228,15 +231,18 @@ def _expert_rows(model: Transformer, x: _Dims, tokens):
 
 
 def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
-                 tokens, expert_time_factor=1.0) -> dict[str, Cost]:
+                 tokens, expert_time_factor=1.0, gemm_table=0.0) -> dict[str, Cost]:
     """Weight GEMMs of one layer for `tokens` tokens (M = tokens), mean over the layers: a
     MoE model's dense-MLP layers (share `x.dense`) run `dense_mlp_*` instead of the router,
     the experts and the shared expert (`shared_mlp_*`, every token, not dispatched). The
     experts are those of the busiest expert-parallel GPU (`busiest_gpu_experts`), each at the
     mean tokens per picked expert. With attention data parallelism (`x.dp` ranks) the experts
     see the tokens of all ranks, `tokens` x dp. The routed experts' compute and memory times
-    are multiplied by `expert_time_factor` (`Runtime.moe_gemm_time_factor`)."""
-    _, per_expert, local = _expert_rows(model, x, tokens)
+    are multiplied by `expert_time_factor` (`Runtime.moe_gemm_time_factor`) and, for 4-bit
+    math on GPUs with FP4 tensor cores, by the measured factor of TensorRT-LLM's CUTLASS
+    NVFP4 backend raised to `gemm_table` (`Runtime.moe_gemm_table`: 1 applies it, 0 not;
+    `measured_gemm_factor`, 1 for a shape its tables lack)."""
+    routed, per_expert, local = _expert_rows(model, x, tokens)
     acc = system.accelerator
     g = lambda m, n, k, groups=1.0: split_k_gemm_cost(acc, eff, m, n, k, x.math, x.wb, x.ab,
                                                       groups, x.peak_fraction)
@@ -251,7 +257,15 @@ def _layer_gemms(model: Transformer, system: System, eff: Efficiency, x: _Dims,
         * jnp.where(w4a16, W4A16_MOE_PEAK_SHARE, 1.0),
         fp4_cap=jnp.logical_not(x.moe))
     moe = 1.0 - x.dense
-    factor = jnp.where(x.moe, expert_time_factor, 1.0)  # a dense model's MLP is not an expert
+    # a dense model's MLP is not an expert; the lookup is left out of the trace where the
+    # model is known to be dense or the runtime known not to ask for it
+    factor = jnp.where(x.moe, expert_time_factor, 1.0)
+    table_off = is_concrete(gemm_table) and bool(np.all(np.asarray(gemm_table) == 0))
+    if not (model.known_dense() or table_off):
+        measured = measured_gemm_factor(x.h, x.f_expert, model.num_experts,
+                                        model.experts_per_token, routed)
+        table = jnp.where(x.moe & (x.math >= 3.0) & (acc.flops_fp4 > 0), gemm_table, 0.0)
+        factor = factor * measured ** table
     def slowed(c):
         return eqx.tree_at(lambda c: (c.compute, c.memory), c,
                            (c.compute * factor, c.memory * factor))
@@ -422,7 +436,7 @@ def _pass_ops(model: Transformer, plan: InferencePlan, system: System, eff: Effi
     layers = model.layers
     ops = {"embedding": compute_cost(acc, eff, 0.0, 2.0 * tokens * x.h * x.sb, 1.0, 1.0)}
     per_layer = dict(_layer_gemms(model, system, eff, x, tokens,
-                                  runtime.moe_gemm_time_factor))
+                                  runtime.moe_gemm_time_factor, runtime.moe_gemm_table))
     per_layer["attention"] = attention
     per_layer["elementwise"] = _elementwise(model, system, eff, x, tokens,
                                             runtime.elementwise_kernels)

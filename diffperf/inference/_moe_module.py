@@ -12,7 +12,8 @@ that turns a layer's hidden states into its routed experts' output for `tokens` 
   GPU, each a grouped GEMM over its experts at the mean tokens per picked expert
   (`diffperf.inference.busiest_gpu_experts`), 1-2 kernels each; both at their roofline times
   (`diffperf.costs.split_k_gemm_cost`, with the low-precision k loop of the routed experts),
-  times the runtime's `moe_gemm_time_factor` (1 by default);
+  times the runtime's `moe_gemm_time_factor` (1 by default) and, with `moe_gemm_table`, the
+  measured factor of TensorRT-LLM's CUTLASS NVFP4 backend (`measured_gemm_factor`);
 - `t_permute`: the token permutation's traffic (`moe_permute_cost` in
   `diffperf/inference/_infer.py`: the permuted copy where `Runtime.moe_permute_copy` says
   the engine writes one, and the combine), at HBM bandwidth;
@@ -74,7 +75,8 @@ def moe_module_time(model: Transformer, system: System, plan: InferencePlan, tok
     tokens = tokens + graph * (graph_padded_batch(tokens, runtime) - tokens)
     share = jnp.where(x.moe, 1.0 - x.dense, 0.0)  # `_layer_gemms` averages over all layers
     moe = share > 0
-    per_layer = _layer_gemms(model, system, eff, x, tokens, runtime.moe_gemm_time_factor)
+    per_layer = _layer_gemms(model, system, eff, x, tokens, runtime.moe_gemm_time_factor,
+                             runtime.moe_gemm_table)
     names = ("router", "mlp_up", "mlp_down") if router_gemm else ("mlp_up", "mlp_down")
     ops = {k: per_layer[k] * (1.0 / jnp.where(moe, share, 1.0)) for k in names}
     kernels = sum(ops[k].kernels for k in names) + MOE_KERNELS

@@ -97,12 +97,9 @@ class Runtime(eqx.Module):
     - `moe_gemm_time_factor`: time of the routed experts' grouped GEMMs (both their compute and
       their memory time) relative to the model's, ratio (1, the default: kernels that reach
       the model's rates, as TensorRT-LLM's TRTLLM-Gen MoE backend does). A what-if for a
-      slower MoE kernel backend; no preset sets it, because no law of the expert shape
-      reproduces the measured slowdowns: in NVIDIA's measured TensorRT-LLM 1.3 database the
-      CUTLASS backend's NVFP4 expert GEMMs on B200 (64-16,384 tokens, one GPU holding whole
-      experts) take 2.4-3.2x the model's time for Qwen3-30B-A3B's experts, 1.7-2.3x for
-      Qwen3-235B-A22B's, 1.0-1.3x for DeepSeek-V3's (docs/accuracy.md). It acts on the routed
-      experts of MoE models only.
+      slower MoE kernel backend; no preset sets it (no law of the expert shape reproduces the
+      measured slowdowns of TensorRT-LLM's CUTLASS backend, which `moe_gemm_table` reads per
+      shape instead; docs/accuracy.md). It acts on the routed experts of MoE models only.
     - `custom_allreduce`: 1 if the engine's tensor-parallel all-reduce inside an NVLink domain
       runs its own one-shot / two-shot peer-to-peer kernels for small messages and NCCL for
       large ones (TensorRT-LLM's `AllReduceStrategy.AUTO`, vLLM's and SGLang's custom
@@ -119,6 +116,14 @@ class Runtime(eqx.Module):
       permutation itself. The TensorRT-LLM presets keep 1, the CUTLASS backend's default through
       1.x; its TRTLLM-Gen backend (gpt-oss on Blackwell where a row names it) and its Triton
       backend (gpt-oss on Hopper) gather inside the GEMM, which the presets do not separate.
+    - `moe_gemm_table`: 1 if the engine's routed-expert GEMMs in 4-bit math (NVFP4 weights
+      and activations) run at the speed NVIDIA measured for TensorRT-LLM's CUTLASS MoE backend
+      on Blackwell, per expert shape and token count (`diffperf.inference.
+      measured_gemm_factor`: 2-3x the model's time for Qwen3-30B-A3B's 768-wide experts, about
+      1.05x for DeepSeek-V3's; 1 for a shape the tables lack), 0 if at the model's rates; in
+      [0, 1] (the factor is raised to it). The TensorRT-LLM PyTorch-backend presets set 1 (the
+      performance pages' MoE rows on Blackwell name no other backend); its TRTLLM-Gen backend
+      (gpt-oss, MXFP4 x MXFP8) and other precisions are not affected. Inference and serving only.
 
     The default (every host time 0, no graphs, fused element-wise kernels, NCCL's all-reduce)
     is the runtime of the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM
@@ -152,6 +157,7 @@ class Runtime(eqx.Module):
     moe_gemm_time_factor: jax.Array = _F(default=1.0)
     custom_allreduce: jax.Array = _F(default=0.0)
     moe_permute_copy: jax.Array = _F(default=1.0)
+    moe_gemm_table: jax.Array = _F(default=0.0)
 
     def __check_init__(self):
         for name in ("host_op_time", "host_backward_op_time", "host_collective_time",
@@ -165,5 +171,5 @@ class Runtime(eqx.Module):
         check_at_least("Runtime", "graph_pad_ratio", self.graph_pad_ratio, 1.0)
         for name in ("train_graph", "prefill_graph", "decode_graph", "pass_sync",
                      "moe_layer_sync", "fp8_prefill_attention", "custom_allreduce",
-                     "moe_permute_copy"):
+                     "moe_permute_copy", "moe_gemm_table"):
             check_fraction("Runtime", name, getattr(self, name))

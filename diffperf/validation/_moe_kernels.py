@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .. import presets
 from .._paths import BENCHMARKS_DATA
@@ -110,3 +113,25 @@ def tokens_per_expert(row: MoeKernelRow) -> float:
     model = presets.model(row.model)
     ranks = float(row.plan.tp) if float(row.plan.attention_dp) > 0 else 1.0
     return row.tokens * ranks * float(model.experts_per_token) / float(model.num_experts)
+
+
+def model_module_times(system, efficiency, hidden, expert_width, num_experts, top_k, moe_tp,
+                       tokens) -> tuple[np.ndarray, np.ndarray]:
+    """(module, routed-expert GEMMs) of `moe_module_time`, s, for one GPU of `system` holding
+    every expert of the shape (full `expert_width` split over `moe_tp` GPUs, no expert
+    parallelism) in NVFP4, at each of `tokens`: the model the tables' factors were solved
+    against (TensorRT-LLM's CUTLASS backend: its permuted copy, CUDA-graph launches, no router
+    GEMM; `diffperf.inference._moe_gemm_factors.measured_gemm_factor` not applied). For
+    calibration/moe_gemm_tables.py and tests/test_moe_gemm_factors.py."""
+    m = eqx.tree_at(lambda m: (m.hidden, m.ffn_hidden, m.num_experts, m.experts_per_token),
+                    presets.model("qwen3-30b-a3b"),
+                    tuple(jnp.asarray(float(v)) for v in (hidden, expert_width, num_experts,
+                                                          top_k)))
+    plan = InferencePlan(tp=float(moe_tp), ep=1.0, weight_precision="fp4",
+                         activation_precision="fp4")
+    runtime = Runtime(decode_graph=1.0, moe_permute_copy=1.0, moe_gemm_table=0.0)
+    out = jax.vmap(lambda n: moe_module_time(m, system, plan, n, runtime, efficiency,
+                                             router_gemm=False))(
+        jnp.asarray(tokens, jnp.result_type(float)))
+    return np.asarray(out.total), np.asarray(out.experts)
+

@@ -147,5 +147,5 @@ print(f"calibrated, parameters   {ci.format('s', 4)}")
 # 245 runs is predicted to fit in its GPUs' memory, as it did. On IMEC's own 11 training values
 # the physical defaults are closer (3.7 %) than the fit (6.5 %); on the papers' printed values
 # for the same runs the fit is closer (3.0 % against 5.1 %). GPT-3 175B on 64 A100 is predicted
-# at 14.03 s (90 % interval 12.4-15.9 s, with the error model's width) against 12.9 s measured
+# at 14.03 s (90 % interval 12.3-16.0 s, with the error model's width) against 12.9 s measured
 # (physical defaults: 13.21 s).
