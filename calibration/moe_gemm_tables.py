@@ -54,6 +54,9 @@ GPUS = {"b200_sxm": ("dgx-b200", "b200"), "gb200": ("gb200-nvl72", "gb200"),
         "b300_sxm": ("hgx-b300", "b300"), "gb300": ("gb300-nvl72", "gb300")}
 #: Fewest share of the model's module that its GEMMs must be for g to be read off there.
 MIN_GEMM_SHARE = 0.5
+#: g is clipped to this range before the median (B300 / GB300 reach 10 for the 4,096 / 2,048 /
+#: 256 / 8 shape split over 32 GPUs, where its GEMMs are smallest).
+CLIP = (0.1, 10.0)
 
 
 def measured(mirror: Path, gpu_dir: str) -> pd.DataFrame:
@@ -74,27 +77,36 @@ def model_times(system_name: str, gpu: str, h, i, e, k, tp, tokens):
 
 
 def factors(mirror: Path) -> dict:
-    per_gpu = {}
+    per_gpu: dict = {}
+    why: dict = {}  # shape -> reasons it lacks a GPU's factors
     for gpu_dir, (system_name, gpu) in GPUS.items():
         d = measured(mirror, gpu_dir)
         for key, g in d.groupby(["hidden_size", "inter_size", "num_experts", "topk",
                                  "moe_tp_size"]):
             g = g.set_index("num_tokens").reindex(TOKEN_GRID)
             if g.latency.isna().any():
+                why.setdefault(key, set()).add("token counts missing")
                 continue
             total, experts = model_times(system_name, gpu, *key, TOKEN_GRID)
             meas = g.latency.to_numpy() * 1e-3
             fac = (meas - (total - experts)) / experts
             ok = experts / total >= MIN_GEMM_SHARE
             if not ok.any():
+                why.setdefault(key, set()).add("the model's GEMMs under half of its module at "
+                                               "every token count")
                 continue
             first = int(np.argmax(ok))
             fac[:first] = fac[first]
-            per_gpu.setdefault(key, {})[gpu] = np.log(np.clip(fac, 0.1, 10.0))
+            per_gpu.setdefault(key, {})[gpu] = np.log(np.clip(fac, CLIP[0], CLIP[1]))
         print(f"  {gpu}: {len(d)} rows", file=sys.stderr)
-    entries = []
-    for (h, i, e, k, tp), logs in sorted(per_gpu.items()):
+    entries, dropped = [], []
+    for key in sorted(set(per_gpu) | set(why)):
+        logs = per_gpu.get(key, {})
+        h, i, e, k, tp = key
         if len(logs) < len(GPUS):
+            dropped.append(f"{h} / {i} / {e} / {k} at moe_tp {tp}: "
+                           f"{'; '.join(sorted(why.get(key, {'not measured on every GPU'})))} "
+                           f"({len(GPUS) - len(logs)} of {len(GPUS)} GPUs)")
             continue
         stack = np.stack([logs[g] for g in sorted(logs)])
         entries.append({"hidden": int(h), "expert_width": int(i) // int(tp),
@@ -102,11 +114,17 @@ def factors(mirror: Path) -> dict:
                         "log_factor": [round(float(v), 4) for v in np.median(stack, axis=0)],
                         "gpu_spread": [round(float(v), 3) for v in
                                        stack.max(axis=0) - stack.min(axis=0)]})
-    # the check values: the model's module and experts at 1,024 tokens on B200, first entry
-    ref = entries[0]
-    total, experts = model_times("dgx-b200", "b200", ref["hidden"],
-                                 ref["expert_width"] * ref["moe_tp"], ref["num_experts"],
-                                 ref["top_k"], ref["moe_tp"], [1024.0])
+    # the check values: the model's module and experts at 1,024 tokens on each GPU for the
+    # first entry, and on B200 for the first entry split over 8 GPUs
+    first_tp8 = next(j for j, e in enumerate(entries) if e["moe_tp"] == 8)
+    checks = []
+    for j, (system_name, gpu) in [(0, g) for g in GPUS.values()] + [(first_tp8, GPUS["b200_sxm"])]:
+        ref = entries[j]
+        total, experts = model_times(system_name, gpu, ref["hidden"],
+                                     ref["expert_width"] * ref["moe_tp"], ref["num_experts"],
+                                     ref["top_k"], ref["moe_tp"], [1024.0])
+        checks.append({"entry": j, "system": system_name, "gpu": gpu, "tokens": 1024,
+                       "module_s": float(total[0]), "experts_s": float(experts[0])})
     return {
         "source": f"ai-dynamo/aiconfigurator @{COMMIT[:8]}, {DATA.format('<gpu>')} "
                   f"({', '.join(GPUS)}): TensorRT-LLM 1.3.0rc20's CUTLASS MoE backend "
@@ -115,8 +133,8 @@ def factors(mirror: Path) -> dict:
         "kernel": "trtllm-cutlass-nvfp4",
         "token_grid": [int(t) for t in TOKEN_GRID],
         "min_gemm_share": MIN_GEMM_SHARE,
-        "check": {"entry": 0, "tokens": 1024, "module_s": float(total[0]),
-                  "experts_s": float(experts[0])},
+        "checks": checks,
+        "dropped": dropped,
         "entries": entries,
     }
 

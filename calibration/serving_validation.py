@@ -158,13 +158,18 @@ def main(argv=None) -> int:
           + (f" --max-requests {a.max_requests}" if a.max_requests != DEFAULT_MAX_REQUESTS
              else "") + (f" --only {a.only}" if a.only else "")
           + (" --cap-check" if a.cap_check else "") + "`"
-          + f" in {secs_all:.0f} s on this machine ({len(cases)} rows mapped).", "",
+          + f" in {secs_all:.0f} s on this machine ({len(cases)} rows mapped, "
+          f"{len({r['id'] for r in records})} predicted).", "",
           "Rows: `benchmarks_data/serving_trtllm_published.csv` (the project's shared "
           "TensorRT-LLM table) and "
           "`benchmarks_data/serving_published.csv`; row -> deployment rules in "
           "`diffperf/validation/_serving_rows.py` (module docstring). No parameter is fitted "
           "to these rows, so every source's error is out of sample (a cross-validation by "
-          "source would give the same numbers).", "",
+          "source would give the same numbers); one exception of design, not of fitting: how "
+          "the TensorRT-LLM runtimes read NVIDIA's measured MoE tables (`Runtime."
+          "moe_gemm_table`: expert-parallel splits at EP 1, the median over four GPUs, NVFP4 "
+          "only) was chosen after comparing variants on the trtllm-bench rows "
+          "(calibration/EXPERIMENTS.md).", "",
           "MAPE = mean |pred/meas - 1|; 'too fast' = latency predicted below / throughput "
           "above the measurement. Median columns (`*_median_ms`) are compared with the "
           "simulated median over requests; `itl_median_ms` with the median of every "

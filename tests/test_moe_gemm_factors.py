@@ -27,16 +27,26 @@ def entry(hidden, width, experts, top_k):
                                                e["top_k"]) == (hidden, width, experts, top_k))
 
 
-def test_table_was_solved_against_this_model():
+@pytest.mark.parametrize("check", DATA["checks"], ids=lambda c: f"{c['gpu']}-{c['entry']}")
+def test_table_was_solved_against_this_model(check):
     """calibration/moe_gemm_tables.py stores the model's module and GEMM times it solved g
-    against (entry 0, 1,024 tokens, B200); a change of the model's MoE costs must rerun it."""
-    c, e = DATA["check"], DATA["entries"][DATA["check"]["entry"]]
+    against (1,024 tokens; the first entry on each GPU, one split over 8 GPUs on B200); a
+    change of the model's MoE costs must rerun it."""
+    e = DATA["entries"][check["entry"]]
     total, experts = model_module_times(
-        presets.system("dgx-b200"), presets.resolve_efficiency(None, "b200"), e["hidden"],
-        e["expert_width"] * e["moe_tp"], e["num_experts"], e["top_k"], e["moe_tp"],
-        [c["tokens"]])
-    assert total[0] == pytest.approx(c["module_s"], rel=1e-4)
-    assert experts[0] == pytest.approx(c["experts_s"], rel=1e-4)
+        presets.system(check["system"]), presets.resolve_efficiency(None, check["gpu"]),
+        e["hidden"], e["expert_width"] * e["moe_tp"], e["num_experts"], e["top_k"],
+        e["moe_tp"], [check["tokens"]])
+    assert total[0] == pytest.approx(check["module_s"], rel=1e-4)
+    assert experts[0] == pytest.approx(check["experts_s"], rel=1e-4)
+
+
+def test_every_shape_once_on_the_token_grid():
+    keys = [(e["hidden"], e["expert_width"], e["num_experts"], e["top_k"])
+            for e in DATA["entries"]]
+    assert len(keys) == len(set(keys)) == 81
+    assert DATA["token_grid"] == [int(t) for t in TOKEN_GRID]
+    assert all(len(e["log_factor"]) == len(TOKEN_GRID) for e in DATA["entries"])
 
 
 def test_lookup_by_hand():

@@ -2,8 +2,9 @@
 
 The model costs a routed expert's grouped GEMMs at the rates a well-tuned kernel reaches. One
 backend does not: TensorRT-LLM's CUTLASS MoE backend in NVFP4 (block-scaled 4-bit weights and
-activations) on Blackwell takes 2-3x the model's time for narrow experts (Qwen3-30B-A3B's 768,
-Qwen3-235B-A22B's 1,536) and about 1.05x for DeepSeek-V3's 2,048-wide ones, in NVIDIA's own
+activations) on Blackwell takes 2-3x the model's time for Qwen3-30B-A3B's 768-wide experts,
+1.2-2x for Qwen3-235B-A22B's 1,536-wide ones and about 1.05x for DeepSeek-V3's 2,048-wide ones
+at 256-4,096 tokens, in NVIDIA's own
 measured database (AIConfigurator's TensorRT-LLM 1.3.0rc20 MoE tables). The slowdown follows
 the tactics the kernel library picks per shape, not a law of the shape that those tables
 support (calibration/EXPERIMENTS.md, "NVIDIA's measured TensorRT-LLM MoE database"), so it is
@@ -24,8 +25,9 @@ It is a lookup, not a law: exact on the measured shapes, silent (1) elsewhere; i
 with respect to the shape is zero and with respect to T follows the table. The four GPUs'
 tables mostly agree within 10 % up to about 1,000 tokens; B200's runs 1.5-2x the others for
 four shapes (Qwen3-235B-A22B's, Llama 4 Scout's and Maverick's, one 6,144-wide one: the
-autotuner's tactic choices), and B300 / GB300 (1.5x the FP4 peak) take up to 1.3x more than
-B200 / GB200 at 4,096+ tokens (`gpu_spread` in the JSON); the median does not resolve that.
+autotuner's tactic choices), and at 4,096+ tokens B300 / GB300's g is up to 1.6x B200 /
+GB200's (their 1.5x FP4 peak is not realised; `gpu_spread` in the JSON); the median does not
+resolve that.
 """
 
 from __future__ import annotations
@@ -43,8 +45,6 @@ FACTORS_JSON = Path(__file__).resolve().parent.parent / "presets" / "moe_gemm_fa
 #: The token counts of NVIDIA's MoE tables (tokens entering the module on one GPU).
 TOKEN_GRID = np.array([1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 512,
                        768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384], float)
-#: `Runtime.moe_gemm_table` code of the table above.
-TRTLLM_CUTLASS_NVFP4 = 1.0
 
 
 @functools.lru_cache(maxsize=1)
@@ -62,8 +62,8 @@ def _table() -> tuple[np.ndarray, np.ndarray]:
 def measured_gemm_factor(hidden, expert_width, num_experts, top_k, tokens) -> jax.Array:
     """g of the module docstring for one GPU's expert shape (hidden, per-GPU expert width,
     experts, top-k) and `tokens` entering its experts, ratio (1 where the shape was not
-    measured; the mean of the entries where several share the shape). Pure JAX; the arguments
-    broadcast together."""
+    measured; where several entries shared a shape, the mean of their log g: the shipped table
+    has none, `tests/test_moe_gemm_factors.py`). Pure JAX; the arguments broadcast together."""
     keys, logs = _table()
     f = jnp.result_type(float)
     *shape, log_t = jnp.broadcast_arrays(

@@ -116,14 +116,15 @@ class Runtime(eqx.Module):
       permutation itself. The TensorRT-LLM presets keep 1, the CUTLASS backend's default through
       1.x; its TRTLLM-Gen backend (gpt-oss on Blackwell where a row names it) and its Triton
       backend (gpt-oss on Hopper) gather inside the GEMM, which the presets do not separate.
-    - `moe_gemm_table`: 1 if the engine's routed-expert GEMMs in 4-bit math (NVFP4 weights
-      and activations) run at the speed NVIDIA measured for TensorRT-LLM's CUTLASS MoE backend
-      on Blackwell, per expert shape and token count (`diffperf.inference.
-      measured_gemm_factor`: 2-3x the model's time for Qwen3-30B-A3B's 768-wide experts, about
-      1.05x for DeepSeek-V3's; 1 for a shape the tables lack), 0 if at the model's rates; in
-      [0, 1] (the factor is raised to it). The TensorRT-LLM PyTorch-backend presets set 1 (the
-      performance pages' MoE rows on Blackwell name no other backend); its TRTLLM-Gen backend
-      (gpt-oss, MXFP4 x MXFP8) and other precisions are not affected. Inference and serving only.
+    - `moe_gemm_table`: 1 if the engine's routed-expert GEMMs in 4-bit math (NVFP4 weights and
+      activations) run at the speed NVIDIA measured for TensorRT-LLM's CUTLASS MoE backend on
+      Blackwell, per expert shape and token count (`measured_gemm_factor` in
+      diffperf/inference/_moe_gemm_factors.py: 2-3x the model's time for Qwen3-30B-A3B's
+      768-wide experts, about 1.05x for DeepSeek-V3's; 1 for a shape the tables lack), 0 if at
+      the model's rates; in [0, 1] (the factor is raised to it). The TensorRT-LLM
+      PyTorch-backend presets set 1 (TensorRT-LLM 1.x's default MoE backend, `MoeConfig.backend`
+      'CUTLASS'); its TRTLLM-Gen backend (gpt-oss, MXFP4 x MXFP8) and other precisions are
+      not affected. Inference and serving only.
 
     The default (every host time 0, no graphs, fused element-wise kernels, NCCL's all-reduce)
     is the runtime of the calibration set (Megatron-Core / NeMo on large models; TensorRT-LLM

@@ -129,7 +129,7 @@ def model_module_times(system, efficiency, hidden, expert_width, num_experts, to
                                                           top_k)))
     plan = InferencePlan(tp=float(moe_tp), ep=1.0, weight_precision="fp4",
                          activation_precision="fp4")
-    runtime = Runtime(decode_graph=1.0, moe_permute_copy=1.0, moe_gemm_table=0.0)
+    runtime = kernel_runtime("cutlass")  # moe_gemm_table 0: the model the factors scale
     out = jax.vmap(lambda n: moe_module_time(m, system, plan, n, runtime, efficiency,
                                              router_gemm=False))(
         jnp.asarray(tokens, jnp.result_type(float)))

@@ -170,12 +170,13 @@ METRICS = (("ttft_mean_ms", "ttft_mean", 1e3), ("ttft_median_ms", "ttft_p50", 1e
 _ARCH = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
          "num_experts", "experts_per_token")
 #: Vocabulary of a model whose published rows leave it empty because the source does not say
-#: which release ran, where every candidate gives the same prediction: TensorRT-LLM 0.17's
+#: which release ran, where every candidate gives the same prediction, by (model, engine
+#: version) of the rows: TensorRT-LLM 0.17's
 #: "Mistral 7B" is v0.1 (vocab 32,000, 4,096-token sliding window) or v0.3 (32,768, full
 #: attention). The vocabularies differ by 3.1 M of 7.2 B weights (0.04 %); the window binds
 #: only past 4,096 tokens (the 128 x 4,096 rows' last 128 tokens). v0.1's vocabulary is
 #: taken, without its window; the choice moves a prediction by less than 0.1 %.
-AMBIGUOUS_VOCAB = {"Mistral-7B": 32000.0}
+AMBIGUOUS_VOCAB = {("Mistral-7B", "0.17"): 32000.0}
 
 
 class SkipRow(ValueError):
@@ -365,7 +366,7 @@ def _model_values(rec: dict, runtime_name: str) -> dict:
     for c in _ARCH:
         x = _num(rec, c)
         if x is None and c == "vocab":
-            x = AMBIGUOUS_VOCAB.get(rec.get("model", ""))
+            x = AMBIGUOUS_VOCAB.get((rec.get("model", ""), rec.get("engine_version", "")))
         if x is None:
             if c in ("num_experts", "experts_per_token"):
                 x = 1.0
