@@ -71,19 +71,24 @@ def test_a_fine_grained_moe_model_is_widest_and_the_text_names_it_once(capsys):
             "fp8", "--interval"]
     assert main(args + ["--json"]) == 0
     iv = json.loads(capsys.readouterr().out)["e2e_latency_interval_s"]
-    # named among the reasons (which comes first follows the fitted slopes: MLA's and the
-    # expert count's are close, x1.59 and x1.46 at the 2026-11-28 fit)
-    assert any(w.startswith("256 experts, calibrated runs had at most 8") for w in iv["why"])
+    # the expert count is named among the reasons, by the novelty covariate ("256 experts,
+    # calibrated runs had at most 8") or the MoE regime's ("a MoE model (256 experts)"),
+    # whichever the fitted slopes weigh more (the novelty slope was x1.46 at the 2026-11-28
+    # fit, about 1 since the measured CUTLASS factors of 2026-11-29; the regime's x1.25)
+    named = [w for w in iv["why"] if "256 experts" in w]
+    assert len(named) == 1
     # far wider than a calibrated configuration's (Llama 3 70B FP8 on 8 H100: no reason)
     assert main(["infer", "--model", "llama3-70b", "--gpu", "h100-sxm5-80gb", "--tp", "8",
                  "--precision", "fp8", "--interval", "--json"]) == 0
     calibrated = json.loads(capsys.readouterr().out)["e2e_latency_interval_s"]
     assert calibrated["why"] == []
-    assert _width(iv) > 3 * _width(calibrated)
+    # 2.5x at the 2026-11-29 fit (above 3x before the measured CUTLASS MoE factors shrank the
+    # MoE serving rows' errors, and with them the MoE slopes)
+    assert _width(iv) > 2 * _width(calibrated)
     assert main(args) == 0
     out = capsys.readouterr().out
     # the text output prints a note once, not under both intervals
-    assert out.count("256 experts, calibrated runs had at most 8") == 1
+    assert out.count(named[0].split(" (x")[0]) == 1
 
 
 @pytest.mark.slow

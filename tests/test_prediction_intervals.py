@@ -149,7 +149,8 @@ def test_train_cli_interval_of_a_fine_grained_moe_model_is_wider_and_says_why(ca
     s = json.loads(capsys.readouterr().out)
     iv = s["step_time_interval_s"]
     assert iv["low"] < s["step_time_s"] < iv["high"]
-    assert any("256 experts, calibrated runs had at most 8" in w for w in iv["why"])
+    # the expert count among the reasons, by the novelty or the MoE regime covariate
+    assert any("256 experts" in w for w in iv["why"])
     # log half-width = hypot(z x parameter sd, the error model's half-width for this run)
     model, system = dp.model("deepseek-v3"), dp.system("h100-sxm5-80gb")
     plan = dp.TrainingPlan(tp=1, pp=16, dp=64, ep=64, micro_batch=1, global_batch=1024)
@@ -163,10 +164,9 @@ def test_train_cli_interval_of_a_fine_grained_moe_model_is_wider_and_says_why(ca
     assert half > 1.5 * dense
     assert main(args) == 0
     note = capsys.readouterr().out
-    # the text names the expert count among the reasons (in the order of their widths: MLA's
-    # slope and the expert count's are close, x1.59 and x1.46 at the 2026-11-28 fit)
+    # the text names the expert count among the reasons (in the order of their widths)
     assert "the interval is wider than a calibrated configuration's: " in note
-    assert "256 experts, calibrated runs had at most 8" in note
+    assert "256 experts" in note
 
 
 @pytest.mark.slow
