@@ -70,6 +70,12 @@ def test_vmap_equals_loop_and_gradient_follows_the_table():
     tokens = jnp.array([3.0, 100.0, 700.0, 1300.0, 5000.0])
     f = lambda t: measured_gemm_factor(2048.0, 768.0, 128.0, 8.0, t)  # noqa: E731
     assert np.allclose(jax.vmap(f)(tokens), [f(t) for t in tokens], rtol=1e-6)
+    # arrays broadcast without vmap: shapes as one batch, tokens as another axis
+    both = measured_gemm_factor(jnp.array([[2048.0], [7168.0]]), jnp.array([[768.0], [2048.0]]),
+                                jnp.array([[128.0], [256.0]]), 8.0, tokens)
+    assert both.shape == (2, 5) and np.allclose(both[0], jax.vmap(f)(tokens), rtol=1e-6)
+    assert np.allclose(both[1], [measured_gemm_factor(7168.0, 2048.0, 256.0, 8.0, t)
+                                 for t in tokens], rtol=1e-6)
     # d log g / d log t inside a grid segment = the segment's slope
     lf = np.array(entry(2048, 768, 128, 8)["log_factor"])
     j = list(TOKEN_GRID).index(1024)

@@ -77,8 +77,6 @@ def measured_gemm_factor(hidden, expert_width, num_experts, top_k, tokens) -> ja
     # the matching entries' mean log-factor curve, then one interpolation over log tokens
     curve = (match.astype(f) / jnp.maximum(hits, 1.0)) @ jnp.asarray(logs, f)
     grid = jnp.log(jnp.asarray(TOKEN_GRID, f))
-    if curve.ndim == 1:
-        return jnp.exp(jnp.interp(log_t, grid, curve))
     flat = jax.vmap(lambda t, c: jnp.interp(t, grid, c))(log_t.reshape(-1),
                                                          curve.reshape(-1, grid.size))
     return jnp.exp(flat.reshape(log_t.shape))
